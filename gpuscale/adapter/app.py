@@ -1,0 +1,208 @@
+"""The aiohttp application: routes for discovery, metrics, health, OpenAPI and /metrics.
+
+URL shapes (custom-metrics-apiserver's installer), after ``/apis/custom.metrics.k8s.io/{version}/``:
+
+    namespaces/{ns}/metrics/{metric}                the namespace itself
+    namespaces/{ns}/{resource}/{name|*}/{metric}    namespaced objects (pods, deployments.apps, …)
+    {resource}/{name|*}/{metric}                    root-scoped objects (nodes, namespaces)
+
+and ``/apis/external.metrics.k8s.io/v1beta1/namespaces/{ns}/{metric}``. ``labelSelector`` selects
+objects (for external metrics: metric labels); ``metricLabelSelector`` selects series and is echoed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpuscale.adapter.discovery import NAMESPACED, Discovery
+from gpuscale.adapter.provider import MetricsProvider
+from gpuscale.adapter.selfmetrics import AdapterMetrics
+from gpuscale.adapter.status import error_response, status_response
+from gpuscale.adapter.wire import (
+    CUSTOM_GROUP,
+    EXTERNAL_GROUP,
+    custom_item,
+    custom_list,
+    external_item,
+    external_list,
+)
+from gpuscale.errors import GpuscaleError, SelectorError
+from gpuscale.selectors import LabelSelector
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ReadyCheck = Callable[[], tuple[bool, str]]
+
+PROVIDER = web.AppKey("provider", MetricsProvider)
+DISCOVERY = web.AppKey("discovery", Discovery)
+SELFMETRICS = web.AppKey("selfmetrics", AdapterMetrics)
+READY = web.AppKey("ready", object)
+
+
+def _json(body: dict, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body, separators=(",", ":")), content_type="application/json")
+
+
+def _selector(request: web.Request, param: str) -> LabelSelector:
+    return LabelSelector.parse(request.query.get(param, ""))
+
+
+# --- discovery ------------------------------------------------------------------------------------------
+
+
+async def apis(request: web.Request) -> web.Response:
+    return _json(request.app[DISCOVERY].api_group_list())
+
+
+async def api_legacy(request: web.Request) -> web.Response:
+    # NB: kubectl asks /api before /apis; an empty core group keeps `kubectl api-resources` happy.
+    return _json({"kind": "APIVersions", "versions": [], "serverAddressByClientCIDRs": []})
+
+
+async def api_group(request: web.Request) -> web.Response:
+    body = request.app[DISCOVERY].api_group(request.match_info["group"])
+    return _json(body) if body else status_response(404, "the server could not find the requested resource")
+
+
+async def resource_list(request: web.Request) -> web.Response:
+    body = request.app[DISCOVERY].resource_list(request.match_info["group"], request.match_info["version"])
+    return _json(body) if body else status_response(404, "the server could not find the requested resource")
+
+
+async def version(request: web.Request) -> web.Response:
+    from gpuscale import __version__
+
+    return _json({"major": "1", "minor": "0", "gitVersion": f"v{__version__}-gpuscale", "platform": "python"})
+
+
+# --- metrics --------------------------------------------------------------------------------------------
+
+
+async def custom_metrics(request: web.Request) -> web.Response:
+    version = request.match_info["version"]
+    if request.app[DISCOVERY].resource_list(CUSTOM_GROUP, version) is None:
+        return status_response(404, "the server could not find the requested resource")
+    parts = request.match_info["tail"].split("/")
+    provider = request.app[PROVIDER]
+    selector = _selector(request, "labelSelector")
+    metric_selector = _selector(request, "metricLabelSelector")
+    if len(parts) == 4 and parts[0] == "namespaces" and parts[2] == "metrics":
+        resource, namespace, name, metric = "namespaces", None, parts[1], parts[3]
+    elif len(parts) == 5 and parts[0] == "namespaces":
+        _, namespace, resource, name, metric = parts
+    elif len(parts) == 3:
+        resource, name, metric = parts
+        namespace = None
+    else:
+        return status_response(404, "the server could not find the requested resource")
+    request["resource"] = resource
+    if resource not in NAMESPACED or ((namespace is None) == NAMESPACED[resource] and resource != "namespaces"):
+        where = "namespaced" if namespace else "cluster-scoped"
+        return status_response(404, f"the server could not find the metric {metric} for {where} {resource}")
+    if not metric or not name:
+        return status_response(404, "the server could not find the requested resource")
+    if name == "*":
+        items = provider.by_selector(resource, namespace, selector, metric, metric_selector)
+    else:
+        items = provider.by_name(resource, namespace, name, metric, metric_selector)
+    echoed = metric_selector.to_dict()
+    body = custom_list(version, [custom_item(version, metric, i.obj, i.point, echoed) for i in items if i.obj])
+    return _json(body)
+
+
+async def external_metrics(request: web.Request) -> web.Response:
+    namespace, metric = request.match_info["namespace"], request.match_info["metric"]
+    request["resource"] = metric
+    items = request.app[PROVIDER].external(namespace, metric, _selector(request, "labelSelector"))
+    return _json(external_list([external_item(metric, i.labels, i.point) for i in items]))
+
+
+# --- health, OpenAPI, own metrics -----------------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    ready, reason = request.app[READY]()  # type: ignore[operator]
+    return web.Response(text="ok" if ready else f"not ready: {reason}", status=200 if ready else 503)
+
+
+async def openapi(request: web.Request) -> web.Response:
+    # NB: kube-aggregator skips a 404 from an aggregated server on purpose; anything else but a valid
+    # document fills its logs with errors (kubernetes/kubernetes #90434).
+    return status_response(404, "the server does not publish an OpenAPI document")
+
+
+async def own_metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[SELFMETRICS].registry)
+    resp = web.Response(body=body)
+    resp.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+    resp.charset = "utf-8"
+    return resp
+
+
+@web.middleware
+async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure becomes a metav1.Status; metrics requests are counted and timed."""
+    started = time.perf_counter()
+    group = request.match_info.get("group_name", "")
+    try:
+        response = await handler(request)
+    except web.HTTPException as e:
+        response = status_response(e.status, e.reason)
+    except (GpuscaleError, SelectorError) as e:
+        response = error_response(e)
+    except Exception as e:  # NB: the HPA must get a Status, never a traceback
+        response = error_response(e)
+    if group:
+        metrics = request.app[SELFMETRICS]
+        metrics.requests.labels(group, request.get("resource", ""), str(response.status)).inc()
+        metrics.request_seconds.labels(group).observe(time.perf_counter() - started)
+    return response
+
+
+def make_app(
+    provider: MetricsProvider,
+    discovery: Discovery,
+    selfmetrics: AdapterMetrics,
+    *,
+    ready: ReadyCheck,
+) -> web.Application:
+    app = web.Application(middlewares=[errors_and_metrics])
+    app[PROVIDER] = provider
+    app[DISCOVERY] = discovery
+    app[SELFMETRICS] = selfmetrics
+    app[READY] = ready
+    r = app.router
+    r.add_get("/apis", apis)
+    r.add_get("/apis/", apis)
+    r.add_get("/api", api_legacy)
+    r.add_get("/version", version)
+    r.add_get("/healthz", healthz)
+    r.add_get("/livez", healthz)
+    r.add_get("/readyz", readyz)
+    r.add_get("/openapi/v2", openapi)
+    r.add_get("/openapi/v3", openapi)
+    r.add_get(r"/openapi/v3/{tail:.*}", openapi)
+    r.add_get("/metrics", own_metrics)
+    if discovery.serve_custom:
+        r.add_get(r"/apis/{group_name:custom\.metrics\.k8s\.io}/{version}/{tail:.+}", custom_metrics)
+    if discovery.serve_external:
+        r.add_get(
+            r"/apis/{group_name:external\.metrics\.k8s\.io}/v1beta1/namespaces/{namespace}/{metric}", external_metrics
+        )
+    r.add_get("/apis/{group}", api_group)
+    r.add_get("/apis/{group}/{version}", resource_list)
+    return app
+
+
+__all__ = ["EXTERNAL_GROUP", "make_app"]

@@ -1,0 +1,213 @@
+"""The metrics provider: "give me metric M for these objects", answered from the store.
+
+This is custom-metrics-apiserver's provider interface (by name, by selector, external) over the
+in-memory store and the Kubernetes watch cache: every answer is dictionary lookups plus, at most, a
+merge of a few per-label-set partials. Nothing here does I/O.
+
+Freshness: a value whose samples are older than the metric's max-age is never served. Items that went
+stale are left out of a list (the HPA treats missing pods conservatively); if nothing fresh is left the
+answer is MetricStale (503), distinct from "never had a value" (404).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuscale.errors import MetricNotFound, MetricStale, ObjectNotFound, SelectorError
+from gpuscale.metrics.aggregation import finish_parts, mean_of
+from gpuscale.metrics.catalogue import Catalogue, MetricDefinition
+from gpuscale.metrics.store import LabelledPart, MetricPoint, MetricsReader
+from gpuscale.model import DEPLOYMENT, NAMESPACE, NODE, POD, STATEFULSET, ObjectRef
+from gpuscale.selectors import LabelSelector
+from gpuscale.sources.kube import ClusterObjects
+
+WORKLOAD_KINDS = {"deployments.apps": DEPLOYMENT, "statefulsets.apps": STATEFULSET}
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    obj: ObjectRef | None  # None for external metrics
+    point: MetricPoint
+    labels: dict[str, str] | None = None
+
+
+class MetricsProvider:
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        store: MetricsReader,
+        cluster: ClusterObjects | None,
+        *,
+        clock: Callable[[], float] = time.time,
+        retry_after_seconds: int = 5,
+    ) -> None:
+        self.catalogue = catalogue
+        self.store = store
+        self.cluster = cluster
+        self.clock = clock
+        self.retry_after_seconds = retry_after_seconds
+
+    # --- helpers -----------------------------------------------------------------------------------
+
+    def _metric(self, name: str, resource: str, *, external: bool = False) -> MetricDefinition:
+        metric = self.catalogue.get(name)
+        if metric is None or (external and not metric.external) or (not external and resource not in metric.resources):
+            raise MetricNotFound(f"the server could not find the metric {name} for {resource}")
+        return metric
+
+    def _fresh(self, metric: MetricDefinition, point: MetricPoint | None) -> MetricPoint | bool | None:
+        """The point if fresh, False if it exists but is stale, None if absent."""
+        if point is None:
+            return None
+        if point.stale or self.clock() - point.timestamp > self.catalogue.max_age(metric):
+            return False
+        return point
+
+    def _value(self, metric: MetricDefinition, obj: ObjectRef, metric_selector: LabelSelector) -> MetricPoint | None:
+        if metric_selector.is_empty:
+            return self.store.point(metric.name, obj)
+        parts = self.store.parts(metric.name, obj)
+        return _select(metric, parts, metric_selector)
+
+    def _collect(
+        self, metric: MetricDefinition, candidates: list[tuple[ObjectRef, MetricPoint | None]], what: str
+    ) -> list[Item]:
+        items: list[Item] = []
+        stale = 0
+        for obj, point in candidates:
+            fresh = self._fresh(metric, point)
+            if fresh is False:
+                stale += 1
+            elif fresh is not None:
+                items.append(Item(obj, fresh))  # type: ignore[arg-type]
+        if not items:
+            if stale:
+                raise MetricStale(
+                    f"the metric {metric.name} for {what} is older than its max-age of "
+                    f"{self.catalogue.max_age(metric):g}s (its source is failing); not serving a stale value",
+                    retry_after_seconds=self.retry_after_seconds,
+                )
+            raise MetricNotFound(f"the server could not find the metric {metric.name} for {what}")
+        return items
+
+    def _check_namespace(self, namespace: str) -> None:
+        if self.cluster is not None and self.cluster.synced and namespace not in self.cluster.namespaces():
+            raise ObjectNotFound(f'namespaces "{namespace}" not found')
+
+    def _workload_value(
+        self, metric: MetricDefinition, kind: str, namespace: str, name: str, metric_selector: LabelSelector
+    ) -> MetricPoint | None:
+        if self.cluster is None:
+            raise MetricNotFound(
+                f"the server could not find the metric {metric.name} for {kind.lower()} {namespace}/{name}: "
+                "workload metrics need the Kubernetes API (start the adapter with --kubeconfig)"
+            )
+        workload = self.cluster.workload(kind, namespace, name)
+        if workload is None:
+            raise ObjectNotFound(f'{kind.lower()}s.apps "{name}" not found in namespace {namespace}')
+        points = [
+            p
+            for pod in self.cluster.pods_of(workload)
+            if (p := self._value(metric, ObjectRef(POD, pod.name, pod.namespace), metric_selector)) is not None
+        ]
+        fresh = [p for p in points if self._fresh(metric, p)]
+        return mean_of(fresh) if fresh else mean_of(points)
+
+    # --- the provider interface ---------------------------------------------------------------------
+
+    def by_name(
+        self, resource: str, namespace: str | None, name: str, metric_name: str, metric_selector: LabelSelector
+    ) -> list[Item]:
+        metric = self._metric(metric_name, resource)
+        if resource == "namespaces":
+            self._check_namespace(name)
+            obj = ObjectRef(NAMESPACE, name)
+            return self._collect(metric, [(obj, self._value(metric, obj, metric_selector))], f"namespace {name}")
+        if resource == "nodes":
+            obj = ObjectRef(NODE, name)
+            if self.cluster is not None and self.cluster.synced and name not in self.cluster.nodes():
+                raise ObjectNotFound(f'nodes "{name}" not found')
+            return self._collect(metric, [(obj, self._value(metric, obj, metric_selector))], f"node {name}")
+        assert namespace is not None
+        self._check_namespace(namespace)
+        if resource == "pods":
+            obj = ObjectRef(POD, name, namespace)
+            if self.cluster is not None and self.cluster.synced and self.cluster.pod(namespace, name) is None:
+                raise ObjectNotFound(f'pods "{name}" not found in namespace {namespace}')
+            return self._collect(metric, [(obj, self._value(metric, obj, metric_selector))], f"pod {namespace}/{name}")
+        kind = WORKLOAD_KINDS[resource]
+        point = self._workload_value(metric, kind, namespace, name, metric_selector)
+        obj = ObjectRef(kind, name, namespace)
+        return self._collect(metric, [(obj, point)], f"{resource} {namespace}/{name}")
+
+    def by_selector(
+        self,
+        resource: str,
+        namespace: str | None,
+        selector: LabelSelector,
+        metric_name: str,
+        metric_selector: LabelSelector,
+    ) -> list[Item]:
+        metric = self._metric(metric_name, resource)
+        what = (
+            f"{resource}"
+            + (f" in namespace {namespace}" if namespace else "")
+            + (f" with selector {selector}" if not selector.is_empty else "")
+        )
+        if resource == "pods":
+            assert namespace is not None
+            self._check_namespace(namespace)
+            objs = self._select_pods(namespace, selector)
+        elif resource == "nodes":
+            objs = self._select_nodes(selector)
+        elif resource == "namespaces":
+            objs = [o for o in self.store.objects(metric.name, NAMESPACE)]
+        else:
+            assert namespace is not None
+            self._check_namespace(namespace)
+            kind = WORKLOAD_KINDS[resource]
+            if self.cluster is None:
+                raise MetricNotFound(f"the server could not find the metric {metric.name} for {what}")
+            items = []
+            for w in self.cluster.workloads(kind, namespace):
+                if selector.matches(w.labels):
+                    point = self._workload_value(metric, kind, namespace, w.name, metric_selector)
+                    items.append((ObjectRef(kind, w.name, namespace), point))
+            return self._collect(metric, items, what)
+        return self._collect(metric, [(o, self._value(metric, o, metric_selector)) for o in objs], what)
+
+    def _select_pods(self, namespace: str, selector: LabelSelector) -> list[ObjectRef]:
+        if self.cluster is None:
+            if not selector.is_empty:
+                raise SelectorError(
+                    "labelSelector needs pod labels from the Kubernetes API; start the adapter with --kubeconfig"
+                )
+            return sorted(
+                {o for m in self.catalogue for o in self.store.objects(m.name, POD) if o.namespace == namespace}
+            )
+        # NB: only pods the selector matches, never extra ones: the HPA averages over every item returned.
+        return [ObjectRef(POD, p.name, p.namespace) for p in self.cluster.select_pods(namespace, selector)]
+
+    def _select_nodes(self, selector: LabelSelector) -> list[ObjectRef]:
+        if self.cluster is None or not self.cluster.synced:
+            if not selector.is_empty:
+                raise SelectorError("a node labelSelector needs node labels from the Kubernetes API (--kubeconfig)")
+            return sorted({o for m in self.catalogue for o in self.store.objects(m.name, NODE)})
+        return [ObjectRef(NODE, n) for n in self.cluster.select_nodes(selector)]
+
+    def external(self, namespace: str, metric_name: str, selector: LabelSelector) -> list[Item]:
+        metric = self._metric(metric_name, "external metrics", external=True)
+        self._check_namespace(namespace)
+        parts = self.store.parts(metric.name, ObjectRef(NAMESPACE, namespace))
+        point = _select(metric, parts, selector)
+        what = f"namespace {namespace}" + (f" with selector {selector}" if not selector.is_empty else "")
+        items = self._collect(metric, [(ObjectRef(NAMESPACE, namespace), point)], what)
+        labels = dict((selector.to_dict() or {}).get("matchLabels") or {}) or None
+        return [Item(None, i.point, labels) for i in items]
+
+
+def _select(metric: MetricDefinition, parts: list[LabelledPart], selector: LabelSelector) -> MetricPoint | None:
+    chosen = [p for p in parts if selector.matches(dict(p.labels))]
+    return finish_parts(metric, chosen) if chosen else None

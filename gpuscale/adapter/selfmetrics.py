@@ -1,0 +1,95 @@
+"""The adapter's own /metrics (prometheus-client): requests, refreshes, and per-source freshness.
+
+Source health is read at collection time (a custom collector), so freshness is exact when scraped
+rather than as of the last refresh.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpuscale.metrics.store import MetricsStore, Snapshot
+from gpuscale.sources.base import MetricsSource
+
+
+class _SourceCollector(Collector):
+    def __init__(self, sources: Callable[[], Iterable[MetricsSource]], clock: Callable[[], float]) -> None:
+        self._sources = sources
+        self._clock = clock
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        up = GaugeMetricFamily(
+            "gpuscale_source_target_up", "1 if the last read of the target succeeded.", labels=["source", "target"]
+        )
+        age = GaugeMetricFamily(
+            "gpuscale_source_freshness_seconds",
+            "Seconds since the last successful read of the target (how old its newest data is).",
+            labels=["source", "target"],
+        )
+        duration = GaugeMetricFamily(
+            "gpuscale_source_last_duration_seconds", "Duration of the last read.", labels=["source", "target"]
+        )
+        series = GaugeMetricFamily(
+            "gpuscale_source_series", "Series kept from the target's last read.", labels=["source", "target"]
+        )
+        errors = CounterMetricFamily(
+            "gpuscale_source_errors", "Failed reads of the target.", labels=["source", "target"]
+        )
+        now = self._clock()
+        for source in self._sources():
+            for h in source.health():
+                labels = [source.name, h.target]
+                up.add_metric(labels, 1.0 if h.healthy else 0.0)
+                if h.last_success is not None:
+                    age.add_metric(labels, max(0.0, now - h.last_success))
+                if h.last_duration_seconds is not None:
+                    duration.add_metric(labels, h.last_duration_seconds)
+                series.add_metric(labels, float(h.series))
+                errors.add_metric(labels, float(h.failures_total))
+        yield from (up, age, duration, series, errors)
+
+
+class AdapterMetrics:
+    def __init__(self, sources: Callable[[], Iterable[MetricsSource]], *, clock: Callable[[], float] = time.time):
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "gpuscale_adapter_requests",
+            "Metrics API requests by API group, resource and HTTP code.",
+            ["group", "resource", "code"],
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "gpuscale_adapter_request_duration_seconds",
+            "Metrics API request latency.",
+            ["group"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=self.registry,
+        )
+        self.refresh_seconds = Histogram(
+            "gpuscale_refresh_duration_seconds",
+            "Duration of one source → store refresh.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.refresh_timestamp = Gauge(
+            "gpuscale_refresh_timestamp_seconds", "Time of the last completed refresh.", registry=self.registry
+        )
+        self.devices = Gauge("gpuscale_store_devices", "GPUs/series devices in the store.", registry=self.registry)
+        self.series = Gauge(
+            "gpuscale_store_series", "Series values folded in the last refresh.", registry=self.registry
+        )
+        self.registry.register(_SourceCollector(sources, clock))
+
+    def observe_refresh(self, snapshot: Snapshot, seconds: float) -> None:
+        self.refresh_seconds.observe(seconds)
+        self.refresh_timestamp.set(snapshot.taken_at)
+        self.devices.set(snapshot.device_count)
+        self.series.set(snapshot.series_count)
+
+
+__all__ = ["AdapterMetrics", "MetricsStore"]

@@ -1,0 +1,81 @@
+"""JSON shapes of the metrics APIs, per version (k8s.io/metrics pkg/apis/*/types.go).
+
+Field names and order as the Go structs serialise them: v1beta1 has ``metricName``/``selector``
+(no omitempty, so ``null`` appears) and ``window``; v1beta2 nests ``metric{name, selector}`` and says
+``windowSeconds``; external v1beta1 has ``metricName``/``metricLabels`` and ``window`` (not
+``windowSeconds``). Values are canonical quantity strings, never bare floats.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuscale.metrics.store import MetricPoint
+from gpuscale.model import DEPLOYMENT, STATEFULSET, ObjectRef, format_quantity
+
+CUSTOM_GROUP = "custom.metrics.k8s.io"
+EXTERNAL_GROUP = "external.metrics.k8s.io"
+CUSTOM_VERSIONS = ("v1beta1", "v1beta2")
+EXTERNAL_VERSIONS = ("v1beta1",)
+
+_API_VERSION = {DEPLOYMENT: "apps/v1", STATEFULSET: "apps/v1"}
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def described_object(obj: ObjectRef) -> dict[str, str]:
+    out = {"kind": obj.kind}
+    if obj.namespace:
+        out["namespace"] = obj.namespace
+    out["name"] = obj.name
+    # NB: custom-metrics-apiserver builds this as Group + "/" + Version, hence "/v1" for the core group.
+    out["apiVersion"] = _API_VERSION.get(obj.kind, "/v1")
+    return out
+
+
+def _window(point: MetricPoint) -> int | None:
+    return round(point.window_seconds) if point.window_seconds else None
+
+
+def custom_item(version: str, metric: str, obj: ObjectRef, point: MetricPoint, selector: dict | None) -> dict:
+    item: dict[str, Any] = {"describedObject": described_object(obj)}
+    window = _window(point)
+    if version == "v1beta1":
+        item["metricName"] = metric
+        item["timestamp"] = rfc3339(point.timestamp)
+        if window is not None:
+            item["window"] = window
+        item["value"] = format_quantity(point.value)
+        item["selector"] = selector
+    else:
+        item["metric"] = {"name": metric, "selector": selector}
+        item["timestamp"] = rfc3339(point.timestamp)
+        if window is not None:
+            item["windowSeconds"] = window
+        item["value"] = format_quantity(point.value)
+    return item
+
+
+def custom_list(version: str, items: list[dict]) -> dict:
+    return {"kind": "MetricValueList", "apiVersion": f"{CUSTOM_GROUP}/{version}", "metadata": {}, "items": items}
+
+
+def external_item(metric: str, labels: dict[str, str] | None, point: MetricPoint) -> dict:
+    item: dict[str, Any] = {"metricName": metric, "metricLabels": labels or None, "timestamp": rfc3339(point.timestamp)}
+    window = _window(point)
+    if window is not None:
+        item["window"] = window
+    item["value"] = format_quantity(point.value)
+    return item
+
+
+def external_list(items: list[dict]) -> dict:
+    return {
+        "kind": "ExternalMetricValueList",
+        "apiVersion": f"{EXTERNAL_GROUP}/v1beta1",
+        "metadata": {},
+        "items": items,
+    }

@@ -1,0 +1,155 @@
+"""`gpuscale adapter`: wire catalogue, sources, store, Kubernetes cache and the HTTP API together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from gpuscale.adapter.app import make_app
+from gpuscale.adapter.discovery import Discovery
+from gpuscale.adapter.provider import MetricsProvider
+from gpuscale.adapter.selfmetrics import AdapterMetrics
+from gpuscale.errors import ConfigError
+from gpuscale.metrics.attribution import Attributor, Target
+from gpuscale.metrics.catalogue import Catalogue, load_catalogue
+from gpuscale.metrics.store import MetricsStore
+from gpuscale.model import ObjectRef, pod
+from gpuscale.pipeline import Pipeline
+from gpuscale.settings import AdapterSettings
+from gpuscale.sources.kube import ClusterObjects, KubeCache, load_api_client
+from gpuscale.sources.scrape import ScrapeSource
+
+log = logging.getLogger(__name__)
+
+
+def parse_scrape_targets(values: list[str]) -> dict[str, ObjectRef | None]:
+    """'URL' or 'NAMESPACE/POD=URL' → {url: pod or None}; errors name the offending value."""
+    out: dict[str, ObjectRef | None] = {}
+    for value in values:
+        owner: ObjectRef | None = None
+        url = value
+        if "=" in value and not value.startswith(("http://", "https://")):
+            who, url = value.split("=", 1)
+            ns, sep, name = who.partition("/")
+            if not sep or not ns or not name:
+                raise ConfigError(f"--scrape-url {value!r}: expected NAMESPACE/POD=URL")
+            owner = pod(ns, name)
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"--scrape-url {value!r}: not an http(s) URL")
+        out[url] = owner
+    return out
+
+
+def target_resolver(explicit: dict[str, ObjectRef | None], cluster: ClusterObjects | None):
+    """url → Target: the pod that serves it (given, or found by podIP:containerPort) and its node."""
+
+    def resolve(url: str) -> Target:
+        owner = explicit.get(url)
+        info = None
+        if cluster is not None:
+            if owner is not None:
+                info = cluster.pod(owner.namespace or "", owner.name)
+            else:
+                parts = urlsplit(url)
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+                info = cluster.pod_at(parts.hostname or "", port)
+                if info is not None:
+                    owner = pod(info.namespace, info.name)
+        return Target(url, owner, info.node_name if info else None)
+
+    return resolve
+
+
+@dataclass
+class RunningAdapter:
+    settings: AdapterSettings
+    catalogue: Catalogue
+    store: MetricsStore
+    pipeline: Pipeline
+    source: ScrapeSource
+    cluster: KubeCache | None
+    runner: web.AppRunner
+    url: str
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.runner.cleanup()
+        await self.source.close()
+        if self.cluster is not None:
+            await self.cluster.stop()
+
+
+async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | None = None) -> RunningAdapter:
+    catalogue = catalogue or load_catalogue(settings.config)
+    explicit = parse_scrape_targets(settings.scrape_url)
+    if not explicit:
+        raise ConfigError("give at least one --scrape-url (an exporter /metrics URL)")
+    cluster: KubeCache | None = None
+    if settings.kubeconfig is not None or _in_cluster():
+        api = await load_api_client(settings.kubeconfig)
+        cluster = KubeCache(api)
+        await cluster.start()
+    store = MetricsStore()
+    source = ScrapeSource(
+        explicit,
+        series=catalogue.series_names,
+        windowed_series=catalogue.windowed_series,
+        history_seconds=catalogue.longest_window + 2 * settings.refresh_interval,
+        timeout_seconds=min(settings.scrape_timeout, settings.refresh_interval),
+        max_body_bytes=settings.max_body_bytes,
+    )
+    selfmetrics = AdapterMetrics(lambda: [source])
+    pipeline = Pipeline(
+        catalogue,
+        source,
+        store,
+        Attributor(target_resolver(explicit, cluster)),
+        interval_seconds=settings.refresh_interval,
+        on_refresh=selfmetrics.observe_refresh,
+    )
+    provider = MetricsProvider(catalogue, store, cluster, retry_after_seconds=max(1, round(settings.refresh_interval)))
+
+    def ready() -> tuple[bool, str]:
+        if not store.ready:
+            return False, "first refresh has not completed"
+        if cluster is not None and not cluster.synced:
+            return False, "Kubernetes watch cache not synced"
+        return True, ""
+
+    app = make_app(provider, Discovery(catalogue), selfmetrics, ready=ready)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.bind_address, settings.insecure_port)
+    await site.start()
+    port = runner.addresses[0][1]
+    running = RunningAdapter(
+        settings, catalogue, store, pipeline, source, cluster, runner, f"http://{settings.bind_address}:{port}"
+    )
+    running.tasks.append(asyncio.create_task(pipeline.run(), name="refresh"))
+    return running
+
+
+def _in_cluster() -> bool:
+    import os
+
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+async def wait_ready(adapter: RunningAdapter, *, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not adapter.store.ready or (adapter.cluster is not None and not adapter.cluster.synced):
+        if time.monotonic() > deadline:
+            raise TimeoutError("adapter did not become ready")
+        await asyncio.sleep(0.05)

@@ -1,0 +1,76 @@
+"""`gpuscale` entry point: parse flags (derived from settings), run one subcommand, map errors to messages."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+
+from gpuscale.errors import GpuscaleError
+from gpuscale.settings import AdapterSettings, DemoSettings, add_arguments, from_arguments
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuscale", description="GPU and inference metrics for the HPA.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    adapter = sub.add_parser("adapter", help="serve custom.metrics.k8s.io / external.metrics.k8s.io")
+    add_arguments(adapter, AdapterSettings)
+    demo = sub.add_parser("demo", help="start a simulated GPU cluster and the adapter, show what the HPA sees")
+    add_arguments(demo, DemoSettings)
+    return parser
+
+
+async def _until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await main(stop)
+
+
+async def _run_adapter(settings: AdapterSettings, stop: asyncio.Event) -> None:
+    from gpuscale.cli.adapter import start_adapter
+
+    adapter = await start_adapter(settings)
+    logging.getLogger("gpuscale").info("serving the metrics APIs on %s", adapter.url)
+    try:
+        await stop.wait()
+    finally:
+        await adapter.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "adapter":
+            settings = from_arguments(AdapterSettings, args)
+            _logging(settings.log_level)
+            asyncio.run(_until_signal(lambda stop: _run_adapter(settings, stop)))
+        elif args.command == "demo":
+            from gpuscale.cli.demo import run_demo
+
+            demo_settings = from_arguments(DemoSettings, args)
+            _logging(demo_settings.log_level)
+            asyncio.run(_until_signal(lambda stop: run_demo(demo_settings, stop)))
+    except GpuscaleError as e:
+        print(f"gpuscale {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pure, in-memory metric processing: exposition parsing, catalogue, attribution, aggregation, store."""

@@ -1,0 +1,216 @@
+"""The metric catalogue: what each public metric name means, loaded from policies/metrics.yaml.
+
+The catalogue plays the role of prometheus-adapter's naming rules: series ↔ API metric name, how values
+of one object's devices combine, which resources a metric is served for. Code never hard-codes a metric;
+users add entries to the YAML file. An invalid file raises ConfigError naming the file, the field path
+(e.g. ``metrics[3].aggregate``) and the reason, so the adapter fails at start rather than at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from gpuscale.errors import ConfigError
+from gpuscale.model import parse_duration
+
+DEFAULT_POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
+DEFAULT_CATALOGUE_PATH = DEFAULT_POLICIES_DIR / "metrics.yaml"
+
+# Resources a custom metric can be requested for (GroupResource strings, as the HPA sends them).
+RESOURCES = ("pods", "nodes", "namespaces", "deployments.apps", "statefulsets.apps")
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_SERIES = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def _duration(value: Any) -> float:
+    try:
+        return parse_duration(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(str(e)) from e
+
+
+Seconds = Annotated[float, BeforeValidator(_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Term(_Strict):
+    """One side of a metric: a sum over series, read as gauge, rate or increase."""
+
+    series: list[str] = Field(min_length=1)
+    input: Literal["gauge", "rate", "increase"] = "gauge"
+    match: dict[str, str] = Field(default_factory=dict)
+    floor: float = 0.0
+    prometheus: str | None = None
+
+    @model_validator(mode="after")
+    def _check_series(self) -> Term:
+        for s in self.series:
+            if not _SERIES.match(s):
+                raise ValueError(f"invalid series name {s!r}")
+        return self
+
+    @property
+    def windowed(self) -> bool:
+        return self.input != "gauge"
+
+
+class MetricDefinition(_Strict):
+    name: str
+    help: str = ""
+    unit: str = ""
+    aggregate: Literal["mean", "sum", "max", "ratio"]
+    series: list[str] | None = None
+    input: Literal["gauge", "rate", "increase"] = "gauge"
+    match: dict[str, str] = Field(default_factory=dict)
+    numerator: Term | None = None
+    denominator: Term | None = None
+    scale: float = 1.0
+    dedupe: Literal["none", "physical_gpu"] = "none"
+    resources: list[str] = Field(default_factory=lambda: list(RESOURCES))
+    external: bool = False
+    max_age: Seconds | None = None
+    window: Seconds | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> MetricDefinition:
+        if not _NAME.match(self.name):
+            raise ValueError(f"name {self.name!r} must be lower_snake_case ([a-z][a-z0-9_]*)")
+        if self.series is not None and self.numerator is not None:
+            raise ValueError("give either 'series' or 'numerator', not both")
+        if self.series is None and self.numerator is None:
+            raise ValueError("one of 'series' or 'numerator' is required")
+        if self.aggregate == "ratio" and self.denominator is None:
+            raise ValueError("aggregate 'ratio' needs a 'denominator'")
+        if self.aggregate != "ratio" and self.denominator is not None:
+            raise ValueError(f"'denominator' is only allowed with aggregate 'ratio', not {self.aggregate!r}")
+        for r in self.resources:
+            if r not in RESOURCES:
+                raise ValueError(f"unknown resource {r!r}; valid: {', '.join(RESOURCES)}")
+        if self.series is not None:
+            Term(series=self.series, input=self.input, match=self.match)  # validates series names
+        return self
+
+    @cached_property
+    def terms(self) -> tuple[Term, Term | None]:
+        """(numerator, denominator); the short form ``series:`` becomes the numerator."""
+        num = self.numerator or Term(series=self.series or [], input=self.input, match=self.match)
+        return num, self.denominator
+
+
+class Defaults(_Strict):
+    max_age: Seconds = 60.0
+    window: Seconds = 60.0
+
+
+class Catalogue(_Strict):
+    defaults: Defaults = Field(default_factory=Defaults)
+    metrics: list[MetricDefinition] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Catalogue:
+        seen: set[str] = set()
+        for m in self.metrics:
+            if m.name in seen:
+                raise ValueError(f"metric {m.name!r} is defined twice")
+            seen.add(m.name)
+        return self
+
+    @cached_property
+    def by_name(self) -> dict[str, MetricDefinition]:
+        return {m.name: m for m in self.metrics}
+
+    def get(self, name: str) -> MetricDefinition | None:
+        return self.by_name.get(name)
+
+    def __iter__(self) -> Iterator[MetricDefinition]:  # type: ignore[override]
+        return iter(self.metrics)
+
+    def max_age(self, metric: MetricDefinition) -> float:
+        return metric.max_age if metric.max_age is not None else self.defaults.max_age
+
+    def window(self, metric: MetricDefinition) -> float:
+        return metric.window if metric.window is not None else self.defaults.window
+
+    @cached_property
+    def series_names(self) -> frozenset[str]:
+        """Every series name any term reads: the scrape source keeps only these."""
+        names: set[str] = set()
+        for m in self.metrics:
+            for term in m.terms:
+                if term is not None:
+                    names.update(term.series)
+        return frozenset(names)
+
+    @cached_property
+    def windowed_series(self) -> frozenset[str]:
+        """Series read as rate/increase: the scrape source keeps a window of history for these only."""
+        names: set[str] = set()
+        for m in self.metrics:
+            for term in m.terms:
+                if term is not None and term.windowed:
+                    names.update(term.series)
+        return frozenset(names)
+
+    @property
+    def longest_window(self) -> float:
+        return max((self.window(m) for m in self.metrics), default=self.defaults.window)
+
+
+def _field_path(loc: tuple[Any, ...], data: Any) -> str:
+    """Turn pydantic's ('metrics', 3, 'aggregate') into 'metrics[3] (gpu_x).aggregate'."""
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            name = (
+                node[part].get("name")
+                if isinstance(node, list) and part < len(node) and isinstance(node[part], dict)
+                else None
+            )
+            out += f"[{part}]" + (f" ({name})" if name else "")
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+        else:
+            out += ("." if out else "") + str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return out or "(top level)"
+
+
+def parse_catalogue(data: Any, *, path: str = "<catalogue>") -> Catalogue:
+    try:
+        return Catalogue.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{_field_path(loc, data)}: {msg}")
+        raise ConfigError("; ".join(problems), path=path) from None
+
+
+def load_catalogue(path: str | Path | None = None) -> Catalogue:
+    """Load and validate a catalogue file (default: policies/metrics.yaml of this checkout)."""
+    p = Path(path) if path else DEFAULT_CATALOGUE_PATH
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read catalogue: {e.strerror}", path=str(p)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(f"{where}invalid YAML: {getattr(e, 'problem', e)}", path=str(p)) from None
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping with 'metrics:' at the top level", path=str(p))
+    return parse_catalogue(data, path=str(p))

@@ -1,0 +1,157 @@
+"""The metrics store: the latest value per (metric, object), ready for in-memory lookups.
+
+The store is the seam every consumer reads (adapter, top, report, controller). It is replaced whole,
+atomically, once per refresh (``update``); reads never wait on a source and never do I/O. Each value
+keeps the time of the samples it came from, so a reader can refuse to serve a stale value as fresh.
+
+Beside the finished value, every object keeps one mergeable partial per metric label set (e.g. per
+Triton model), so a request's metric label selector (``metricLabelSelector``, or the external metrics'
+``labelSelector``) is applied at request time by merging the few partials it selects.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuscale.model import ObjectRef
+
+
+@dataclass(frozen=True, slots=True)
+class MetricPoint:
+    """One metric value for one object. ``timestamp`` = the oldest sample time it was computed from."""
+
+    value: float
+    timestamp: float
+    window_seconds: float | None = None
+    stale: bool = False  # no fresh sample contributed; ``value`` must not be served
+
+    def age(self, now: float) -> float:
+        return now - self.timestamp
+
+
+@dataclass(slots=True)
+class Partial:
+    """A mergeable aggregate: enough to finish mean, sum, max or ratio after merging."""
+
+    numerator: float = 0.0
+    denominator: float = 0.0
+    devices: int = 0
+    maximum: float = -math.inf
+    has_numerator: bool = False
+    has_denominator: bool = False
+    oldest: float = math.inf
+    window_seconds: float | None = None
+    stale_newest: float = -math.inf  # newest timestamp among stale contributions, if any were skipped
+
+    def merge(self, other: Partial) -> None:
+        self.numerator += other.numerator
+        self.denominator += other.denominator
+        self.devices += other.devices
+        self.maximum = max(self.maximum, other.maximum)
+        self.has_numerator |= other.has_numerator
+        self.has_denominator |= other.has_denominator
+        self.oldest = min(self.oldest, other.oldest)
+        if other.window_seconds is not None:
+            self.window_seconds = max(self.window_seconds or 0.0, other.window_seconds)
+        self.stale_newest = max(self.stale_newest, other.stale_newest)
+
+    def finish(self, aggregate: str, *, scale: float, floor: float) -> MetricPoint | None:
+        """The value, a stale marker, or None when nothing contributed at all."""
+        complete = self.has_numerator and (aggregate != "ratio" or self.has_denominator)
+        if not complete:
+            if self.stale_newest > -math.inf:
+                return MetricPoint(math.nan, self.stale_newest, self.window_seconds, stale=True)
+            return None
+        if aggregate == "mean":
+            value = self.numerator / self.devices
+        elif aggregate == "sum":
+            value = self.numerator
+        elif aggregate == "max":
+            value = self.maximum
+        else:
+            denominator = max(self.denominator, floor)
+            if denominator <= 0:
+                return None
+            value = self.numerator / denominator
+        value *= scale
+        if not math.isfinite(value):
+            return None  # NB: never store NaN/Inf as a number; the reader sees "no value"
+        return MetricPoint(value, self.oldest, self.window_seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledPart:
+    labels: tuple[tuple[str, str], ...]
+    partial: Partial
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything one refresh computed. Built by ``aggregation.build_snapshot``; immutable once stored."""
+
+    taken_at: float
+    values: dict[str, dict[ObjectRef, MetricPoint]] = field(default_factory=dict)
+    parts: dict[str, dict[ObjectRef, list[LabelledPart]]] = field(default_factory=dict)
+    device_count: int = 0
+    series_count: int = 0
+
+
+class MetricsReader(Protocol):
+    """What consumers may ask of the store."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def refreshed_at(self) -> float | None: ...
+
+    def point(self, metric: str, obj: ObjectRef) -> MetricPoint | None: ...
+
+    def points(self, metric: str, objs: Iterable[ObjectRef]) -> dict[ObjectRef, MetricPoint]: ...
+
+    def objects(self, metric: str, kind: str | None = None) -> list[ObjectRef]: ...
+
+    def parts(self, metric: str, obj: ObjectRef) -> list[LabelledPart]: ...
+
+
+class MetricsStore:
+    """The in-memory implementation of MetricsReader, updated by the refresh loop."""
+
+    def __init__(self) -> None:
+        self._snapshot: Snapshot | None = None
+
+    def update(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot  # one reference swap: readers see the old or the new, never a mix
+
+    @property
+    def ready(self) -> bool:
+        return self._snapshot is not None
+
+    @property
+    def refreshed_at(self) -> float | None:
+        return self._snapshot.taken_at if self._snapshot else None
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        return self._snapshot
+
+    def _values(self, metric: str) -> Mapping[ObjectRef, MetricPoint]:
+        return self._snapshot.values.get(metric, {}) if self._snapshot else {}
+
+    def point(self, metric: str, obj: ObjectRef) -> MetricPoint | None:
+        return self._values(metric).get(obj)
+
+    def points(self, metric: str, objs: Iterable[ObjectRef]) -> dict[ObjectRef, MetricPoint]:
+        values = self._values(metric)
+        return {o: p for o in objs if (p := values.get(o)) is not None}
+
+    def objects(self, metric: str, kind: str | None = None) -> list[ObjectRef]:
+        return sorted(o for o in self._values(metric) if kind is None or o.kind == kind)
+
+    def parts(self, metric: str, obj: ObjectRef) -> list[LabelledPart]:
+        if not self._snapshot:
+            return []
+        return self._snapshot.parts.get(metric, {}).get(obj, [])

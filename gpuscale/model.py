@@ -1,0 +1,125 @@
+"""Core value types shared by every layer: object references and Kubernetes quantities.
+
+Kept free of I/O and of any layer above ``metrics/`` so sources, store and consumers can all import it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+
+# Kinds the store indexes values by. Deployments and StatefulSets are derived (mean over their pods).
+POD = "Pod"
+NODE = "Node"
+NAMESPACE = "Namespace"
+DEPLOYMENT = "Deployment"
+STATEFULSET = "StatefulSet"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ObjectRef:
+    """A Kubernetes object a metric value describes. ``namespace`` is None for cluster-scoped kinds."""
+
+    kind: str
+    name: str
+    namespace: str | None = None
+
+    def __str__(self) -> str:
+        return (
+            f"{self.kind.lower()} {self.namespace}/{self.name}"
+            if self.namespace
+            else f"{self.kind.lower()} {self.name}"
+        )
+
+
+def pod(namespace: str, name: str) -> ObjectRef:
+    return ObjectRef(POD, name, namespace)
+
+
+def node(name: str) -> ObjectRef:
+    return ObjectRef(NODE, name)
+
+
+def namespace(name: str) -> ObjectRef:
+    return ObjectRef(NAMESPACE, name)
+
+
+# --- quantities -------------------------------------------------------------------------------------
+
+_MAX_MILLI = 2**63 - 1
+_DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
+_MILLI = Decimal(1000)
+
+
+class QuantityError(ValueError):
+    """A value cannot be represented as a Kubernetes quantity (NaN, infinite, or out of int64 range)."""
+
+
+def milli_value(value: float) -> int:
+    """``ceil(value * 1000)`` as an int, like apimachinery's ``Quantity.MilliValue()``.
+
+    Raises QuantityError for NaN/Inf and magnitudes beyond int64 — a value we refuse to serve rather
+    than wrap around (prometheus-adapter #280 served NaN as -9223372036854775808).
+    """
+    if not math.isfinite(value):
+        raise QuantityError(f"{value!r} is not a finite number")
+    # NB: go through repr() so 87.5 stays 87.5 and 0.1 stays 0.1 (not 0.1000000000000000055…).
+    milli = (Decimal(repr(value)) * _MILLI).to_integral_value(rounding=ROUND_CEILING)
+    if abs(milli) > _MAX_MILLI:
+        raise QuantityError(f"{value!r} is out of range for a quantity")
+    return int(milli)
+
+
+def format_quantity(value: float) -> str:
+    """Canonical DecimalSI quantity string: 87.5 → "87500m", 87 → "87", 1.5e6 → "1500k".
+
+    Rounds up to milli precision (Kubernetes allows at most 3 decimals) and uses the largest suffix that
+    loses no precision, as ``Quantity.String()`` does.
+    """
+    milli = milli_value(value)
+    if milli % 1000:
+        return f"{milli}m"
+    units = milli // 1000
+    exponent = 0
+    while units and units % 1000 == 0 and exponent < len(_DECIMAL_SUFFIXES) - 1:
+        units //= 1000
+        exponent += 1
+    return f"{units}{_DECIMAL_SUFFIXES[exponent]}"
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Parse a duration like "5s", "1m30s", "250ms", "2h" or a bare number of seconds → seconds.
+
+    Raises ValueError naming the text when it does not parse.
+    """
+    if isinstance(text, int | float):
+        if text < 0 or not math.isfinite(text):
+            raise ValueError(f"invalid duration {text!r}")
+        return float(text)
+    s = text.strip()
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    total = 0.0
+    i = 0
+    if not s:
+        raise ValueError("empty duration")
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    while i < len(s):
+        j = i
+        while j < len(s) and (s[j].isdigit() or s[j] == "."):
+            j += 1
+        if j == i:
+            raise ValueError(f"invalid duration {text!r}: expected a number at {s[i:]!r}")
+        number = float(s[i:j])
+        k = j
+        while k < len(s) and s[k].isalpha():
+            k += 1
+        unit = s[j:k]
+        if unit not in units:
+            raise ValueError(f"invalid duration {text!r}: unknown unit {unit!r} (use ms, s, m or h)")
+        total += number * units[unit]
+        i = k
+    return total

@@ -1,0 +1,1 @@
+"""Sources: the only place gpuscale does I/O to the outside world (exporters, Prometheus, Kubernetes)."""

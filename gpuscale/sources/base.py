@@ -1,0 +1,70 @@
+"""The seam between sources and the metric pipeline.
+
+A source fetches series values from the outside world (``refresh``, the only I/O) and answers term
+queries from what it fetched (``read``, pure and cheap). The pipeline asks for exactly the terms the
+catalogue needs: the embedded scrape source answers from its own window of scrapes, the Prometheus
+source with one PromQL query per term. Neither the adapter nor any other consumer sees a source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class TermQuery:
+    """What the pipeline needs from a source: the sum of some series, read one way, over a window."""
+
+    series: tuple[str, ...]
+    input: Literal["gauge", "rate", "increase"] = "gauge"
+    window_seconds: float = 60.0
+    match: tuple[tuple[str, str], ...] = ()
+    promql: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesValue:
+    """One series' value for a term, with the time it describes and the target it came from.
+
+    ``timestamp`` is the sample time (scrape time or exporter timestamp), never the time of the read,
+    so an exporter that stopped answering shows up as old data, not as fresh data.
+    ``window_seconds`` is the span a rate/increase covered (None for gauges).
+    """
+
+    name: str
+    labels: dict[str, str]
+    value: float
+    timestamp: float
+    target: str
+    window_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetHealth:
+    """The health of one thing a source reads (an exporter URL, a Prometheus server)."""
+
+    target: str
+    healthy: bool
+    last_success: float | None = None
+    last_attempt: float | None = None
+    last_duration_seconds: float | None = None
+    error: str | None = None
+    series: int = 0
+    failures_total: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class MetricsSource(Protocol):
+    name: str
+
+    async def refresh(self, *, now: float) -> None:
+        """Fetch from the outside world. Never raises for a target failure: it is recorded in health()."""
+
+    def read(self, query: TermQuery) -> list[SeriesValue]:
+        """Values for one term from the last refresh; pure, no I/O."""
+
+    def health(self) -> list[TargetHealth]:
+        """One entry per target, for /readyz, /metrics and logs."""
+
+    async def close(self) -> None: ...

@@ -1,0 +1,211 @@
+"""The embedded scrape source: polls exporter /metrics URLs and keeps just what the catalogue needs.
+
+Per target it keeps the latest value of every series the catalogue reads, and for series read as
+rate/increase a short history (the longest window plus one interval), so rates need no Prometheus.
+A target that fails (timeout, HTTP error, body over the size bound, malformed text) is marked unhealthy
+with the reason, and its previous values are kept with their old timestamps: they age into "stale"
+and are never served as fresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from gpuscale.errors import ExpositionError, SourceUnavailable
+from gpuscale.metrics.exposition import parse_samples
+from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+_ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+
+SeriesKey = tuple[str, frozenset[tuple[str, str]]]
+
+
+@dataclass(slots=True)
+class _Target:
+    url: str
+    latest_at: float | None = None
+    latest: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
+    history: deque[tuple[float, dict[SeriesKey, float]]] = field(default_factory=deque)
+    health: TargetHealth | None = None
+
+
+def _increase(points: list[float]) -> float:
+    """Counter increase across consecutive samples; a drop is a reset (the counter restarted at 0)."""
+    total = 0.0
+    for prev, cur in itertools.pairwise(points):
+        total += cur - prev if cur >= prev else cur
+    return total
+
+
+class ScrapeSource:
+    """Scrapes a fixed list of exporter URLs (Triton, dcgm-exporter) concurrently."""
+
+    name = "scrape"
+
+    def __init__(
+        self,
+        urls: Iterable[str],
+        *,
+        series: Iterable[str],
+        windowed_series: Iterable[str] = (),
+        history_seconds: float = 120.0,
+        timeout_seconds: float = 3.0,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        concurrency: int = 64,
+        session: aiohttp.ClientSession | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._targets = {u: _Target(u) for u in dict.fromkeys(urls)}
+        self._series = frozenset(series)
+        self._windowed = frozenset(windowed_series)
+        self._history_seconds = history_seconds
+        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self._max_body = max_body_bytes
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._session = session
+        self._own_session = session is None
+        self._clock = clock
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._targets)
+
+    async def close(self) -> None:
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- I/O ---------------------------------------------------------------------------------------
+
+    async def refresh(self, *, now: float) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers={"Accept": _ACCEPT, "User-Agent": "gpuscale"})
+        await asyncio.gather(*(self._scrape(t) for t in self._targets.values()))
+
+    async def _fetch(self, url: str) -> tuple[str, bool]:
+        assert self._session is not None
+        try:
+            async with self._session.get(url, timeout=self._timeout) as resp:
+                if resp.status != 200:
+                    raise SourceUnavailable(url, f"HTTP {resp.status} {resp.reason or ''}".strip())
+                if resp.content_length is not None and resp.content_length > self._max_body:
+                    raise SourceUnavailable(url, f"body of {resp.content_length} bytes exceeds {self._max_body}")
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(256 * 1024):
+                    size += len(chunk)
+                    if size > self._max_body:
+                        raise SourceUnavailable(url, f"body exceeds the {self._max_body} byte limit")
+                    chunks.append(chunk)
+                openmetrics = "openmetrics" in resp.headers.get("Content-Type", "")
+                return b"".join(chunks).decode("utf-8", errors="replace"), openmetrics
+        except TimeoutError as e:
+            raise SourceUnavailable(url, f"timed out after {self._timeout.total:g}s") from e
+        except aiohttp.ClientError as e:
+            raise SourceUnavailable(url, f"{type(e).__name__}: {e}") from e
+
+    async def _scrape(self, target: _Target) -> None:
+        started = self._clock()
+        async with self._semaphore:
+            try:
+                text, openmetrics = await self._fetch(target.url)
+                samples = parse_samples(text, source=target.url, openmetrics=openmetrics or None)
+            except (SourceUnavailable, ExpositionError) as e:
+                reason = e.reason if isinstance(e, SourceUnavailable) else str(e)
+                log.warning("scrape %s failed: %s", target.url, reason)
+                prev = target.health
+                target.health = TargetHealth(
+                    target.url,
+                    False,
+                    last_success=prev.last_success if prev else None,
+                    last_attempt=started,
+                    last_duration_seconds=self._clock() - started,
+                    error=reason,
+                    series=prev.series if prev else 0,
+                    failures_total=(prev.failures_total if prev else 0) + 1,
+                )
+                return
+        scraped_at = self._clock()
+        self.ingest(target.url, samples, timestamp=scraped_at)
+        target.health = TargetHealth(
+            target.url,
+            True,
+            failures_total=target.health.failures_total if target.health else 0,
+            last_success=scraped_at,
+            last_attempt=started,
+            last_duration_seconds=scraped_at - started,
+            series=sum(len(v) for v in target.latest.values()),
+        )
+
+    # --- pure --------------------------------------------------------------------------------------
+
+    def ingest(self, url: str, samples: Iterable, *, timestamp: float) -> None:
+        """Record one successful scrape of ``url`` (also used by tests to feed fixtures)."""
+        target = self._targets.setdefault(url, _Target(url))
+        latest: dict[str, list[tuple[dict[str, str], float]]] = {}
+        windowed: dict[SeriesKey, float] = {}
+        for s in samples:
+            if s.name not in self._series:
+                continue
+            latest.setdefault(s.name, []).append((s.labels, s.value))
+            if s.name in self._windowed:
+                windowed[(s.name, frozenset(s.labels.items()))] = s.value
+        target.latest = latest
+        target.latest_at = timestamp
+        target.history.append((timestamp, windowed))
+        while target.history and target.history[0][0] < timestamp - self._history_seconds:
+            target.history.popleft()
+
+    def read(self, query: TermQuery) -> list[SeriesValue]:
+        out: list[SeriesValue] = []
+        match = query.match
+        for target in self._targets.values():
+            if target.latest_at is None:
+                continue
+            if query.input == "gauge":
+                for name in query.series:
+                    for labels, value in target.latest.get(name, ()):
+                        if match and any(labels.get(k) != v for k, v in match):
+                            continue
+                        out.append(SeriesValue(name, labels, value, target.latest_at, target.url))
+            else:
+                out.extend(self._windowed_read(target, query))
+        return out
+
+    def _windowed_read(self, target: _Target, query: TermQuery) -> list[SeriesValue]:
+        newest_at, newest = target.history[-1]
+        # NB: 2 % slack so scrape jitter does not drop the point that opens the window.
+        start = newest_at - query.window_seconds * 1.02
+        window = [(ts, values) for ts, values in target.history if ts >= start]
+        if len(window) < 2:
+            return []  # a rate needs two scrapes; until then the metric has no value (not zero)
+        out: list[SeriesValue] = []
+        for key, _ in newest.items():
+            name, label_items = key
+            if name not in query.series:
+                continue
+            labels = dict(label_items)
+            if query.match and any(labels.get(k) != v for k, v in query.match):
+                continue
+            points = [(ts, values[key]) for ts, values in window if key in values]
+            if len(points) < 2:
+                continue
+            span = newest_at - points[0][0]
+            increase = _increase([v for _, v in points])
+            value = increase / span if query.input == "rate" else increase
+            out.append(SeriesValue(name, labels, value, newest_at, target.url, window_seconds=span))
+        return out
+
+    def health(self) -> list[TargetHealth]:
+        return [t.health or TargetHealth(t.url, False, error="not scraped yet") for t in self._targets.values()]

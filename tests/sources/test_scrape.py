@@ -1,0 +1,142 @@
+"""The embedded scrape source against real HTTP servers on loopback, healthy and faulty.
+
+Each fault must leave a clear reason in the target's health, keep the previous values (which then
+age into staleness), and never raise out of refresh().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from aiohttp import web
+
+from gpuscale.metrics.catalogue import load_catalogue
+from gpuscale.sources.base import TermQuery
+from gpuscale.sources.scrape import ScrapeSource
+from tests.helpers import H100, TRITON, TRITON_T0
+
+GAUGE = TermQuery(series=("DCGM_FI_DEV_GPU_UTIL",))
+RATE = TermQuery(series=("nv_inference_request_success",), input="rate", window_seconds=60)
+
+
+class Exporter:
+    """A tiny programmable exporter: what to answer is set per test."""
+
+    def __init__(self) -> None:
+        self.body: bytes = H100.read_bytes()
+        self.status = 200
+        self.hang = False
+        self.content_type = "text/plain; version=0.0.4"
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if self.hang:
+            await asyncio.sleep(3600)
+        if self.status != 200:
+            return web.Response(status=self.status, text="boom")
+        resp = web.StreamResponse(headers={"Content-Type": self.content_type})
+        await resp.prepare(request)
+        for i in range(0, len(self.body), 1 << 20):
+            await resp.write(self.body[i : i + (1 << 20)])
+        await resp.write_eof()
+        return resp
+
+
+@pytest.fixture
+async def exporter(aiohttp_server):
+    e = Exporter()
+    app = web.Application()
+    app.router.add_get("/metrics", e.handle)
+    server = await aiohttp_server(app)
+    e.url = str(server.make_url("/metrics"))
+    return e
+
+
+def make_source(url, clock, **kw):
+    catalogue = load_catalogue()
+    return ScrapeSource(
+        [url], series=catalogue.series_names, windowed_series=catalogue.windowed_series,
+        history_seconds=120, clock=lambda: clock[0], **kw,
+    )
+
+
+async def test_healthy_scrape_keeps_catalogue_series_only(exporter):
+    clock = [1000.0]
+    source = make_source(exporter.url, clock)
+    await source.refresh(now=clock[0])
+    values = source.read(GAUGE)
+    assert len(values) == 8 and {v.timestamp for v in values} == {1000.0}
+    (health,) = source.health()
+    assert health.healthy and health.error is None and health.series > 0
+    assert source.read(TermQuery(series=("DCGM_FI_DEV_SM_CLOCK",))) == []  # not in the catalogue: not kept
+    await source.close()
+
+
+async def test_rate_from_two_scrapes(exporter):
+    clock = [1000.0]
+    source = make_source(exporter.url, clock)
+    exporter.body = TRITON_T0.read_bytes()
+    await source.refresh(now=clock[0])
+    assert source.read(RATE) == []  # one scrape: no rate yet
+    clock[0] += 60
+    exporter.body = TRITON.read_bytes()
+    await source.refresh(now=clock[0])
+    rates = {(v.labels["model"], "gpu_uuid" in v.labels): v.value for v in source.read(RATE)}
+    assert rates[("resnet50_trt", True)] == pytest.approx(330.0)
+    assert rates[("bert_qa_onnx", True)] == pytest.approx(41.0)
+    await source.close()
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("hang", "timed out after 0.3s"),
+        ("status", "HTTP 500"),
+        ("huge", "exceeds"),
+        ("malformed", ":3: "),
+    ],
+)
+async def test_faults_mark_target_unhealthy_and_keep_old_values(exporter, fault, reason):
+    clock = [1000.0]
+    source = make_source(exporter.url, clock, timeout_seconds=0.3, max_body_bytes=4 * 1024 * 1024)
+    await source.refresh(now=clock[0])
+    assert len(source.read(GAUGE)) == 8
+    if fault == "hang":
+        exporter.hang = True
+    elif fault == "status":
+        exporter.status = 500
+    elif fault == "huge":
+        exporter.body = b"# filler\n" * (50 * 1024 * 1024 // 9)  # ~50 MB
+    else:
+        exporter.body = b"# HELP x y\n# TYPE x gauge\nx{gpu=\"0\" 1\n"
+    clock[0] += 5
+    await asyncio.wait_for(source.refresh(now=clock[0]), timeout=10)
+    (health,) = source.health()
+    assert not health.healthy
+    assert reason in health.error
+    assert health.failures_total == 1
+    assert health.last_success == 1000.0
+    # The previous values remain, with their old timestamp, to age into staleness.
+    values = source.read(GAUGE)
+    assert len(values) == 8 and {v.timestamp for v in values} == {1000.0}
+    await source.close()
+
+
+async def test_connection_refused_is_a_clear_error():
+    clock = [1000.0]
+    source = make_source("http://127.0.0.1:9/metrics", clock, timeout_seconds=1)
+    await source.refresh(now=clock[0])
+    (health,) = source.health()
+    assert not health.healthy and "ClientConnectorError" in health.error
+    await source.close()
+
+
+async def test_nan_values_are_kept_as_nan_never_as_numbers(exporter):
+    clock = [1000.0]
+    source = make_source(exporter.url, clock)
+    exporter.body = b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1",Hostname="n1"} NaN\n'
+    await source.refresh(now=clock[0])
+    (value,) = source.read(GAUGE)
+    assert math.isnan(value.value)
+    await source.close()
