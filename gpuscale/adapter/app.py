@@ -44,6 +44,7 @@ PROVIDER = web.AppKey("provider", MetricsProvider)
 DISCOVERY = web.AppKey("discovery", Discovery)
 SELFMETRICS = web.AppKey("selfmetrics", AdapterMetrics)
 READY = web.AppKey("ready", object)
+RESOURCE = web.RequestKey("resource", str)
 
 
 def _json(body: dict, status: int = 200) -> web.Response:
@@ -102,7 +103,7 @@ async def custom_metrics(request: web.Request) -> web.Response:
         namespace = None
     else:
         return status_response(404, "the server could not find the requested resource")
-    request["resource"] = resource
+    request[RESOURCE] = resource
     if resource not in NAMESPACED or ((namespace is None) == NAMESPACED[resource] and resource != "namespaces"):
         where = "namespaced" if namespace else "cluster-scoped"
         return status_response(404, f"the server could not find the metric {metric} for {where} {resource}")
@@ -119,7 +120,7 @@ async def custom_metrics(request: web.Request) -> web.Response:
 
 async def external_metrics(request: web.Request) -> web.Response:
     namespace, metric = request.match_info["namespace"], request.match_info["metric"]
-    request["resource"] = metric
+    request[RESOURCE] = metric
     items = request.app[PROVIDER].external(namespace, metric, _selector(request, "labelSelector"))
     return _json(external_list([external_item(metric, i.labels, i.point) for i in items]))
 
@@ -165,7 +166,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         response = error_response(e)
     if group:
         metrics = request.app[SELFMETRICS]
-        metrics.requests.labels(group, request.get("resource", ""), str(response.status)).inc()
+        metrics.requests.labels(group, request.get(RESOURCE, ""), str(response.status)).inc()
         metrics.request_seconds.labels(group).observe(time.perf_counter() - started)
     return response
 

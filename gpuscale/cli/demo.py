@@ -1,0 +1,134 @@
+"""`gpuscale demo`: a simulated GPU cluster, the adapter in front of it, and what the HPA sees.
+
+Starts the simulated Kubernetes API and exporters (gpuscale.sim), then the real adapter — the same
+`start_adapter` the `adapter` command runs — pointed at them, prints `kubectl get --raw` commands to paste,
+and every few seconds a table of what the metrics API answers, read over HTTP as the HPA would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+from gpuscale.cli.adapter import start_adapter, wait_ready
+from gpuscale.model import format_quantity
+from gpuscale.settings import AdapterSettings, DemoSettings
+from gpuscale.sim.cluster import SimCluster
+
+_COLUMNS = [
+    ("gpu_utilization", "GPU util %"),
+    ("gpu_sm_active", "SM active %"),
+    ("gpu_tensor_active", "tensor %"),
+    ("gpu_dram_active", "DRAM %"),
+    ("gpu_memory_used_bytes", "mem used"),
+    ("gpu_power_watts", "power W"),
+    ("inference_queue_depth", "queue"),
+    ("inference_queue_compute_ratio", "queue:compute"),
+]
+
+
+def _commands(server: str, kubeconfig: str) -> list[tuple[str, str]]:
+    raw = f"kubectl --server={server} get --raw"
+    base = "/apis/custom.metrics.k8s.io/v1beta2"
+    return [
+        ("metric groups", f"kubectl --server={server} api-resources | grep metrics"),
+        ("GPU util of the Triton pods (what an HPA on app=triton-bert reads)",
+         f"{raw} '{base}/namespaces/inference/pods/*/gpu_utilization?labelSelector=app%3Dtriton-bert'"),
+        ("…and how busy the SMs really are",
+         f"{raw} '{base}/namespaces/inference/pods/*/gpu_sm_active?labelSelector=app%3Dtriton-bert'"),
+        ("queue:compute ratio of the Triton deployment (object metric)",
+         f"{raw} '{base}/namespaces/inference/deployments.apps/triton-bert/inference_queue_compute_ratio'"),
+        ("the LLM server's util trap: util vs SM active",
+         f"{raw} '/apis/custom.metrics.k8s.io/v1beta1/namespaces/nim/pods/*/gpu_utilization'"),
+        ("power per node", f"{raw} '/apis/custom.metrics.k8s.io/v1beta1/nodes/*/gpu_power_watts'"),
+        ("external: queue depth of one model",
+         f"{raw} '/apis/external.metrics.k8s.io/v1beta1/namespaces/inference/inference_queue_depth"
+         "?labelSelector=model%3Dbert_qa_onnx'"),
+        ("the simulated cluster itself", f"kubectl --kubeconfig={kubeconfig} get pods -A -o wide"),
+    ]
+
+
+async def _table(session: aiohttp.ClientSession, server: str, namespaces: list[str]) -> Table:
+    table = Table(title=f"What the HPA sees — {time.strftime('%H:%M:%S')}", header_style="bold")
+    table.add_column("namespace/pod")
+    for _, title in _COLUMNS:
+        table.add_column(title, justify="right")
+    rows: dict[str, dict[str, str]] = {}
+    for ns in namespaces:
+        for metric, _ in _COLUMNS:
+            url = f"{server}/apis/custom.metrics.k8s.io/v1beta1/namespaces/{ns}/pods/*/{metric}"
+            async with session.get(url) as resp:
+                if resp.status != 200:
+                    continue
+                body = await resp.json()
+            for item in body["items"]:
+                rows.setdefault(f"{ns}/{item['describedObject']['name']}", {})[metric] = _human(metric, item["value"])
+    for name in sorted(rows):
+        table.add_row(name, *(rows[name].get(m, "–") for m, _ in _COLUMNS))
+    return table
+
+
+def _human(metric: str, quantity: str) -> str:
+    from decimal import Decimal
+
+    suffix = {"m": Decimal("0.001"), "k": Decimal(1000), "M": Decimal(10**6), "G": Decimal(10**9),
+              "T": Decimal(10**12)}
+    q = quantity
+    value = Decimal(q[:-1]) * suffix[q[-1]] if q[-1] in suffix else Decimal(q)
+    if metric.endswith("_bytes"):
+        return f"{float(value) / 2**30:.1f} GiB"
+    return f"{float(value):.2f}" if metric.endswith("_ratio") else f"{float(value):.1f}"
+
+
+async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
+    console = Console()
+    if console.width < 150:  # NB: piped output defaults to 80 columns; the table needs ~150
+        console = Console(width=150)
+    async with SimCluster() as cluster:
+        adapter = await start_adapter(
+            AdapterSettings(
+                scrape_url=cluster.scrape_urls,
+                kubeconfig=cluster.kubeconfig,
+                insecure_port=settings.port,
+                refresh_interval=settings.refresh_interval,
+                log_level=settings.log_level,
+            )
+        )
+        try:
+            await wait_ready(adapter)
+            # Rates need two scrapes; wait for the second refresh so the first table is complete.
+            while adapter.pipeline.refreshes < 2:
+                await asyncio.sleep(0.1)
+            console.print(f"[bold]gpuscale adapter[/] serving the metrics APIs on {adapter.url}")
+            console.print(f"simulated cluster: {len(cluster.scenario.nodes)} GPU nodes, kubeconfig {cluster.kubeconfig}")
+            console.print("Paste these in another terminal to see exactly what the HPA sees:\n")
+            for what, cmd in _commands(adapter.url, cluster.kubeconfig):
+                console.print(f"  [dim]# {what}[/]\n  {cmd}", soft_wrap=True, highlight=False)
+            console.print()
+            example = f"{adapter.url}/apis/custom.metrics.k8s.io/v1beta2/namespaces/inference/pods/*/gpu_utilization"
+            namespaces = sorted({w.namespace for w in cluster.scenario.workloads})
+            deadline = time.monotonic() + settings.duration if settings.duration else None
+            async with aiohttp.ClientSession() as session:
+                async with session.get(example) as resp:
+                    console.print("[dim]# one raw response:[/]")
+                    console.print_json(json.dumps(await resp.json()))
+                while not stop.is_set():
+                    console.print(await _table(session, adapter.url, namespaces))
+                    timeout = 10.0
+                    if deadline is not None:
+                        timeout = min(timeout, deadline - time.monotonic())
+                        if timeout <= 0:
+                            break
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout)
+        finally:
+            await adapter.stop()
+
+
+__all__ = ["format_quantity", "run_demo"]
