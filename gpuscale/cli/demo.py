@@ -37,7 +37,8 @@ def _commands(server: str, kubeconfig: str) -> list[tuple[str, str]]:
     raw = f"kubectl --server={server} get --raw"
     base = "/apis/custom.metrics.k8s.io/v1beta2"
     return [
-        ("metric groups", f"kubectl --server={server} api-resources | grep metrics"),
+        ("metric API groups and versions", f"kubectl --server={server} api-versions"),
+        ("custom metrics on offer", f"kubectl --server={server} get --raw {base}"),
         ("GPU util of the Triton pods (what an HPA on app=triton-bert reads)",
          f"{raw} '{base}/namespaces/inference/pods/*/gpu_utilization?labelSelector=app%3Dtriton-bert'"),
         ("…and how busy the SMs really are",

@@ -162,3 +162,27 @@ def test_values_older_than_max_age_are_marked_stale():
     store = fixture_store([("http://dcgm:9400/metrics", H100, T0)], now=T0 + 3600)
     point = store.point("gpu_utilization", TRAINING)
     assert point is not None and point.stale
+
+
+def test_nan_and_inf_samples_never_become_values():
+    from gpuscale.metrics.aggregation import build_snapshot
+    from gpuscale.metrics.attribution import Attributor
+    from gpuscale.metrics.catalogue import load_catalogue
+    from gpuscale.metrics.exposition import parse_samples
+    from gpuscale.metrics.store import MetricsStore
+    from gpuscale.sources.scrape import ScrapeSource
+
+    catalogue = load_catalogue()
+    source = ScrapeSource([], series=catalogue.series_names, windowed_series=catalogue.windowed_series)
+    text = (
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",Hostname="n1",namespace="ns",pod="p"} NaN\n'
+        'DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-b",Hostname="n1",namespace="ns",pod="q"} +Inf\n'
+        'DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c",Hostname="n1",namespace="ns",pod="q"} 40\n'
+    )
+    source.ingest("http://n1:9400/metrics", parse_samples(text), timestamp=T0)
+    store = MetricsStore()
+    store.update(build_snapshot(catalogue, source.read, Attributor(Target), now=T0))
+    assert store.point("gpu_utilization", pod("ns", "p")) is None
+    # q's +Inf GPU is left out: the mean is over the one GPU with a real number, not Inf and not 20.
+    assert value(store, "gpu_utilization", pod("ns", "q")) == 40
+    assert value(store, "gpu_utilization", node("n1")) == 40
