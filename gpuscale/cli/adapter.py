@@ -75,6 +75,7 @@ class RunningAdapter:
     pipeline: Pipeline
     source: ScrapeSource
     cluster: KubeCache | None
+    api_client: object | None
     runner: web.AppRunner
     url: str
     tasks: list[asyncio.Task] = field(default_factory=list)
@@ -89,6 +90,8 @@ class RunningAdapter:
         await self.source.close()
         if self.cluster is not None:
             await self.cluster.stop()
+        if self.api_client is not None:
+            await self.api_client.close()  # type: ignore[attr-defined]
 
 
 async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | None = None) -> RunningAdapter:
@@ -97,6 +100,7 @@ async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | Non
     if not explicit:
         raise ConfigError("give at least one --scrape-url (an exporter /metrics URL)")
     cluster: KubeCache | None = None
+    api = None
     if settings.kubeconfig is not None or _in_cluster():
         api = await load_api_client(settings.kubeconfig)
         cluster = KubeCache(api)
@@ -135,7 +139,7 @@ async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | Non
     await site.start()
     port = runner.addresses[0][1]
     running = RunningAdapter(
-        settings, catalogue, store, pipeline, source, cluster, runner, f"http://{settings.bind_address}:{port}"
+        settings, catalogue, store, pipeline, source, cluster, api, runner, f"http://{settings.bind_address}:{port}"
     )
     running.tasks.append(asyncio.create_task(pipeline.run(), name="refresh"))
     return running

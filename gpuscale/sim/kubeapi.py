@@ -1,0 +1,2393 @@
+"""A simulated Kubernetes API server (aiohttp), faithful enough for kubectl and kubernetes-asyncio.
+
+Why it exists: no kube-apiserver can run where gpuscale is tested and demonstrated, yet the code that reads and
+writes Kubernetes must be exercised over real HTTP, with real clients (kubectl v1.32, kubernetes-asyncio). This
+module is a general-purpose stand-in: nothing in it knows about gpuscale, and product code never special-cases it.
+
+What is faithful (the things clients and controllers depend on):
+
+* Discovery: ``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/<group>[/<version>]`` (legacy, not
+  aggregated, discovery; kubectl falls back to it), with verbs, short names, categories and subresources
+  (``pods/status``, ``deployments/scale`` as ``autoscaling/v1`` ``Scale``). ``/openapi/v2`` answers 404;
+  ``/openapi/v3`` serves path stubs only, enough for kubectl to see that PATCH takes ``fieldValidation``.
+* Storage: one global resourceVersion counter; ``metadata.uid``, ``creationTimestamp``, ``resourceVersion`` on
+  every object, ``generation`` on workloads (bumped when the spec changes); a no-op write changes nothing and
+  emits no event. Typed list responses (``PodList``…) whose items carry no kind/apiVersion, as kube-apiserver
+  sends them; ``labelSelector``, ``fieldSelector`` (only the field labels kube-apiserver supports for the
+  resource — others are a 400), ``limit`` + ``continue``.
+* Writes: create → 201 (409 AlreadyExists, ``generateName``, the namespace must exist), update with a stale
+  ``metadata.resourceVersion`` → 409 Conflict, no-op updates keep the resourceVersion, ``status`` changes only
+  through the status subresource and the spec only through the main resource; PATCH as JSON merge patch,
+  strategic merge patch (list merge keys for the common core fields, ``$patch`` directives), JSON patch
+  (RFC 6902) and server-side apply (see limitations); ``dryRun=All``; delete → 200 with the object, honouring
+  finalizers (``deletionTimestamp`` first) and DeleteOptions preconditions; ``deletecollection``;
+  ``fieldValidation`` Strict (400) / Warn (the default: ``Warning`` headers) / Ignore, checked for top-level,
+  ``metadata`` and workload/lease ``spec`` fields — deeper fields are not schema-checked.
+* Resources: core v1 pods, nodes, namespaces, configmaps, services, events; apps/v1 deployments,
+  statefulsets, replicasets, daemonsets; coordination.k8s.io/v1 leases; events.k8s.io/v1 events.
+* Subresources: ``status`` (pods, nodes, namespaces, services and the apps kinds), ``scale`` (deployments,
+  statefulsets, replicasets; GET/PUT/PATCH an ``autoscaling/v1`` Scale whose ``spec.replicas`` writes through),
+  ``pods/binding``.
+* Validation that real clusters enforce and that would hide bugs if skipped: object names, label keys/values,
+  workload ``spec.selector`` present, non-empty, matching the template labels and immutable, pods having
+  containers, pod spec immutability (except images, tolerations, activeDeadlineSeconds).
+* Watch (``?watch=1``): newline-delimited events ADDED/MODIFIED/DELETED/BOOKMARK/ERROR from a resourceVersion
+  (or the current state as synthetic ADDED when it is unset or "0"), with selectors applied the way the watch
+  cache applies them (an object leaving the selection is DELETED, entering it is ADDED), ``timeoutSeconds``,
+  ``allowWatchBookmarks``; a resourceVersion older than the retained history (see ``compact()``) yields one
+  ERROR event carrying a 410 ``Expired`` Status, exactly as kube-apiserver does.
+* ``Accept: application/json;as=Table`` → server-side ``meta.k8s.io/v1`` Tables with kubectl's usual columns
+  for every served kind.
+* Errors are metav1.Status bodies with kube-apiserver's reasons and messages (NotFound, AlreadyExists, Conflict,
+  Invalid, BadRequest, MethodNotAllowed, Unauthorized, UnsupportedMediaType, Expired).
+* ``events.k8s.io/v1`` Events are a second view of the core v1 Events, converted field by field.
+
+Limitations (on purpose): no controllers (a Deployment creates no pods, nothing updates status unless you do),
+no kubelet (pods are deleted at once, without a grace period), no garbage collector (ownerReferences do not
+cascade; deleting a namespace deletes its objects at once, standing in for the namespace controller), no
+admission webhooks, no RBAC (any bearer token is accepted unless ``tokens`` is given), no field ownership in
+server-side apply (an apply is a strategic merge of the applied configuration), continue tokens page over the
+current state rather than a snapshot, no OpenAPI schemas, no aggregated discovery, and no protobuf: a
+protobuf body gets 415, so kubectl's typed-client generators (``kubectl create deployment``, ``create
+configmap``) fail — ``kubectl create -f`` / ``apply`` / ``patch`` / ``scale`` / ``label`` / ``delete`` work.
+
+In-process helpers (``create``, ``apply``, ``replace``, ``patch``, ``delete``, ``get``, ``list``) go through the
+same code as the HTTP handlers (same validation, resourceVersions and watch events) and raise ``ApiStatusError``.
+Two conveniences exist only in-process, for seeding scenarios: ``create``/``apply`` write a given ``status``
+through the status subresource afterwards, and ``create`` keeps a given ``uid``/``creationTimestamp``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import builtins
+import copy
+import json
+import logging
+import os
+import random
+import string
+import uuid
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from gpuscale.errors import SelectorError
+from gpuscale.selectors import FieldSelector, LabelSelector, field_value, label_key_problem, label_value_problem
+
+__all__ = ["RESOURCES", "ApiStatusError", "RecordedRequest", "ResourceType", "SimKubeApi"]
+
+log = logging.getLogger(__name__)
+
+KUBERNETES_VERSION = {
+    "major": "1",
+    "minor": "32",
+    "gitVersion": "v1.32.0-sim",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2024-12-11T00:00:00Z",
+    "goVersion": "go1.23.3",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+_PATCH_TYPES = (JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, APPLY_PATCH)
+# kube-apiserver picks a watch timeout in [min-request-timeout, 2×) when the client gives none.
+_DEFAULT_WATCH_TIMEOUT_SECONDS = 1800.0
+_WRITE_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+_SUBRESOURCE_VERBS = ("get", "patch", "update")
+
+
+# --- resource registry ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceType:
+    """One served resource: its REST coordinates, discovery facts and field-selector labels.
+
+    ``storage`` names the store the objects live in; two resource types share one when they are views of the
+    same objects (core and events.k8s.io Events). ``field_labels`` maps each supported field-selector label to
+    the dotted path it reads in the stored object; ``field_defaults`` gives the value of an unset field.
+    """
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    tracks_generation: bool = False
+    extra_field_labels: Mapping[str, str] = field(default_factory=dict)
+    field_defaults: Mapping[str, str] = field(default_factory=dict)
+    storage_name: str = ""
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+    @property
+    def storage(self) -> str:
+        return self.storage_name or self.group_resource
+
+    @property
+    def group_resource(self) -> str:
+        """``pods``, ``deployments.apps`` — how kube-apiserver names the resource in messages."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def qualified_kind(self) -> str:
+        """``Pod``, ``Deployment.apps`` — how kube-apiserver names the kind in Invalid messages."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
+    @property
+    def has_status(self) -> bool:
+        return "status" in self.subresources
+
+    @property
+    def field_labels(self) -> dict[str, str]:
+        labels = {"metadata.name": "metadata.name"}
+        if self.namespaced:
+            labels["metadata.namespace"] = "metadata.namespace"
+        labels.update(self.extra_field_labels)
+        return labels
+
+
+_INVOLVED = ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")
+_POD_FIELDS = (
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
+)
+RESOURCES: tuple[ResourceType, ...] = (
+    ResourceType(
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        namespaced=True,
+        short_names=("po",),
+        subresources=("status", "binding"),
+        categories=("all",),
+        extra_field_labels={p: p for p in _POD_FIELDS},
+        field_defaults={"spec.hostNetwork": "false"},
+    ),
+    ResourceType(
+        "",
+        "v1",
+        "nodes",
+        "Node",
+        namespaced=False,
+        short_names=("no",),
+        subresources=("status",),
+        extra_field_labels={"spec.unschedulable": "spec.unschedulable"},
+        field_defaults={"spec.unschedulable": "false"},
+    ),
+    ResourceType(
+        "",
+        "v1",
+        "namespaces",
+        "Namespace",
+        namespaced=False,
+        short_names=("ns",),
+        subresources=("status",),
+        extra_field_labels={"status.phase": "status.phase"},
+    ),
+    ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True, short_names=("cm",)),
+    ResourceType(
+        "",
+        "v1",
+        "services",
+        "Service",
+        namespaced=True,
+        short_names=("svc",),
+        subresources=("status",),
+        categories=("all",),
+    ),
+    ResourceType(
+        "",
+        "v1",
+        "events",
+        "Event",
+        namespaced=True,
+        short_names=("ev",),
+        extra_field_labels={
+            **{f"involvedObject.{f}": f"involvedObject.{f}" for f in _INVOLVED},
+            "reason": "reason",
+            "reportingComponent": "reportingComponent",
+            "source": "source.component",
+            "type": "type",
+        },
+    ),
+    ResourceType(
+        "apps",
+        "v1",
+        "deployments",
+        "Deployment",
+        namespaced=True,
+        short_names=("deploy",),
+        subresources=("status", "scale"),
+        categories=("all",),
+        tracks_generation=True,
+    ),
+    ResourceType(
+        "apps",
+        "v1",
+        "statefulsets",
+        "StatefulSet",
+        namespaced=True,
+        short_names=("sts",),
+        subresources=("status", "scale"),
+        categories=("all",),
+        tracks_generation=True,
+    ),
+    ResourceType(
+        "apps",
+        "v1",
+        "replicasets",
+        "ReplicaSet",
+        namespaced=True,
+        short_names=("rs",),
+        subresources=("status", "scale"),
+        categories=("all",),
+        tracks_generation=True,
+    ),
+    ResourceType(
+        "apps",
+        "v1",
+        "daemonsets",
+        "DaemonSet",
+        namespaced=True,
+        short_names=("ds",),
+        subresources=("status",),
+        categories=("all",),
+        tracks_generation=True,
+    ),
+    ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
+    ResourceType(
+        "events.k8s.io",
+        "v1",
+        "events",
+        "Event",
+        namespaced=True,
+        short_names=("ev",),
+        extra_field_labels={
+            **{f"regarding.{f}": f"involvedObject.{f}" for f in _INVOLVED},
+            "reason": "reason",
+            "reportingController": "reportingComponent",
+            "type": "type",
+        },
+        storage_name="events",  # the same objects as core v1 Events, converted on the way in and out
+    ),
+)
+_BY_PATH = {(rt.group, rt.version, rt.plural): rt for rt in RESOURCES}
+_BY_KIND = {(rt.api_version, rt.kind): rt for rt in RESOURCES}
+_GROUPS: dict[str, list[str]] = {}
+for _rt in RESOURCES:
+    if _rt.group and _rt.version not in _GROUPS.setdefault(_rt.group, []):
+        _GROUPS[_rt.group].append(_rt.version)
+
+
+def resource_for(api_version: str, kind: str) -> ResourceType:
+    """The served resource for an apiVersion/kind pair; ApiStatusError 404 when it is not served."""
+    rt = _BY_KIND.get((api_version, kind))
+    if rt is None:
+        served = ", ".join(sorted(f"{v}/{k}" for v, k in _BY_KIND))
+        raise ApiStatusError(404, "NotFound", f"no matches for kind {kind!r} in version {api_version!r} ({served})")
+    return rt
+
+
+# --- errors -----------------------------------------------------------------------------------------
+
+
+class ApiStatusError(Exception):
+    """A request failed the way kube-apiserver would fail it; ``status`` is the metav1.Status body."""
+
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        *,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(f"{code} {reason}: {message}")
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = dict(details or {})
+
+    @property
+    def status(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+def _details(rt: ResourceType, name: str | None) -> dict[str, Any]:
+    details: dict[str, Any] = {"kind": rt.plural}
+    if name:
+        details["name"] = name
+    if rt.group:
+        details["group"] = rt.group
+    return details
+
+
+def _not_found(rt: ResourceType, name: str) -> ApiStatusError:
+    return ApiStatusError(404, "NotFound", f'{rt.group_resource} "{name}" not found', details=_details(rt, name))
+
+
+def _conflict(rt: ResourceType, name: str, why: str) -> ApiStatusError:
+    return ApiStatusError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {rt.group_resource} "{name}": {why}',
+        details=_details(rt, name),
+    )
+
+
+def _bad_request(message: str) -> ApiStatusError:
+    return ApiStatusError(400, "BadRequest", message)
+
+
+@dataclass(frozen=True, slots=True)
+class _Cause:
+    field: str
+    message: str
+    reason: str = "FieldValueInvalid"
+
+
+def _invalid(rt: ResourceType, name: str, causes: list[_Cause]) -> ApiStatusError:
+    text = ", ".join(f"{c.field}: {c.message}" for c in causes)
+    details = {
+        "name": name,
+        "kind": rt.kind,
+        **({"group": rt.group} if rt.group else {}),
+        "causes": [{"reason": c.reason, "message": c.message, "field": c.field} for c in causes],
+    }
+    return ApiStatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {text}', details=details)
+
+
+_NOT_ALLOWED = ApiStatusError(
+    405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+)
+_NO_RESOURCE = ApiStatusError(404, "NotFound", "the server could not find the requested resource")
+
+
+# --- small helpers ----------------------------------------------------------------------------------
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def _timestamp(when: datetime | None = None) -> str:
+    return (when or _now()).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _human_duration(seconds: float) -> str:
+    """apimachinery ``duration.HumanDuration`` (what kubectl shows as AGE)."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m" if s % 60 == 0 else f"{minutes}m{s % 60}s"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = s // 3600
+    if hours < 8:
+        return f"{hours}h" if minutes % 60 == 0 else f"{hours}h{minutes % 60}m"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d" if hours % 24 == 0 else f"{hours // 24}d{hours % 24}h"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    if hours < 24 * 365 * 8:
+        days = (hours // 24) % 365
+        return f"{hours // 24 // 365}y" if days == 0 else f"{hours // 24 // 365}y{days}d"
+    return f"{hours // 24 // 365}y"
+
+
+def _age(obj: Mapping[str, Any]) -> str:
+    created = _parse_time(obj.get("metadata", {}).get("creationTimestamp"))
+    if created is None:
+        return "<unknown>"
+    return _human_duration((_now() - created).total_seconds())
+
+
+_DNS1123_LABEL_MAX = 63
+_DNS1123_SUBDOMAIN_MAX = 253
+_NAME_CHARS = frozenset(string.ascii_lowercase + string.digits + "-.")
+_GENERATE_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def _name_problem(name: str, *, label: bool) -> str | None:
+    limit = _DNS1123_LABEL_MAX if label else _DNS1123_SUBDOMAIN_MAX
+    if len(name) > limit:
+        return f"must be no more than {limit} characters"
+    parts = [name] if label else name.split(".")
+    for part in parts:
+        if not part or not set(part) <= _NAME_CHARS - {"."} or not part[0].isalnum() or not part[-1].isalnum():
+            kind, chars = ("RFC 1123 label", "'-'") if label else ("RFC 1123 subdomain", "'-' or '.'")
+            return (
+                f"a lowercase {kind} must consist of lower case alphanumeric characters, {chars}, "
+                "and must start and end with an alphanumeric character"
+            )
+    return None
+
+
+def _strip_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_strip_nulls(v) for v in value]
+    return value
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true")
+
+
+# --- patches ----------------------------------------------------------------------------------------
+
+
+class _PatchError(Exception):
+    """A patch applied cleanly as JSON but failed (JSON patch test/path errors) → 422."""
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+# Strategic merge patch: the list fields of the served types that merge by key rather than replace
+# (patchStrategy=merge in the Go types). "ports" merges by containerPort in containers, by port in services.
+_SMP_MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "volumes": "name",
+    "imagePullSecrets": "name",
+    "env": "name",
+    "volumeMounts": "mountPath",
+    "volumeDevices": "devicePath",
+    "conditions": "type",
+    "ownerReferences": "uid",
+    "hostAliases": "ip",
+    "topologySpreadConstraints": "topologyKey",
+    "resourceClaims": "name",
+    "schedulingGates": "name",
+    "addresses": "type",
+}
+_SMP_PRIMITIVE_MERGE = frozenset({"finalizers"})
+_DELETE = object()
+
+
+def _smp_merge_key(field_name: str, items: list[Any]) -> str | None:
+    if field_name == "ports":
+        dicts = [i for i in items if isinstance(i, dict)]
+        return "containerPort" if any("containerPort" in i for i in dicts) else "port"
+    return _SMP_MERGE_KEYS.get(field_name)
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """A strategic merge patch: JSON merge patch, plus merge-by-key lists and ``$patch`` directives.
+
+    Lists named in ``_SMP_MERGE_KEYS`` merge element-wise by their key (``{"$patch": "delete", key: …}``
+    removes one, ``{"$patch": "replace"}`` replaces the list); ``finalizers`` merges as a set;
+    ``$deleteFromPrimitiveList/<field>``, ``$retainKeys`` and ``$patch: replace|delete`` on maps are honoured;
+    ``$setElementOrder/<field>`` is accepted and ignored.
+    """
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    directive = patch.get("$patch")
+    if directive == "delete":
+        return _DELETE
+    if directive == "replace":
+        return _strip_directives(patch)
+    if directive not in (None, "merge"):
+        raise _bad_request(f"unknown patch type {directive!r} in strategic merge patch")
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    deferred: list[tuple[str, Any]] = []
+    for key, value in patch.items():
+        if key.startswith("$"):
+            deferred.append((key, value))
+            continue
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, dict):
+            merged = strategic_merge_patch(result.get(key), value)
+            if merged is _DELETE:
+                result.pop(key, None)
+            else:
+                result[key] = merged
+        elif isinstance(value, list):
+            result[key] = _smp_list(key, result.get(key), value)
+        else:
+            result[key] = value
+    for key, value in deferred:
+        if key.startswith("$deleteFromPrimitiveList/"):
+            name = key.split("/", 1)[1]
+            if isinstance(result.get(name), list):
+                result[name] = [v for v in result[name] if v not in value]
+        elif key == "$retainKeys":
+            keep = set(value or [])
+            result = {k: v for k, v in result.items() if k in keep}
+        # $patch handled above; $setElementOrder/… only orders lists, which we leave as merged.
+    return result
+
+
+def _strip_directives(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_directives(v) for k, v in value.items() if not k.startswith("$")}
+    if isinstance(value, list):
+        return [_strip_directives(v) for v in value]
+    return value
+
+
+def _smp_list(field_name: str, current: Any, patch: list[Any]) -> list[Any]:
+    if field_name in _SMP_PRIMITIVE_MERGE:
+        merged = list(current) if isinstance(current, list) else []
+        merged.extend(v for v in patch if v not in merged)
+        return merged
+    key = _smp_merge_key(field_name, patch)
+    if key is None or not all(isinstance(i, dict) for i in patch):
+        return _strip_directives(patch)
+    if any(i.get("$patch") == "replace" for i in patch):
+        return [_strip_directives(i) for i in patch if "$patch" not in i]
+    merged = copy.deepcopy(current) if isinstance(current, list) else []
+    for item in patch:
+        position = next(
+            (n for n, old in enumerate(merged) if isinstance(old, dict) and key in item and old.get(key) == item[key]),
+            None,
+        )
+        if item.get("$patch") == "delete":
+            if position is not None:
+                del merged[position]
+            continue
+        if position is None:
+            merged.append(_strip_nulls(_strip_directives(item)))
+        else:
+            merged[position] = strategic_merge_patch(merged[position], item)
+    return merged
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise _PatchError(f"JSON pointer {path!r} must start with '/'")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _resolve_parent(doc: Any, tokens: list[str], path: str) -> tuple[Any, str]:
+    node = doc
+    for token in tokens[:-1]:
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            raise _PatchError(f"path {path!r} does not exist")
+    return node, tokens[-1]
+
+
+def _get_at(doc: Any, path: str) -> Any:
+    tokens = _pointer(path)
+    if not tokens:
+        return doc
+    parent, last = _resolve_parent(doc, tokens, path)
+    if isinstance(parent, dict) and last in parent:
+        return parent[last]
+    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
+        return parent[int(last)]
+    raise _PatchError(f"path {path!r} does not exist")
+
+
+def _remove_at(doc: Any, path: str) -> Any:
+    tokens = _pointer(path)
+    if not tokens:
+        raise _PatchError("cannot remove the whole document")
+    parent, last = _resolve_parent(doc, tokens, path)
+    if isinstance(parent, dict) and last in parent:
+        return parent.pop(last)
+    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
+        return parent.pop(int(last))
+    raise _PatchError(f"unable to remove nonexistent key {path!r}")
+
+
+def _add_at(doc: Any, path: str, value: Any, *, replace: bool = False) -> Any:
+    tokens = _pointer(path)
+    if not tokens:
+        return value
+    parent, last = _resolve_parent(doc, tokens, path)
+    if isinstance(parent, dict):
+        if replace and last not in parent:
+            raise _PatchError(f"replace operation does not apply: doc is missing key {path!r}")
+        parent[last] = value
+    elif isinstance(parent, list):
+        if last == "-" and not replace:
+            parent.append(value)
+        elif last.isdigit() and (int(last) < len(parent) or (not replace and int(last) == len(parent))):
+            if replace:
+                parent[int(last)] = value
+            else:
+                parent.insert(int(last), value)
+        else:
+            raise _PatchError(f"index out of range in path {path!r}")
+    else:
+        raise _PatchError(f"path {path!r} does not point into an object or array")
+    return doc
+
+
+def json_patch(doc: Any, operations: Any) -> Any:
+    """RFC 6902 JSON patch (add, remove, replace, move, copy, test). Malformed operations → 400."""
+    if not isinstance(operations, list):
+        raise _bad_request("a JSON patch must be a list of operations")
+    doc = copy.deepcopy(doc)
+    for index, op in enumerate(operations):
+        if not isinstance(op, dict) or "op" not in op or "path" not in op:
+            raise _bad_request(f"JSON patch operation {index} must be an object with 'op' and 'path'")
+        kind, path = op["op"], op["path"]
+        if kind in ("add", "replace", "test") and "value" not in op:
+            raise _bad_request(f"JSON patch operation {index} ({kind}) is missing 'value'")
+        if kind in ("move", "copy") and "from" not in op:
+            raise _bad_request(f"JSON patch operation {index} ({kind}) is missing 'from'")
+        if kind == "add":
+            doc = _add_at(doc, path, copy.deepcopy(op["value"]))
+        elif kind == "remove":
+            _remove_at(doc, path)
+        elif kind == "replace":
+            doc = _add_at(doc, path, copy.deepcopy(op["value"]), replace=True)
+        elif kind == "move":
+            doc = _add_at(doc, path, _remove_at(doc, op["from"]))
+        elif kind == "copy":
+            doc = _add_at(doc, path, copy.deepcopy(_get_at(doc, op["from"])))
+        elif kind == "test":
+            if _get_at(doc, path) != op["value"]:
+                raise _PatchError(f"testing value {path} failed: test failed")
+        else:
+            raise _bad_request(f"unexpected JSON patch operation {kind!r}")
+    return doc
+
+
+# --- conversions between stored and served forms ----------------------------------------------------
+
+# core/v1 Event field ↔ events.k8s.io/v1 Event field
+_EVENT_FIELDS = {
+    "involvedObject": "regarding",
+    "related": "related",
+    "message": "note",
+    "reason": "reason",
+    "type": "type",
+    "eventTime": "eventTime",
+    "series": "series",
+    "action": "action",
+    "reportingComponent": "reportingController",
+    "reportingInstance": "reportingInstance",
+    "source": "deprecatedSource",
+    "firstTimestamp": "deprecatedFirstTimestamp",
+    "lastTimestamp": "deprecatedLastTimestamp",
+    "count": "deprecatedCount",
+}
+_EVENT_FIELDS_BACK = {v: k for k, v in _EVENT_FIELDS.items()}
+
+
+def _to_served(rt: ResourceType, stored: Mapping[str, Any]) -> dict[str, Any]:
+    obj = copy.deepcopy(dict(stored))
+    if rt.group == "events.k8s.io":
+        out: dict[str, Any] = {"kind": "Event", "apiVersion": rt.api_version, "metadata": obj.get("metadata", {})}
+        for core, v1 in _EVENT_FIELDS.items():
+            if core in obj:
+                out[v1] = obj[core]
+        return out
+    obj["kind"] = rt.kind
+    obj["apiVersion"] = rt.api_version
+    return obj
+
+
+def _to_stored(rt: ResourceType, served: Mapping[str, Any]) -> dict[str, Any]:
+    obj = copy.deepcopy(dict(served))
+    if rt.group == "events.k8s.io":
+        out: dict[str, Any] = {"kind": "Event", "apiVersion": "v1", "metadata": obj.get("metadata", {})}
+        for v1, core in _EVENT_FIELDS_BACK.items():
+            if v1 in obj:
+                out[core] = obj[v1]
+        return out
+    obj["kind"] = rt.kind
+    obj["apiVersion"] = rt.api_version
+    return obj
+
+
+def _field_set(rt: ResourceType, stored: Mapping[str, Any]) -> dict[str, str]:
+    """The apiserver's field set for an object: supported field label → value (defaults for unset fields)."""
+    fields = {}
+    for label, path in rt.field_labels.items():
+        value = field_value(stored, path)
+        fields[label] = value if value else rt.field_defaults.get(label, "")
+    return fields
+
+
+# --- validation and defaulting ----------------------------------------------------------------------
+
+_WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "ReplicaSet", "DaemonSet"})
+_POD_MUTABLE_SPEC = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds")
+
+
+def _validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+    meta = obj.get("metadata") or {}
+    name = meta.get("name", "")
+    causes: list[_Cause] = []
+    problem = _name_problem(name, label=rt.kind == "Namespace")
+    if problem:
+        causes.append(_Cause("metadata.name", f"Invalid value: {name!r}: {problem}"))
+    for key, value in (meta.get("labels") or {}).items():
+        key_problem = label_key_problem(str(key))
+        if key_problem:
+            causes.append(_Cause("metadata.labels", f"Invalid value: {key!r}: {key_problem}"))
+        value_problem = label_value_problem(value) if isinstance(value, str) else "must be a string"
+        if value_problem:
+            causes.append(_Cause("metadata.labels", f"Invalid value: {value!r}: {value_problem}"))
+    spec = obj.get("spec") or {}
+    if rt.kind in _WORKLOAD_KINDS:
+        causes.extend(_workload_causes(spec, (old or {}).get("spec")))
+    elif rt.kind == "Pod":
+        containers = spec.get("containers")
+        if not containers:
+            causes.append(_Cause("spec.containers", "Required value", "FieldValueRequired"))
+        for i, c in enumerate(containers or []):
+            if not isinstance(c, dict) or not c.get("name"):
+                causes.append(_Cause(f"spec.containers[{i}].name", "Required value", "FieldValueRequired"))
+            elif not c.get("image"):
+                causes.append(_Cause(f"spec.containers[{i}].image", "Required value", "FieldValueRequired"))
+        if old is not None and _pod_spec_frozen(spec) != _pod_spec_frozen(old.get("spec") or {}):
+            causes.append(
+                _Cause(
+                    "spec",
+                    "Forbidden: pod updates may not change fields other than `spec.containers[*].image`, "
+                    "`spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` "
+                    "(only additions to existing tolerations), `spec.terminationGracePeriodSeconds`",
+                    "FieldValueForbidden",
+                )
+            )
+    if causes:
+        raise _invalid(rt, name, causes)
+
+
+# fieldValidation: the fields kube-apiserver's typed decoding knows, at the levels manifests usually get wrong.
+# NB: deeper levels (pod specs, container fields) are not schema-checked here; see the module docstring.
+_OBJECT_META_FIELDS = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)
+_CORE_EVENT_FIELDS = frozenset(_EVENT_FIELDS)
+_V1_EVENT_FIELDS = frozenset(_EVENT_FIELDS.values())
+_TOP_LEVEL_FIELDS: dict[str, frozenset[str]] = {
+    "ConfigMap": frozenset({"data", "binaryData", "immutable"}),
+    "Lease": frozenset({"spec"}),
+}
+_SPEC_FIELDS: dict[str, frozenset[str]] = {
+    "Deployment": frozenset(
+        {
+            "replicas",
+            "selector",
+            "template",
+            "strategy",
+            "minReadySeconds",
+            "revisionHistoryLimit",
+            "paused",
+            "progressDeadlineSeconds",
+        }
+    ),
+    "StatefulSet": frozenset(
+        {
+            "replicas",
+            "selector",
+            "template",
+            "volumeClaimTemplates",
+            "serviceName",
+            "podManagementPolicy",
+            "updateStrategy",
+            "revisionHistoryLimit",
+            "minReadySeconds",
+            "persistentVolumeClaimRetentionPolicy",
+            "ordinals",
+        }
+    ),
+    "ReplicaSet": frozenset({"replicas", "minReadySeconds", "selector", "template"}),
+    "DaemonSet": frozenset({"selector", "template", "updateStrategy", "minReadySeconds", "revisionHistoryLimit"}),
+    "Lease": frozenset(
+        {
+            "holderIdentity",
+            "leaseDurationSeconds",
+            "acquireTime",
+            "renewTime",
+            "leaseTransitions",
+            "strategy",
+            "preferredHolder",
+        }
+    ),
+}
+
+
+def _unknown_fields(rt: ResourceType, body: Mapping[str, Any]) -> list[str]:
+    if rt.kind == "Event":
+        allowed = _V1_EVENT_FIELDS if rt.group == "events.k8s.io" else _CORE_EVENT_FIELDS
+    else:
+        allowed = _TOP_LEVEL_FIELDS.get(rt.kind, frozenset({"spec", "status"}))
+    unknown = [k for k in body if k not in allowed and k not in ("apiVersion", "kind", "metadata")]
+    unknown += [f"metadata.{k}" for k in body.get("metadata") or {} if k not in _OBJECT_META_FIELDS]
+    spec_fields = _SPEC_FIELDS.get(rt.kind)
+    if spec_fields is not None and isinstance(body.get("spec"), dict):
+        unknown += [f"spec.{k}" for k in body["spec"] if k not in spec_fields]
+    return unknown
+
+
+def _check_fields(rt: ResourceType, body: Mapping[str, Any], write: _Write) -> None:
+    """Apply the request's fieldValidation directive: Strict rejects unknown fields, Warn reports them."""
+    if write.field_validation == "Ignore":
+        return
+    unknown = _unknown_fields(rt, body)
+    if not unknown:
+        return
+    if write.field_validation == "Strict":
+        listed = ", ".join(f'unknown field "{f}"' for f in unknown)
+        raise _bad_request(
+            f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding error: {listed}'
+        )
+    write.warnings.extend(f'unknown field \\"{f}\\"' for f in unknown)
+    log.warning("%s %s: unknown fields %s", rt.kind, (body.get("metadata") or {}).get("name", ""), unknown)
+
+
+def _workload_causes(spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None) -> list[_Cause]:
+    raw = spec.get("selector")
+    if raw is None:
+        return [_Cause("spec.selector", "Required value", "FieldValueRequired")]
+    try:
+        selector = LabelSelector.from_dict(raw)
+    except SelectorError as e:
+        return [_Cause("spec.selector", f"Invalid value: {raw!r}: {e}")]
+    if selector.is_empty:
+        return [_Cause("spec.selector", f"Invalid value: {raw!r}: empty selector is invalid for deployment")]
+    causes: list[_Cause] = []
+    template_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    if not selector.matches(template_labels):
+        causes.append(
+            _Cause(
+                "spec.template.metadata.labels",
+                f"Invalid value: {template_labels!r}: `selector` does not match template `labels`",
+            )
+        )
+    if old_spec is not None and old_spec.get("selector") != raw:
+        causes.append(_Cause("spec.selector", f"Invalid value: {raw!r}: field is immutable"))
+    return causes
+
+
+def _pod_spec_frozen(spec: Mapping[str, Any]) -> dict[str, Any]:
+    frozen = {k: v for k, v in spec.items() if k not in _POD_MUTABLE_SPEC}
+    for list_name in ("containers", "initContainers"):
+        if isinstance(frozen.get(list_name), list):
+            frozen[list_name] = [
+                {k: v for k, v in c.items() if k != "image"} if isinstance(c, dict) else c for c in frozen[list_name]
+            ]
+    return frozen
+
+
+def _default(rt: ResourceType, obj: dict[str, Any], sim: SimKubeApi) -> None:
+    """The few API defaults clients observe (replicas, pod phase, namespace phase/label, service IPs)."""
+    spec = obj.setdefault("spec", {}) if rt.kind not in ("ConfigMap", "Event", "Namespace") else obj.get("spec")
+    if rt.kind in _WORKLOAD_KINDS:
+        assert spec is not None
+        if rt.kind != "DaemonSet":
+            spec.setdefault("replicas", 1)
+        if rt.kind != "ReplicaSet":
+            spec.setdefault("revisionHistoryLimit", 10)
+        if rt.kind == "DaemonSet":
+            spec.setdefault("updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}})
+        elif rt.kind == "Deployment":
+            spec.setdefault("progressDeadlineSeconds", 600)
+            spec.setdefault(
+                "strategy", {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
+            )
+        elif rt.kind == "StatefulSet":
+            spec.setdefault("podManagementPolicy", "OrderedReady")
+            spec.setdefault("updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+    elif rt.kind == "Pod":
+        assert spec is not None
+        spec.setdefault("restartPolicy", "Always")
+        spec.setdefault("schedulerName", "default-scheduler")
+        spec.setdefault("terminationGracePeriodSeconds", 30)
+        spec.setdefault("dnsPolicy", "ClusterFirst")
+        for container in spec.get("containers") or []:
+            for port in container.get("ports") or [] if isinstance(container, dict) else []:
+                if isinstance(port, dict):
+                    port.setdefault("protocol", "TCP")
+    elif rt.kind == "Namespace":
+        obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
+    elif rt.kind == "Service":
+        assert spec is not None
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("sessionAffinity", "None")
+        for port in spec.get("ports") or []:
+            if isinstance(port, dict):
+                port.setdefault("protocol", "TCP")
+                port.setdefault("targetPort", port.get("port"))
+        if spec["type"] != "ExternalName" and "clusterIP" not in spec:
+            spec["clusterIP"] = sim._allocate_cluster_ip()
+            spec["clusterIPs"] = [spec["clusterIP"]]
+
+
+def _status_on_create(rt: ResourceType, obj: dict[str, Any]) -> None:
+    """What kube-apiserver keeps of a status sent with a create (PrepareForCreate)."""
+    if rt.kind == "Pod":
+        obj["status"] = {"phase": "Pending"}
+    elif rt.kind in _WORKLOAD_KINDS:
+        obj["status"] = {}
+    elif rt.kind == "Namespace":
+        obj["status"] = {"phase": "Active"}
+    elif rt.kind == "Service":
+        obj["status"] = {"loadBalancer": {}}
+    # Nodes keep the status they are created with, as in Kubernetes.
+
+
+# --- scale ------------------------------------------------------------------------------------------
+
+
+def _scale_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj["metadata"]
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    return {
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta.get("namespace"),
+            "uid": meta["uid"],
+            "resourceVersion": meta["resourceVersion"],
+            "creationTimestamp": meta["creationTimestamp"],
+        },
+        "spec": {"replicas": spec.get("replicas", 0)},
+        "status": {"replicas": status.get("replicas", 0), "selector": _selector_text(spec.get("selector"))},
+    }
+
+
+# --- tables (meta.k8s.io/v1 Table, what `kubectl get` prints) ---------------------------------------
+
+_Column = tuple[str, int]  # (name, priority); 1 = shown only with -o wide
+
+
+def _pod_row(o: Mapping[str, Any]) -> list[Any]:
+    spec, status = o.get("spec") or {}, o.get("status") or {}
+    statuses = status.get("containerStatuses") or []
+    ready = sum(1 for s in statuses if s.get("ready"))
+    restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
+    phase = status.get("reason") or status.get("phase") or "Unknown"
+    if o["metadata"].get("deletionTimestamp"):
+        phase = "Terminating"
+    gates = spec.get("readinessGates")
+    return [
+        o["metadata"]["name"],
+        f"{ready}/{len(spec.get('containers') or [])}",
+        phase,
+        str(restarts),
+        _age(o),
+        status.get("podIP") or "<none>",
+        spec.get("nodeName") or "<none>",
+        status.get("nominatedNodeName") or "<none>",
+        f"0/{len(gates)}" if gates else "<none>",
+    ]
+
+
+def _node_row(o: Mapping[str, Any]) -> list[Any]:
+    spec, status = o.get("spec") or {}, o.get("status") or {}
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    state = "Unknown" if ready is None else ("Ready" if ready.get("status") == "True" else "NotReady")
+    if spec.get("unschedulable"):
+        state += ",SchedulingDisabled"
+    labels = o["metadata"].get("labels") or {}
+    roles = sorted(k.split("/", 1)[1] for k in labels if k.startswith("node-role.kubernetes.io/") and "/" in k)
+    info = status.get("nodeInfo") or {}
+    addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or []}
+    return [
+        o["metadata"]["name"],
+        state,
+        ",".join(r for r in roles if r) or "<none>",
+        _age(o),
+        info.get("kubeletVersion", ""),
+        addresses.get("InternalIP", "<none>"),
+        addresses.get("ExternalIP", "<none>"),
+        info.get("osImage", "<unknown>"),
+        info.get("kernelVersion", "<unknown>"),
+        info.get("containerRuntimeVersion", "<unknown>"),
+    ]
+
+
+def _selector_text(raw: Any) -> str:
+    try:
+        return str(LabelSelector.from_dict(raw))
+    except SelectorError:
+        return ""
+
+
+def _containers_images(o: Mapping[str, Any]) -> tuple[str, str]:
+    containers = ((o.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
+    return ",".join(c.get("name", "") for c in containers), ",".join(c.get("image", "") for c in containers)
+
+
+def _deployment_row(o: Mapping[str, Any]) -> list[Any]:
+    spec, status = o.get("spec") or {}, o.get("status") or {}
+    names, images = _containers_images(o)
+    return [
+        o["metadata"]["name"],
+        f"{status.get('readyReplicas', 0)}/{spec.get('replicas', 0)}",
+        status.get("updatedReplicas", 0),
+        status.get("availableReplicas", 0),
+        _age(o),
+        names,
+        images,
+        _selector_text(spec.get("selector")),
+    ]
+
+
+def _statefulset_row(o: Mapping[str, Any]) -> list[Any]:
+    spec, status = o.get("spec") or {}, o.get("status") or {}
+    names, images = _containers_images(o)
+    return [
+        o["metadata"]["name"],
+        f"{status.get('readyReplicas', 0)}/{spec.get('replicas', 0)}",
+        _age(o),
+        names,
+        images,
+    ]
+
+
+def _replicaset_row(o: Mapping[str, Any]) -> list[Any]:
+    spec, status = o.get("spec") or {}, o.get("status") or {}
+    names, images = _containers_images(o)
+    return [
+        o["metadata"]["name"],
+        spec.get("replicas", 0),
+        status.get("replicas", 0),
+        status.get("readyReplicas", 0),
+        _age(o),
+        names,
+        images,
+        _selector_text(spec.get("selector")),
+    ]
+
+
+def _daemonset_row(o: Mapping[str, Any]) -> list[Any]:
+    spec, status = o.get("spec") or {}, o.get("status") or {}
+    names, images = _containers_images(o)
+    node_selector = ((spec.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
+    return [
+        o["metadata"]["name"],
+        status.get("desiredNumberScheduled", 0),
+        status.get("currentNumberScheduled", 0),
+        status.get("numberReady", 0),
+        status.get("updatedNumberScheduled", 0),
+        status.get("numberAvailable", 0),
+        ",".join(f"{k}={v}" for k, v in sorted(node_selector.items())) or "<none>",
+        _age(o),
+        names,
+        images,
+        _selector_text(spec.get("selector")),
+    ]
+
+
+def _service_row(o: Mapping[str, Any]) -> list[Any]:
+    spec = o.get("spec") or {}
+    ports = ",".join(
+        f"{p.get('port')}{':' + str(p['nodePort']) if p.get('nodePort') else ''}/{p.get('protocol', 'TCP')}"
+        for p in spec.get("ports") or []
+    )
+    selector = ",".join(f"{k}={v}" for k, v in sorted((spec.get("selector") or {}).items()))
+    external = ",".join(spec.get("externalIPs") or []) or "<none>"
+    return [
+        o["metadata"]["name"],
+        spec.get("type", "ClusterIP"),
+        spec.get("clusterIP", "<none>"),
+        external,
+        ports or "<none>",
+        _age(o),
+        selector or "<none>",
+    ]
+
+
+def _event_row(o: Mapping[str, Any]) -> list[Any]:
+    involved = o.get("involvedObject") or {}
+    last = _parse_time(o.get("lastTimestamp") or o.get("eventTime")) or _parse_time(
+        o["metadata"].get("creationTimestamp")
+    )
+    seen = _human_duration((_now() - last).total_seconds()) if last else "<unknown>"
+    return [
+        seen,
+        o.get("type", ""),
+        o.get("reason", ""),
+        f"{(involved.get('kind') or '').lower()}/{involved.get('name', '')}",
+        o.get("message", ""),
+    ]
+
+
+_TABLES: dict[str, tuple[list[_Column], Callable[[Mapping[str, Any]], list[Any]]]] = {
+    "Pod": (
+        [
+            ("Name", 0),
+            ("Ready", 0),
+            ("Status", 0),
+            ("Restarts", 0),
+            ("Age", 0),
+            ("IP", 1),
+            ("Node", 1),
+            ("Nominated Node", 1),
+            ("Readiness Gates", 1),
+        ],
+        _pod_row,
+    ),
+    "Node": (
+        [
+            ("Name", 0),
+            ("Status", 0),
+            ("Roles", 0),
+            ("Age", 0),
+            ("Version", 0),
+            ("Internal-IP", 1),
+            ("External-IP", 1),
+            ("OS-Image", 1),
+            ("Kernel-Version", 1),
+            ("Container-Runtime", 1),
+        ],
+        _node_row,
+    ),
+    "Namespace": (
+        [("Name", 0), ("Status", 0), ("Age", 0)],
+        lambda o: [o["metadata"]["name"], (o.get("status") or {}).get("phase", ""), _age(o)],
+    ),
+    "Deployment": (
+        [
+            ("Name", 0),
+            ("Ready", 0),
+            ("Up-to-date", 0),
+            ("Available", 0),
+            ("Age", 0),
+            ("Containers", 1),
+            ("Images", 1),
+            ("Selector", 1),
+        ],
+        _deployment_row,
+    ),
+    "StatefulSet": ([("Name", 0), ("Ready", 0), ("Age", 0), ("Containers", 1), ("Images", 1)], _statefulset_row),
+    "ReplicaSet": (
+        [
+            ("Name", 0),
+            ("Desired", 0),
+            ("Current", 0),
+            ("Ready", 0),
+            ("Age", 0),
+            ("Containers", 1),
+            ("Images", 1),
+            ("Selector", 1),
+        ],
+        _replicaset_row,
+    ),
+    "DaemonSet": (
+        [
+            ("Name", 0),
+            ("Desired", 0),
+            ("Current", 0),
+            ("Ready", 0),
+            ("Up-to-date", 0),
+            ("Available", 0),
+            ("Node Selector", 0),
+            ("Age", 0),
+            ("Containers", 1),
+            ("Images", 1),
+            ("Selector", 1),
+        ],
+        _daemonset_row,
+    ),
+    "Service": (
+        [("Name", 0), ("Type", 0), ("Cluster-IP", 0), ("External-IP", 0), ("Port(s)", 0), ("Age", 0), ("Selector", 1)],
+        _service_row,
+    ),
+    "ConfigMap": (
+        [("Name", 0), ("Data", 0), ("Age", 0)],
+        lambda o: [o["metadata"]["name"], len(o.get("data") or {}) + len(o.get("binaryData") or {}), _age(o)],
+    ),
+    "Event": ([("Last Seen", 0), ("Type", 0), ("Reason", 0), ("Object", 0), ("Message", 0)], _event_row),
+    "Lease": (
+        [("Name", 0), ("Holder", 0), ("Age", 0)],
+        lambda o: [o["metadata"]["name"], (o.get("spec") or {}).get("holderIdentity", ""), _age(o)],
+    ),
+}
+_DEFAULT_TABLE: tuple[list[_Column], Callable[[Mapping[str, Any]], list[Any]]] = (
+    [("Name", 0), ("Age", 0)],
+    lambda o: [o["metadata"]["name"], _age(o)],
+)
+
+
+def _wants_table(request: web.Request) -> bool:
+    accept = request.headers.get("Accept", "")
+    first = accept.split(",")[0]
+    return "as=Table" in first and "g=meta.k8s.io" in first
+
+
+def _table(
+    rt: ResourceType, stored_objects: Iterable[Mapping[str, Any]], *, rv: str, include: str, columns: bool = True
+) -> dict[str, Any]:
+    column_defs, row = _TABLES.get(rt.kind, _DEFAULT_TABLE) if rt.group != "events.k8s.io" else _TABLES["Event"]
+    rows = []
+    for stored in stored_objects:
+        served = _to_served(rt, stored)
+        entry: dict[str, Any] = {"cells": row(stored)}
+        if include == "Object":
+            entry["object"] = served
+        elif include != "None":
+            entry["object"] = {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": served["metadata"],
+            }
+        rows.append(entry)
+    table: dict[str, Any] = {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": rv}}
+    if columns:
+        table["columnDefinitions"] = [
+            {
+                "name": name,
+                "type": "string",
+                "format": "name" if name == "Name" else "",
+                "description": name,
+                "priority": priority,
+            }
+            for name, priority in column_defs
+        ]
+    table["rows"] = rows
+    return table
+
+
+# --- watch plumbing ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Change:
+    rv: int
+    storage: str
+    type: str  # ADDED | MODIFIED | DELETED
+    obj: dict[str, Any]  # stored form, new state (last state for DELETED)
+    prev: dict[str, Any] | None  # stored form before the change
+
+
+@dataclass(frozen=True, slots=True)
+class _Filter:
+    """Which stored objects a list or watch selects: namespace (None = all), label and field selectors."""
+
+    rt: ResourceType
+    namespace: str | None
+    labels: LabelSelector
+    fields: FieldSelector
+
+    def passes(self, stored: Mapping[str, Any] | None) -> bool:
+        if stored is None:
+            return False
+        meta = stored.get("metadata") or {}
+        if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        if not self.labels.matches(meta.get("labels") or {}):
+            return False
+        return self.fields.is_empty or self.fields.matches_fields(_field_set(self.rt, stored))
+
+    def event_for(self, change: _Change) -> tuple[str, dict[str, Any]] | None:
+        """The event a watch with this filter sees for a change, as the watch cache decides it: an object
+        that stops passing is DELETED, one that starts passing is ADDED (None = not seen at all)."""
+        if change.type == "ADDED":
+            before, now = False, self.passes(change.obj)
+        elif change.type == "MODIFIED":
+            before, now = self.passes(change.prev), self.passes(change.obj)
+        else:
+            before, now = self.passes(change.obj), False
+        if now and before:
+            kind = "MODIFIED"
+        elif now:
+            kind = "ADDED"
+        elif before:
+            kind = "DELETED"
+        else:
+            return None
+        return kind, change.obj
+
+
+@dataclass(eq=False, slots=True)
+class _Watcher:
+    filter: _Filter
+    queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = field(default_factory=asyncio.Queue)
+
+
+@dataclass(slots=True)
+class _Write:
+    """Per-request write options: ``dryRun=All``, the ``fieldValidation`` directive, warnings to send back."""
+
+    dry_run: bool = False
+    field_validation: str = "Warn"
+    warnings: list[str] = field(default_factory=list)
+
+
+_NO_OPTIONS = _Write()
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request the server answered: method, path with query, and the bearer token (None if absent)."""
+
+    method: str
+    path_qs: str
+    token: str | None
+
+
+# --- the server -------------------------------------------------------------------------------------
+
+
+class SimKubeApi:
+    """An in-memory Kubernetes API server over aiohttp. See the module docstring for what it covers.
+
+    ``history_limit`` is how many changes a watch can replay (older resourceVersions get 410 Expired);
+    ``tokens``, when given, is the set of bearer tokens accepted (others get 401), otherwise any token —
+    or none — is accepted; ``bookmark_interval_seconds`` spaces BOOKMARK events on watches that allow them.
+    """
+
+    def __init__(
+        self,
+        *,
+        history_limit: int = 1000,
+        tokens: Collection[str] | None = None,
+        bookmark_interval_seconds: float = 60.0,
+        namespaces: Iterable[str] = ("default", "kube-system", "kube-public", "kube-node-lease"),
+    ) -> None:
+        if history_limit < 1:
+            raise ValueError("history_limit must be at least 1")
+        self._tokens = frozenset(tokens) if tokens is not None else None
+        self._bookmark_interval = bookmark_interval_seconds
+        self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        self._rv = 0
+        self._history: deque[_Change] = deque(maxlen=history_limit)
+        self._floor = 0  # every change with rv > floor is in the history
+        self._watchers: dict[str, set[_Watcher]] = {}
+        self._next_cluster_ip = 1
+        self._runner: web.AppRunner | None = None
+        self._stopping = False
+        self.url = ""
+        self.requests: deque[RecordedRequest] = deque(maxlen=10_000)
+        self.request_count = 0
+        self.tokens_seen: set[str] = set()
+        for name in namespaces:
+            self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    # -- lifecycle
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on host:port (0 = a free port) and return the base URL."""
+        if self._runner is not None:
+            raise RuntimeError("SimKubeApi is already started")
+        app = web.Application(middlewares=[self._middleware], client_max_size=16 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        self._runner = runner
+        self._stopping = False
+        bound = runner.addresses[0]
+        self.url = f"http://{host}:{bound[1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        """End every watch stream, then close the server. Safe to call twice."""
+        self._stopping = True
+        for watchers in self._watchers.values():
+            for watcher in watchers:
+                watcher.queue.put_nowait(None)
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def __aenter__(self) -> SimKubeApi:
+        if self._runner is None:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def write_kubeconfig(
+        self, path: str | os.PathLike[str], *, token: str | None = None, namespace: str = "default"
+    ) -> str:
+        """Write a kubeconfig for this server (context "sim", bearer-token user) and return its path."""
+        if not self.url:
+            raise RuntimeError("start() the server before writing a kubeconfig")
+        if token is None:
+            token = sorted(self._tokens)[0] if self._tokens else "sim-token"
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "sim", "cluster": {"server": self.url}}],
+            "users": [{"name": "sim", "user": {"token": token}}],
+            "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim", "namespace": namespace}}],
+            "current-context": "sim",
+            "preferences": {},
+        }
+        target = Path(path)
+        target.write_text(yaml.safe_dump(config, sort_keys=False))
+        return str(target)
+
+    @property
+    def resource_version(self) -> str:
+        """The current global resourceVersion."""
+        return str(self._rv)
+
+    # -- in-process helpers (same semantics as HTTP)
+
+    def create(self, obj: Mapping[str, Any], *, preserve_identity: bool = True) -> dict[str, Any]:
+        """Create an object, as POST does, with two conveniences for seeding a scenario:
+
+        * a ``status`` given for a resource with a status subresource is then written through ``/status``
+          (a second change, as the kubelet or a controller would report it);
+        * with ``preserve_identity`` a given ``metadata.uid`` and ``creationTimestamp`` are kept, so
+          ownerReferences rendered ahead of time stay true (over HTTP the server always assigns both).
+        """
+        rt = resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
+        namespace = self._helper_namespace(rt, obj)
+        meta = obj.get("metadata") or {}
+        identity = {k: meta[k] for k in ("uid", "creationTimestamp") if preserve_identity and meta.get(k)}
+        created = self._create(rt, namespace, copy.deepcopy(dict(obj)), identity=identity)
+        return self._write_status(rt, namespace, created, obj.get("status"))
+
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create the object if absent, else merge the given fields into it (server-side apply without field
+        ownership); a given ``status`` is applied through ``/status`` afterwards, as in ``create``."""
+        rt = resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
+        namespace = self._helper_namespace(rt, obj)
+        name = (obj.get("metadata") or {}).get("name", "")
+        if not name or self._stored(rt, namespace, name) is None:
+            return self.create(obj)
+        body = {k: copy.deepcopy(v) for k, v in obj.items() if k != "status"}
+        for server_field in ("uid", "creationTimestamp", "resourceVersion", "generation"):
+            body.get("metadata", {}).pop(server_field, None)
+        applied = self._patch(rt, namespace, name, APPLY_PATCH, body, field_manager="sim")
+        return self._write_status(rt, namespace, applied, obj.get("status"))
+
+    def _write_status(self, rt: ResourceType, namespace: str, current: dict[str, Any], status: Any) -> dict[str, Any]:
+        if not rt.has_status or status is None or current.get("status") == status:
+            return current
+        updated = copy.deepcopy(current)
+        updated["status"] = copy.deepcopy(status)
+        return self._update(rt, namespace, current["metadata"]["name"], updated, subresource="status")
+
+    def replace(self, obj: Mapping[str, Any], *, subresource: str | None = None) -> dict[str, Any]:
+        """PUT an object (``subresource="status"`` to write its status)."""
+        rt = resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
+        name = (obj.get("metadata") or {}).get("name", "")
+        return self._update(rt, self._helper_namespace(rt, obj), name, dict(obj), subresource=subresource)
+
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        patch: Any,
+        *,
+        namespace: str | None = None,
+        patch_type: str = "merge",
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        """PATCH an object; ``patch_type`` is merge, strategic, json or apply (or a full content type)."""
+        rt = resource_for(api_version, kind)
+        content_type = {
+            "merge": MERGE_PATCH,
+            "strategic": STRATEGIC_MERGE_PATCH,
+            "json": JSON_PATCH,
+            "apply": APPLY_PATCH,
+        }.get(patch_type, patch_type)
+        namespace = self._helper_namespace(rt, {"metadata": {"namespace": namespace}})
+        return self._patch(rt, namespace, name, content_type, patch, subresource=subresource, field_manager="sim")
+
+    def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> dict[str, Any]:
+        rt = resource_for(api_version, kind)
+        return self._delete(rt, self._helper_namespace(rt, {"metadata": {"namespace": namespace}}), name, {})
+
+    def get(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
+        rt = resource_for(api_version, kind)
+        stored = self._stored(rt, self._helper_namespace(rt, {"metadata": {"namespace": namespace}}), name)
+        return _to_served(rt, stored) if stored is not None else None
+
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        *,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> builtins.list[dict[str, Any]]:
+        """Objects of a kind (all namespaces when ``namespace`` is None), each with kind and apiVersion."""
+        rt = resource_for(api_version, kind)
+        try:
+            labels = LabelSelector.parse(label_selector)
+            fields = self._field_selector(rt, field_selector)
+        except SelectorError as e:
+            raise _bad_request(str(e)) from e
+        return [_to_served(rt, o) for o in self._select(rt, namespace, labels, fields)]
+
+    def compact(self) -> None:
+        """Forget the change history: a watch from any resourceVersion before now gets 410 Expired."""
+        self._history.clear()
+        self._floor = self._rv
+
+    # -- storage core
+
+    def _helper_namespace(self, rt: ResourceType, obj: Mapping[str, Any]) -> str:
+        if not rt.namespaced:
+            return ""
+        return (obj.get("metadata") or {}).get("namespace") or "default"
+
+    def _store(self, rt: ResourceType) -> dict[tuple[str, str], dict[str, Any]]:
+        return self._objects.setdefault(rt.storage, {})
+
+    def _stored(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._store(rt).get((namespace, name))
+
+    def _require(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
+        stored = self._stored(rt, namespace, name)
+        if stored is None:
+            raise _not_found(rt, name)
+        return stored
+
+    def _field_selector(self, rt: ResourceType, text: str) -> FieldSelector:
+        selector = FieldSelector.parse(text)
+        unsupported = sorted(selector.fields - set(rt.field_labels))
+        if unsupported:
+            raise SelectorError(f"field label not supported: {unsupported[0]}")
+        return selector
+
+    def _select(
+        self, rt: ResourceType, namespace: str | None, labels: LabelSelector, fields: FieldSelector
+    ) -> builtins.list[dict[str, Any]]:
+        selection = _Filter(rt, namespace, labels, fields)
+        return [o for _, o in sorted(self._store(rt).items()) if selection.passes(o)]
+
+    def _commit(self, rt: ResourceType, kind: str, new: dict[str, Any], prev: dict[str, Any] | None) -> dict[str, Any]:
+        """Write (or, for DELETED, remove) an object at a fresh resourceVersion and tell the watchers."""
+        self._rv += 1
+        new["metadata"]["resourceVersion"] = str(self._rv)
+        key = (new["metadata"].get("namespace", ""), new["metadata"]["name"])
+        store = self._store(rt)
+        if kind == "DELETED":
+            store.pop(key, None)
+        else:
+            store[key] = new
+        change = _Change(self._rv, rt.storage, kind, new, prev)
+        if len(self._history) == self._history.maxlen:
+            self._floor = self._history[0].rv
+        self._history.append(change)
+        for watcher in self._watchers.get(rt.storage, ()):
+            event = watcher.filter.event_for(change)
+            if event is not None:
+                watcher.queue.put_nowait(event)
+        return new
+
+    def _create(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        body: dict[str, Any],
+        *,
+        write: _Write | None = None,
+        identity: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        _check_fields(rt, self._check_body(rt, body), write or _Write())
+        obj = _strip_nulls(_to_stored(rt, body))
+        meta = obj.setdefault("metadata", {})
+        if rt.namespaced:
+            if meta.get("namespace") not in (None, "", namespace):
+                raise _bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = namespace
+            ns_type = _BY_KIND[("v1", "Namespace")]
+            if self._stored(ns_type, "", namespace) is None:
+                raise _not_found(ns_type, namespace)
+        else:
+            meta.pop("namespace", None)
+        if meta.get("resourceVersion"):
+            raise ApiStatusError(500, "InternalError", "resourceVersion should not be set on objects to be created")
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise _invalid(
+                    rt,
+                    "",
+                    [_Cause("metadata.name", "Required value: name or generateName is required", "FieldValueRequired")],
+                )
+            meta["name"] = meta["generateName"] + "".join(random.choice(_GENERATE_CHARS) for _ in range(5))
+        name = meta["name"]
+        if self._stored(rt, meta.get("namespace", ""), name) is not None:
+            raise ApiStatusError(
+                409, "AlreadyExists", f'{rt.group_resource} "{name}" already exists', details=_details(rt, name)
+            )
+        for server_field in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"):
+            meta.pop(server_field, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = _timestamp()
+        meta.update(identity or {})
+        if rt.tracks_generation:
+            meta["generation"] = 1
+        _default(rt, obj, self)
+        _status_on_create(rt, obj)
+        _validate(rt, obj, None)
+        if (write or _NO_OPTIONS).dry_run:
+            obj["metadata"]["resourceVersion"] = ""
+            return _to_served(rt, obj)
+        return _to_served(rt, self._commit(rt, "ADDED", obj, None))
+
+    def _check_body(
+        self, rt: ResourceType, body: Any, *, kind: str | None = None, api_version: str | None = None
+    ) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise _bad_request("the body of the request must be a JSON object")
+        want_kind = kind or rt.kind
+        want_version = api_version or rt.api_version
+        if body.get("kind") not in (None, "", want_kind):
+            raise _bad_request(f"the kind in the data ({body['kind']}) does not match the expected kind ({want_kind})")
+        if body.get("apiVersion") not in (None, "", want_version):
+            raise _bad_request(
+                f"the API version in the data ({body['apiVersion']}) does not match the expected API version "
+                f"({want_version})"
+            )
+        if not isinstance(body.get("metadata", {}), dict):
+            raise _bad_request("metadata must be an object")
+        return body
+
+    def _update(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        body: dict[str, Any],
+        *,
+        subresource: str | None = None,
+        write: _Write | None = None,
+    ) -> dict[str, Any]:
+        old = self._require(rt, namespace, name)
+        _check_fields(rt, self._check_body(rt, body), write or _Write())
+        new = _strip_nulls(_to_stored(rt, body))
+        meta = new.setdefault("metadata", {})
+        if meta.get("name") not in (None, name):
+            raise _bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )
+        if rt.namespaced and meta.get("namespace") not in (None, "", namespace):
+            raise _bad_request("the namespace of the provided object does not match the namespace sent on the request")
+        old_meta = old["metadata"]
+        if meta.get("uid") not in (None, "", old_meta["uid"]):
+            raise _conflict(
+                rt,
+                name,
+                f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: {old_meta['uid']}",
+            )
+        if meta.get("resourceVersion") not in (None, "", old_meta["resourceVersion"]):
+            raise _conflict(
+                rt, name, "the object has been modified; please apply your changes to the latest version and try again"
+            )
+        if subresource == "status":
+            merged = copy.deepcopy(old)
+            merged["status"] = new.get("status", {})
+            new = merged
+        else:
+            for server_field in (
+                "uid",
+                "creationTimestamp",
+                "generation",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+            ):
+                if server_field in old_meta:
+                    meta[server_field] = old_meta[server_field]
+                else:
+                    meta.pop(server_field, None)
+            meta["name"] = name
+            if rt.namespaced:
+                meta["namespace"] = namespace
+            if rt.has_status:
+                if "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+                else:
+                    new.pop("status", None)
+            if rt.kind == "Service":
+                # NB: like kube-apiserver's PatchAllocatedValues: an update without the IP keeps the allocated one.
+                old_spec, new_spec = old.get("spec") or {}, new.setdefault("spec", {})
+                for allocated in ("clusterIP", "clusterIPs"):
+                    if allocated in old_spec and allocated not in new_spec:
+                        new_spec[allocated] = copy.deepcopy(old_spec[allocated])
+            _default(rt, new, self)
+            _validate(rt, new, old)
+        new["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
+        if rt.tracks_generation and _spec_of(new) != _spec_of(old):
+            new["metadata"]["generation"] = int(old_meta.get("generation", 1)) + 1
+        if new == old:
+            return _to_served(rt, old)  # NB: a no-op write keeps the resourceVersion and emits no event
+        if (write or _NO_OPTIONS).dry_run:
+            return _to_served(rt, new)
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            return _to_served(rt, self._commit(rt, "DELETED", new, old))
+        return _to_served(rt, self._commit(rt, "MODIFIED", new, old))
+
+    def _patch(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        content_type: str,
+        patch: Any,
+        *,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+        write: _Write | None = None,
+    ) -> dict[str, Any]:
+        if content_type not in _PATCH_TYPES:
+            raise ApiStatusError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types include: "
+                + ", ".join(_PATCH_TYPES),
+            )
+        if content_type == APPLY_PATCH:
+            if not field_manager:
+                raise _bad_request("PATCH /apply requires a fieldManager query parameter")
+            if isinstance(patch, (str, bytes)):
+                try:
+                    patch = yaml.safe_load(patch)
+                except yaml.YAMLError as e:
+                    raise _bad_request(f"error decoding YAML: {e}") from e
+            applied = self._check_body(rt, patch)
+            if (applied.get("metadata") or {}).get("name") not in (None, name):
+                raise _bad_request(
+                    f"the name of the object ({applied['metadata']['name']}) does not match the name on the URL "
+                    f"({name})"
+                )
+            if self._stored(rt, namespace, name) is None and subresource is None:
+                applied.setdefault("metadata", {})["name"] = name
+                return self._create(rt, namespace, applied, write=write)
+        old = self._require(rt, namespace, name)
+        if subresource == "scale":
+            current: dict[str, Any] = _scale_of(old)
+        else:
+            current = _to_served(rt, old)
+        try:
+            if content_type == JSON_PATCH:
+                patched = json_patch(current, patch)
+            elif content_type == MERGE_PATCH:
+                if not isinstance(patch, dict):
+                    raise _bad_request("a merge patch must be a JSON object")
+                patched = merge_patch(current, patch)
+            else:
+                if not isinstance(patch, dict):
+                    raise _bad_request("a strategic merge patch must be a JSON object")
+                patched = strategic_merge_patch(current, patch)
+        except _PatchError as e:
+            raise ApiStatusError(422, "Invalid", str(e)) from e
+        if not isinstance(patched, dict):
+            raise _bad_request("the patched object is not a JSON object")
+        # NB: a patch carries the current resourceVersion unless it sets one, which then acts as a precondition.
+        if subresource == "scale":
+            return self._update_scale(rt, namespace, name, patched, write=write)
+        return self._update(rt, namespace, name, patched, subresource=subresource, write=write)
+
+    def _update_scale(
+        self, rt: ResourceType, namespace: str, name: str, scale: Any, *, write: _Write | None = None
+    ) -> dict[str, Any]:
+        old = self._require(rt, namespace, name)
+        self._check_body(rt, scale, kind="Scale", api_version="autoscaling/v1")
+        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ApiStatusError(
+                422,
+                "Invalid",
+                f'Scale.autoscaling "{name}" is invalid: spec.replicas: Invalid value: {replicas!r}: '
+                "must be greater than or equal to 0",
+            )
+        updated = copy.deepcopy(old)
+        updated["spec"]["replicas"] = replicas
+        precondition = (scale.get("metadata") or {}).get("resourceVersion")
+        updated["metadata"]["resourceVersion"] = precondition or old["metadata"]["resourceVersion"]
+        result = self._update(rt, namespace, name, _to_served(rt, updated), write=write)
+        return _scale_of(result)
+
+    def _delete(
+        self, rt: ResourceType, namespace: str, name: str, options: Mapping[str, Any], *, write: _Write | None = None
+    ) -> dict[str, Any]:
+        old = self._require(rt, namespace, name)
+        preconditions = options.get("preconditions") or {}
+        meta = old["metadata"]
+        if preconditions.get("uid") not in (None, "", meta["uid"]):
+            raise _conflict(
+                rt,
+                name,
+                f"Precondition failed: UID in precondition: {preconditions['uid']}, UID in object meta: {meta['uid']}",
+            )
+        if preconditions.get("resourceVersion") not in (None, "", meta["resourceVersion"]):
+            raise _conflict(
+                rt,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: {preconditions['resourceVersion']}, "
+                f"ResourceVersion in object meta: {meta['resourceVersion']}",
+            )
+        if (write or _NO_OPTIONS).dry_run:
+            return _to_served(rt, old)
+        if meta.get("finalizers"):
+            if meta.get("deletionTimestamp"):
+                return _to_served(rt, old)
+            deleting = copy.deepcopy(old)
+            deleting["metadata"]["deletionTimestamp"] = _timestamp()
+            deleting["metadata"]["deletionGracePeriodSeconds"] = 0
+            return _to_served(rt, self._commit(rt, "MODIFIED", deleting, old))
+        if rt.kind == "Namespace":
+            # NB: stands in for the namespace controller, which would delete the contents after the API call.
+            for other in RESOURCES:
+                if other.namespaced and other.storage == other.group_resource:
+                    for key in [k for k in self._store(other) if k[0] == name]:
+                        gone = copy.deepcopy(self._store(other)[key])
+                        self._commit(other, "DELETED", gone, self._store(other)[key])
+        gone = copy.deepcopy(old)
+        return _to_served(rt, self._commit(rt, "DELETED", gone, old))
+
+    def _allocate_cluster_ip(self) -> str:
+        n = self._next_cluster_ip
+        self._next_cluster_ip += 1
+        return f"10.96.{n // 250}.{n % 250 + 1}"
+
+    # -- HTTP: middleware and dispatch
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        self.request_count += 1
+        header = request.headers.get("Authorization", "")
+        token = header[7:].strip() if header.lower().startswith("bearer ") else None
+        self.requests.append(RecordedRequest(request.method, request.path_qs, token))
+        if token:
+            self.tokens_seen.add(token)
+        try:
+            if self._tokens is not None and token not in self._tokens:
+                raise ApiStatusError(401, "Unauthorized", "Unauthorized")
+            return await handler(request)
+        except ApiStatusError as e:
+            return _json(e.status, status=e.code)
+        except web.HTTPException:
+            raise
+        except Exception as e:  # the server must answer with a Status, as kube-apiserver does
+            log.exception("simulated apiserver failed on %s %s", request.method, request.path_qs)
+            return _json(ApiStatusError(500, "InternalError", f"Internal error occurred: {e}").status, status=500)
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        parts = [p for p in request.path.split("/") if p]
+        if not parts:
+            return _json(
+                {"paths": ["/api", "/api/v1", "/apis", *(f"/apis/{g}" for g in _GROUPS), "/version", "/healthz"]}
+            )
+        head = parts[0]
+        if head in ("healthz", "livez", "readyz") and len(parts) == 1:
+            return web.Response(text="ok")
+        if head == "openapi" and len(parts) >= 2 and parts[1] == "v3":
+            return _json(_openapi_v3(parts[2:]))
+        if head == "version" and len(parts) == 1:
+            return _json(KUBERNETES_VERSION)
+        if head == "api":
+            if len(parts) == 1:
+                return _json(
+                    {
+                        "kind": "APIVersions",
+                        "versions": ["v1"],
+                        "serverAddressByClientCIDRs": [
+                            {"clientCIDR": "0.0.0.0/0", "serverAddress": self.url.split("://", 1)[-1]}
+                        ],
+                    }
+                )
+            group, version, rest = "", parts[1], parts[2:]
+        elif head == "apis":
+            if len(parts) == 1:
+                return _json({"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group_doc(g) for g in _GROUPS]})
+            if parts[1] not in _GROUPS:
+                raise _NO_RESOURCE
+            if len(parts) == 2:
+                return _json({"kind": "APIGroup", "apiVersion": "v1", **_group_doc(parts[1])})
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise _NO_RESOURCE
+        if not any(rt.group == group and rt.version == version for rt in RESOURCES):
+            raise _NO_RESOURCE
+        if not rest:
+            if request.method != "GET":
+                raise _NOT_ALLOWED
+            return _json(_resource_list(group, version))
+        return await self._serve_resource(request, group, version, rest)
+
+    async def _serve_resource(
+        self, request: web.Request, group: str, version: str, rest: builtins.list[str]
+    ) -> web.StreamResponse:
+        namespace: str | None = None
+        if rest[0] == "namespaces" and len(rest) > 1 and not (len(rest) > 2 and rest[2] in ("status", "finalize")):
+            namespace, rest = rest[1], rest[2:]
+            if not rest:  # /api/v1/namespaces/{name}
+                rest = ["namespaces", namespace]
+                namespace = None
+        if len(rest) > 3:
+            raise _NO_RESOURCE
+        rt = _BY_PATH.get((group, version, rest[0]))
+        if rt is None or (namespace is not None and not rt.namespaced):
+            raise _NO_RESOURCE
+        name = rest[1] if len(rest) > 1 else None
+        subresource = rest[2] if len(rest) > 2 else None
+        if subresource is not None and subresource not in rt.subresources:
+            raise _NO_RESOURCE
+        if rt.namespaced and name is not None and namespace is None:
+            raise _NO_RESOURCE
+        ns = namespace if rt.namespaced else ""
+        write = _Write(request.query.get("dryRun") == "All", request.query.get("fieldValidation") or "Warn")
+        if write.field_validation not in ("Ignore", "Warn", "Strict"):
+            raise _bad_request(f"fieldValidation must be one of Ignore, Warn or Strict, not {write.field_validation!r}")
+        response = await self._serve_object(request, rt, namespace, ns, name, subresource, write)
+        for warning in write.warnings:
+            response.headers.add("Warning", f'299 - "{warning}"')
+        return response
+
+    async def _serve_object(
+        self,
+        request: web.Request,
+        rt: ResourceType,
+        namespace: str | None,
+        ns: str | None,
+        name: str | None,
+        subresource: str | None,
+        write: _Write,
+    ) -> web.StreamResponse:
+        query = request.query
+        method = request.method
+        if name is None:
+            if method == "GET":
+                if _truthy(query.get("watch")):
+                    return await self._watch(request, rt, namespace if rt.namespaced else None)
+                return self._list_response(request, rt, namespace if rt.namespaced else None)
+            if method == "POST" and (ns or not rt.namespaced):
+                created = self._create(rt, ns or "", await _body(request), write=write)
+                return _json(created, status=201)
+            if method == "DELETE" and (ns or not rt.namespaced):
+                return self._delete_collection(request, rt, ns or "", write=write)
+            raise _NOT_ALLOWED
+        assert ns is not None
+        if subresource == "binding":
+            if method != "POST":
+                raise _NOT_ALLOWED
+            return self._bind(rt, ns, name, await _body(request))
+        if subresource == "scale":
+            if method == "GET":
+                return _json(_scale_of(self._require(rt, ns, name)))
+            if method == "PUT":
+                return _json(self._update_scale(rt, ns, name, await _body(request), write=write))
+        if method == "GET" and subresource in (None, "status"):
+            stored = self._require(rt, ns, name)
+            if _wants_table(request):
+                return _json(_table(rt, [stored], rv=str(self._rv), include=query.get("includeObject", "Metadata")))
+            return _json(_to_served(rt, stored))
+        if method == "PUT" and subresource in (None, "status"):
+            return _json(self._update(rt, ns, name, await _body(request), subresource=subresource, write=write))
+        if method == "PATCH":
+            content_type = request.content_type
+            raw = await request.read()
+            patch: Any = raw
+            if content_type != APPLY_PATCH:
+                try:
+                    patch = json.loads(raw or b"null")
+                except ValueError as e:
+                    raise _bad_request(f"error decoding patch: {e}") from e
+            result = self._patch(
+                rt,
+                ns,
+                name,
+                content_type,
+                patch,
+                subresource=subresource,
+                field_manager=query.get("fieldManager"),
+                write=write,
+            )
+            return _json(result)
+        if method == "DELETE" and subresource is None:
+            options: dict[str, Any] = {}
+            raw = await request.read()
+            if raw.strip():
+                try:
+                    options = json.loads(raw)
+                except ValueError as e:
+                    raise _bad_request(f"error decoding DeleteOptions: {e}") from e
+            return _json(self._delete(rt, ns, name, options if isinstance(options, dict) else {}, write=write))
+        raise _NOT_ALLOWED
+
+    def _bind(self, rt: ResourceType, namespace: str, name: str, body: Any) -> web.Response:
+        target = (body or {}).get("target") or {}
+        node = target.get("name")
+        if not node:
+            raise _invalid(rt, name, [_Cause("target.name", "Required value", "FieldValueRequired")])
+        pod = self._require(rt, namespace, name)
+        if (pod.get("spec") or {}).get("nodeName"):
+            raise _conflict(rt, name, f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+        bound = copy.deepcopy(pod)
+        bound["spec"]["nodeName"] = node
+        self._commit(rt, "MODIFIED", bound, pod)
+        return _json(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, status=201
+        )
+
+    def _selectors(self, rt: ResourceType, query: Mapping[str, str]) -> tuple[LabelSelector, FieldSelector]:
+        try:
+            return LabelSelector.parse(query.get("labelSelector", "")), self._field_selector(
+                rt, query.get("fieldSelector", "")
+            )
+        except SelectorError as e:
+            raise _bad_request(str(e)) from e
+
+    def _list_response(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.Response:
+        query = request.query
+        labels, fields = self._selectors(rt, query)
+        items = self._select(rt, namespace, labels, fields)
+        list_rv = self._rv
+        meta: dict[str, Any] = {}
+        token = query.get("continue")
+        if token:
+            try:
+                state = json.loads(base64.urlsafe_b64decode(token.encode()))
+                start = (str(state["start"][0]), str(state["start"][1]))
+                list_rv = int(state["rv"])
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                raise _bad_request(f"continue key is not valid: {e}") from e
+            items = [o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > start]
+        limit = query.get("limit")
+        if limit:
+            try:
+                n = int(limit)
+            except ValueError as e:
+                raise _bad_request(f"invalid limit {limit!r}") from e
+            if 0 < n < len(items):
+                last = items[n - 1]["metadata"]
+                state = {"rv": list_rv, "start": [last.get("namespace", ""), last["name"]]}
+                meta["continue"] = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
+                meta["remainingItemCount"] = len(items) - n
+                items = items[:n]
+        meta["resourceVersion"] = str(list_rv)
+        if _wants_table(request):
+            table = _table(rt, items, rv=str(list_rv), include=query.get("includeObject", "Metadata"))
+            table["metadata"].update(meta)
+            return _json(table)
+        served = []
+        for stored in items:
+            obj = _to_served(rt, stored)
+            obj.pop("kind", None)  # NB: kube-apiserver leaves TypeMeta off the items of a typed list
+            obj.pop("apiVersion", None)
+            served.append(obj)
+        return _json({"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": served})
+
+    def _delete_collection(
+        self, request: web.Request, rt: ResourceType, namespace: str, *, write: _Write
+    ) -> web.Response:
+        labels, fields = self._selectors(rt, request.query)
+        deleted = []
+        for stored in self._select(rt, namespace if rt.namespaced else None, labels, fields):
+            meta = stored["metadata"]
+            deleted.append(self._delete(rt, meta.get("namespace", ""), meta["name"], {}, write=write))
+        for obj in deleted:
+            obj.pop("kind", None)
+            obj.pop("apiVersion", None)
+        return _json(
+            {
+                "kind": f"{rt.kind}List",
+                "apiVersion": rt.api_version,
+                "metadata": {"resourceVersion": str(self._rv)},
+                "items": deleted,
+            }
+        )
+
+    # -- HTTP: watch
+
+    async def _watch(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.StreamResponse:
+        query = request.query
+        labels, fields = self._selectors(rt, query)
+        try:
+            timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else _DEFAULT_WATCH_TIMEOUT_SECONDS
+        except ValueError as e:
+            raise _bad_request(f"invalid timeoutSeconds {query.get('timeoutSeconds')!r}") from e
+        bookmarks = _truthy(query.get("allowWatchBookmarks"))
+        table = _wants_table(request)
+        include = query.get("includeObject", "Metadata")
+        rv_text = query.get("resourceVersion", "")
+        since = 0
+        if rv_text not in ("", "0"):
+            try:
+                since = int(rv_text)
+            except ValueError as e:
+                raise _bad_request(f"invalid resource version {rv_text!r}") from e
+        watcher = _Watcher(_Filter(rt, namespace, labels, fields))
+        initial: builtins.list[tuple[str, dict[str, Any]]] = []
+        expired = False
+        # NB: everything from here to registering the watcher runs without an await, so no change can fall
+        # between the replayed history (or the synthetic ADDED snapshot) and the live queue.
+        if rv_text in ("", "0"):
+            initial = [("ADDED", o) for o in self._select(rt, namespace, labels, fields)]
+        elif since < self._floor:
+            expired = True
+        else:
+            for change in self._history:
+                if change.rv > since and change.storage == rt.storage:
+                    event = watcher.filter.event_for(change)
+                    if event is not None:
+                        initial.append(event)
+        if not expired:
+            self._watchers.setdefault(rt.storage, set()).add(watcher)
+        last_rv = self._rv
+        response = web.StreamResponse(status=200, headers={"Content-Type": JSON, "Cache-Control": "no-cache, private"})
+        first_table = True
+
+        async def send(kind: str, obj: dict[str, Any]) -> None:
+            nonlocal first_table
+            if kind in ("ERROR", "BOOKMARK"):
+                payload = obj
+            elif table:
+                payload = _table(rt, [obj], rv=obj["metadata"]["resourceVersion"], include=include, columns=first_table)
+                first_table = False
+            else:
+                payload = _to_served(rt, obj)
+            await response.write(json.dumps({"type": kind, "object": payload}, separators=(",", ":")).encode() + b"\n")
+
+        def bookmark() -> dict[str, Any]:
+            return {
+                "kind": rt.kind,
+                "apiVersion": rt.api_version,
+                "metadata": {"resourceVersion": str(last_rv), "creationTimestamp": None},
+            }
+
+        try:
+            await response.prepare(request)
+            if expired:
+                gone = ApiStatusError(410, "Expired", f"too old resource version: {rv_text} ({self._floor})").status
+                await send("ERROR", gone)
+                return response
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            next_bookmark = loop.time() + self._bookmark_interval
+            for kind, obj in initial:
+                last_rv = max(last_rv, int(obj["metadata"]["resourceVersion"]))
+                await send(kind, obj)
+            while not self._stopping:
+                now = loop.time()
+                if now >= deadline:
+                    break
+                if request.transport is None or request.transport.is_closing():
+                    return response  # the client went away
+                # NB: wake at least once a second to notice a client that hung up without a write failing.
+                wait = min(deadline - now, 1.0)
+                if bookmarks:
+                    wait = min(wait, max(next_bookmark - now, 0.0))
+                try:
+                    item = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
+                except TimeoutError:
+                    # An empty queue means every change up to now that this watch selects has been sent.
+                    if bookmarks and loop.time() >= next_bookmark and watcher.queue.empty():
+                        last_rv = self._rv
+                        await send("BOOKMARK", bookmark())
+                        next_bookmark = loop.time() + self._bookmark_interval
+                    continue
+                if item is None:
+                    break
+                kind, obj = item
+                last_rv = int(obj["metadata"]["resourceVersion"])
+                await send(kind, obj)
+            if bookmarks and not self._stopping and watcher.queue.empty():
+                # NB: like the watch cache, end a timed-out watch with a bookmark so the client resumes from here.
+                last_rv = self._rv
+                await send("BOOKMARK", bookmark())
+        except ConnectionResetError:
+            pass
+        finally:
+            self._watchers.get(rt.storage, set()).discard(watcher)
+        return response
+
+
+def _spec_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "kind", "apiVersion")}
+
+
+def _json(body: Any, *, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(body, separators=(",", ":")), status=status, content_type=JSON)
+
+
+_BODY_TYPES = (JSON, "application/yaml")
+
+
+async def _body(request: web.Request) -> Any:
+    if request.content_type not in _BODY_TYPES:
+        # NB: kube-apiserver also speaks protobuf; this server does not, and says so the standard way, which
+        # makes client-go (kubectl create, typed clients) retry with JSON.
+        raise ApiStatusError(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: "
+            + ", ".join(_BODY_TYPES),
+        )
+    raw = await request.read()
+    if not raw.strip():
+        raise _bad_request("the request body is empty")
+    try:
+        if "yaml" in request.content_type:
+            return yaml.safe_load(raw)
+        return json.loads(raw)
+    except (ValueError, yaml.YAMLError) as e:
+        raise _bad_request(f"couldn't decode the request body: {e}") from e
+
+
+def _group_doc(group: str) -> dict[str, Any]:
+    versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in _GROUPS[group]]
+    return {"name": group, "versions": versions, "preferredVersion": versions[0]}
+
+
+def _resource_list(group: str, version: str) -> dict[str, Any]:
+    resources: list[dict[str, Any]] = []
+    for rt in RESOURCES:
+        if rt.group != group or rt.version != version:
+            continue
+        entry: dict[str, Any] = {
+            "name": rt.plural,
+            "singularName": rt.singular,
+            "namespaced": rt.namespaced,
+            "kind": rt.kind,
+            "verbs": list(_WRITE_VERBS),
+        }
+        if rt.short_names:
+            entry["shortNames"] = list(rt.short_names)
+        if rt.categories:
+            entry["categories"] = list(rt.categories)
+        resources.append(entry)
+        for sub in rt.subresources:
+            sub_entry: dict[str, Any] = {"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced}
+            if sub == "scale":
+                sub_entry.update(
+                    {"group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": list(_SUBRESOURCE_VERBS)}
+                )
+            elif sub == "binding":
+                sub_entry.update({"kind": "Binding", "verbs": ["create"]})
+            else:
+                sub_entry.update({"kind": rt.kind, "verbs": list(_SUBRESOURCE_VERBS)})
+            resources.append(sub_entry)
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{group}/{version}" if group else version,
+        "resources": resources,
+    }
+
+
+def _openapi_v3(gv_parts: list[str]) -> dict[str, Any]:
+    """OpenAPI v3 stubs: the root index and, per group-version, each kind's PATCH with ``fieldValidation``.
+
+    NB: kubectl ≥1.27 validates manifests client-side from OpenAPI schemas unless the server declares that it
+    validates fields itself; these stubs declare it (and ``_check_fields`` honours it). No schemas are served.
+    """
+    if not gv_parts:
+        paths: dict[str, Any] = {}
+        for rt in RESOURCES:
+            key = f"apis/{rt.group}/{rt.version}" if rt.group else f"api/{rt.version}"
+            paths[key] = {"serverRelativeURL": f"/openapi/v3/{key}?hash=0"}
+        return {"paths": paths}
+    prefix = "/" + "/".join(gv_parts)
+    paths = {}
+    for rt in RESOURCES:
+        base = f"/apis/{rt.group}/{rt.version}" if rt.group else f"/api/{rt.version}"
+        if base != prefix:
+            continue
+        path = (
+            f"{base}/namespaces/{{namespace}}/{rt.plural}/{{name}}" if rt.namespaced else f"{base}/{rt.plural}/{{name}}"
+        )
+        paths[path] = {
+            "patch": {
+                "x-kubernetes-group-version-kind": {"group": rt.group, "version": rt.version, "kind": rt.kind},
+                "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "OK"}},
+            }
+        }
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.32.0"},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }

@@ -1,0 +1,657 @@
+"""What the adapter knows about the cluster: pods, workloads, nodes and namespaces, cached by list+watch.
+
+The adapter answers an HPA request from memory; a request never calls the Kubernetes API. The typed seam
+is ``ClusterObjects`` (a Protocol); two honest implementations sit behind it:
+
+* ``StaticClusterObjects`` — fixed lists, for unit tests and one-shot tools;
+* ``KubeCache`` — kubernetes-asyncio, one loop per resource in the style of kopf's ``infinite_watch`` and
+  client-go's reflector::
+
+      list (paged) ──► replace the index ──► watch from the list's resourceVersion ──► apply each event
+        ▲                                        │ stream ended (timeoutSeconds): watch again from the
+        │                                        │   last resourceVersion seen (events and BOOKMARKs)
+        └── 410 Gone (ERROR event or HTTP 410) ◄─┘ other errors: back off (doubling, capped), resume
+
+  A relist replaces everything of that kind, so an object deleted while no watch was open disappears:
+  a DELETED is never lost, it is at worst learned late.
+
+Indices make every lookup O(1) or O(pods in the namespace): pods by (namespace, name), by namespace and by
+(podIP, containerPort) — the last attributes a scraped exporter URL to the pod serving it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import aiohttp
+from kubernetes_asyncio import client, config
+
+from gpuscale.errors import SelectorError, SourceUnavailable
+from gpuscale.selectors import LabelSelector
+
+__all__ = [
+    "ClusterObjects",
+    "KubeCache",
+    "PodInfo",
+    "StaticClusterObjects",
+    "WorkloadInfo",
+    "load_api_client",
+]
+
+log = logging.getLogger(__name__)
+
+SOURCE = "kubernetes"
+DEPLOYMENT = "Deployment"
+STATEFULSET = "StatefulSet"
+_LIST_PAGE_SIZE = 500
+_LIST_TIMEOUT_SECONDS = 60.0
+_INITIAL_BACKOFF_SECONDS = 0.5
+# Phases in the order pod_at prefers them when two pods claim one ip:port (an IP reused after a pod ended).
+_PHASE_PREFERENCE = {"Running": 0, "Pending": 1, "Unknown": 2, "Succeeded": 3, "Failed": 4}
+
+
+# --- the values -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """The facts about a pod that attribution and selection need.
+
+    ``owner`` is the (kind, name) of the controller ownerReference — a ReplicaSet for a Deployment's pods.
+    ``container_ports`` are the containerPorts of its containers (and restartable init containers).
+    """
+
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+    node_name: str | None
+    pod_ip: str | None
+    container_ports: tuple[int, ...]
+    phase: str
+    owner: tuple[str, str] | None
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> PodInfo:
+        """Build from a Pod as the API serves it (a JSON dict)."""
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        ports: set[int] = set()
+        containers = list(spec.get("containers") or [])
+        # NB: sidecars (init containers with restartPolicy Always) keep running and may serve metrics.
+        containers += [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+        for container in containers:
+            for port in container.get("ports") or []:
+                number = port.get("containerPort")
+                if isinstance(number, int):
+                    ports.add(number)
+        owner = next(
+            (
+                (ref.get("kind", ""), ref.get("name", ""))
+                for ref in meta.get("ownerReferences") or []
+                if ref.get("controller")
+            ),
+            None,
+        )
+        return cls(
+            namespace=meta.get("namespace", ""),
+            name=meta.get("name", ""),
+            labels=dict(meta.get("labels") or {}),
+            node_name=spec.get("nodeName") or None,
+            pod_ip=status.get("podIP") or None,
+            container_ports=tuple(sorted(ports)),
+            phase=status.get("phase") or "Unknown",
+            owner=owner,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadInfo:
+    """A Deployment or StatefulSet: its pod selector (``spec.selector``) and its own labels."""
+
+    kind: str
+    namespace: str
+    name: str
+    selector: LabelSelector
+    labels: Mapping[str, str]
+
+    @classmethod
+    def from_object(cls, kind: str, obj: Mapping[str, Any]) -> WorkloadInfo:
+        meta = obj.get("metadata") or {}
+        try:
+            selector = LabelSelector.from_dict((obj.get("spec") or {}).get("selector"))
+        except SelectorError as e:
+            # NB: the apiserver validates workload selectors, so this is a broken object; select nothing.
+            log.warning("%s %s/%s has an invalid selector: %s", kind, meta.get("namespace"), meta.get("name"), e)
+            selector = LabelSelector.nothing()
+        return cls(kind, meta.get("namespace", ""), meta.get("name", ""), selector, dict(meta.get("labels") or {}))
+
+
+# --- the seam ---------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class ClusterObjects(Protocol):
+    """Cluster state for consumers: cheap, synchronous lookups, never an API call."""
+
+    @property
+    def synced(self) -> bool:
+        """True once every kind has been listed; before that, absence proves nothing."""
+        ...
+
+    def namespaces(self) -> frozenset[str]: ...
+
+    def pods(self, namespace: str | None = None) -> list[PodInfo]:
+        """Pods of one namespace (all namespaces when None), sorted by namespace and name."""
+        ...
+
+    def pod(self, namespace: str, name: str) -> PodInfo | None: ...
+
+    def select_pods(self, namespace: str, selector: LabelSelector) -> list[PodInfo]:
+        """Pods in ``namespace`` whose labels match, sorted by name."""
+        ...
+
+    def workload(self, kind: str, namespace: str, name: str) -> WorkloadInfo | None: ...
+
+    def workloads(self, kind: str, namespace: str) -> list[WorkloadInfo]:
+        """Workloads of one kind ("Deployment" | "StatefulSet") in a namespace, sorted by name."""
+        ...
+
+    def pods_of(self, workload: WorkloadInfo) -> list[PodInfo]:
+        """Pods in the workload's namespace matching its selector (what the HPA averages over)."""
+        ...
+
+    def nodes(self) -> frozenset[str]: ...
+
+    def node_labels(self, name: str) -> Mapping[str, str] | None: ...
+
+    def select_nodes(self, selector: LabelSelector) -> list[str]:
+        """Names of the nodes whose labels match, sorted."""
+        ...
+
+    def pod_at(self, ip: str, port: int) -> PodInfo | None:
+        """The pod serving ip:port (its podIP and one of its containerPorts), preferring a Running one."""
+        ...
+
+
+class _Index:
+    """The in-memory indices behind both implementations; every method is O(1) or O(objects touched)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[tuple[str, str], PodInfo] = {}
+        self.pods_by_namespace: dict[str, dict[str, PodInfo]] = {}
+        self.endpoints: dict[tuple[str, int], set[tuple[str, str]]] = {}
+        self.workloads: dict[tuple[str, str, str], WorkloadInfo] = {}
+        self.workloads_by_namespace: dict[tuple[str, str], dict[str, WorkloadInfo]] = {}
+        self.node_labels: dict[str, Mapping[str, str]] = {}
+        self.namespace_names: frozenset[str] = frozenset()
+        self.node_names: frozenset[str] = frozenset()
+
+    # pods
+    def put_pod(self, pod: PodInfo) -> None:
+        self.remove_pod(pod.namespace, pod.name)
+        key = (pod.namespace, pod.name)
+        self.pods[key] = pod
+        self.pods_by_namespace.setdefault(pod.namespace, {})[pod.name] = pod
+        if pod.pod_ip:
+            for port in pod.container_ports:
+                self.endpoints.setdefault((pod.pod_ip, port), set()).add(key)
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        old = self.pods.pop((namespace, name), None)
+        if old is None:
+            return
+        in_namespace = self.pods_by_namespace.get(namespace)
+        if in_namespace is not None:
+            in_namespace.pop(name, None)
+            if not in_namespace:
+                del self.pods_by_namespace[namespace]
+        if old.pod_ip:
+            for port in old.container_ports:
+                holders = self.endpoints.get((old.pod_ip, port))
+                if holders is not None:
+                    holders.discard((namespace, name))
+                    if not holders:
+                        del self.endpoints[(old.pod_ip, port)]
+
+    def set_pods(self, pods: Iterable[PodInfo]) -> None:
+        self.pods, self.pods_by_namespace, self.endpoints = {}, {}, {}
+        for pod in pods:
+            self.put_pod(pod)
+
+    # workloads
+    def put_workload(self, workload: WorkloadInfo) -> None:
+        self.workloads[(workload.kind, workload.namespace, workload.name)] = workload
+        self.workloads_by_namespace.setdefault((workload.kind, workload.namespace), {})[workload.name] = workload
+
+    def remove_workload(self, kind: str, namespace: str, name: str) -> None:
+        if self.workloads.pop((kind, namespace, name), None) is None:
+            return
+        group = self.workloads_by_namespace.get((kind, namespace))
+        if group is not None:
+            group.pop(name, None)
+            if not group:
+                del self.workloads_by_namespace[(kind, namespace)]
+
+    def set_workloads(self, kind: str, workloads: Iterable[WorkloadInfo]) -> None:
+        for key in [k for k in self.workloads if k[0] == kind]:
+            self.remove_workload(*key)
+        for workload in workloads:
+            self.put_workload(workload)
+
+    # nodes and namespaces (frozen sets rebuilt on change, so readers get them without copying)
+    def put_node(self, name: str, labels: Mapping[str, str]) -> None:
+        self.node_labels[name] = labels
+        if name not in self.node_names:
+            self.node_names = self.node_names | {name}
+
+    def remove_node(self, name: str) -> None:
+        if self.node_labels.pop(name, None) is not None:
+            self.node_names = self.node_names - {name}
+
+    def set_nodes(self, nodes: Mapping[str, Mapping[str, str]]) -> None:
+        self.node_labels = dict(nodes)
+        self.node_names = frozenset(nodes)
+
+    def put_namespace(self, name: str) -> None:
+        if name not in self.namespace_names:
+            self.namespace_names = self.namespace_names | {name}
+
+    def remove_namespace(self, name: str) -> None:
+        self.namespace_names = self.namespace_names - {name}
+
+    def set_namespaces(self, names: Iterable[str]) -> None:
+        self.namespace_names = frozenset(names)
+
+
+class _IndexedClusterObjects:
+    """The ClusterObjects queries, answered from an ``_Index``."""
+
+    def __init__(self) -> None:
+        self._index = _Index()
+
+    def namespaces(self) -> frozenset[str]:
+        return self._index.namespace_names
+
+    def pods(self, namespace: str | None = None) -> list[PodInfo]:
+        if namespace is None:
+            return [self._index.pods[k] for k in sorted(self._index.pods)]
+        in_namespace = self._index.pods_by_namespace.get(namespace, {})
+        return [in_namespace[n] for n in sorted(in_namespace)]
+
+    def pod(self, namespace: str, name: str) -> PodInfo | None:
+        return self._index.pods.get((namespace, name))
+
+    def select_pods(self, namespace: str, selector: LabelSelector) -> list[PodInfo]:
+        in_namespace = self._index.pods_by_namespace.get(namespace, {})
+        return [in_namespace[n] for n in sorted(in_namespace) if selector.matches(in_namespace[n].labels)]
+
+    def workload(self, kind: str, namespace: str, name: str) -> WorkloadInfo | None:
+        return self._index.workloads.get((kind, namespace, name))
+
+    def workloads(self, kind: str, namespace: str) -> list[WorkloadInfo]:
+        group = self._index.workloads_by_namespace.get((kind, namespace), {})
+        return [group[n] for n in sorted(group)]
+
+    def pods_of(self, workload: WorkloadInfo) -> list[PodInfo]:
+        return self.select_pods(workload.namespace, workload.selector)
+
+    def nodes(self) -> frozenset[str]:
+        return self._index.node_names
+
+    def node_labels(self, name: str) -> Mapping[str, str] | None:
+        return self._index.node_labels.get(name)
+
+    def select_nodes(self, selector: LabelSelector) -> list[str]:
+        labels = self._index.node_labels
+        return sorted(n for n, node_labels in labels.items() if selector.matches(node_labels))
+
+    def pod_at(self, ip: str, port: int) -> PodInfo | None:
+        holders = self._index.endpoints.get((ip, port))
+        if not holders:
+            return None
+        pods = [self._index.pods[k] for k in holders]
+        return min(pods, key=lambda p: (_PHASE_PREFERENCE.get(p.phase, 5), p.namespace, p.name))
+
+
+class StaticClusterObjects(_IndexedClusterObjects):
+    """A fixed cluster, for unit tests and tools without an API server. Always synced.
+
+    ``nodes`` is a list of names or a mapping of name → labels; ``namespaces`` defaults to the namespaces
+    of the given pods and workloads.
+    """
+
+    def __init__(
+        self,
+        *,
+        pods: Iterable[PodInfo] = (),
+        workloads: Iterable[WorkloadInfo] = (),
+        nodes: Iterable[str] | Mapping[str, Mapping[str, str]] = (),
+        namespaces: Iterable[str] | None = None,
+    ) -> None:
+        super().__init__()
+        pods, workloads = list(pods), list(workloads)
+        self._index.set_pods(pods)
+        for workload in workloads:
+            self._index.put_workload(workload)
+        if isinstance(nodes, Mapping):
+            self._index.set_nodes({name: dict(labels) for name, labels in nodes.items()})
+        else:
+            self._index.set_nodes({name: {} for name in nodes})
+        if namespaces is None:
+            namespaces = {p.namespace for p in pods} | {w.namespace for w in workloads}
+        self._index.set_namespaces(namespaces)
+
+    @property
+    def synced(self) -> bool:
+        return True
+
+
+# --- the Kubernetes-backed cache --------------------------------------------------------------------
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is older than the server keeps (410 Gone): relist."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """One cached resource: how to list/watch it and how its objects enter the index."""
+
+    name: str
+    list_call: Callable[..., Awaitable[Any]]
+    replace: Callable[[list[dict[str, Any]]], None]
+    put: Callable[[dict[str, Any]], None]
+    remove: Callable[[dict[str, Any]], None]
+
+
+def _name_of(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+class KubeCache(_IndexedClusterObjects):
+    """ClusterObjects kept current by list+watch over kubernetes-asyncio.
+
+    ``start()`` launches one loop per kind (pods, namespaces, nodes, deployments, statefulsets) and returns at
+    once; ``wait_synced()`` waits for every kind's first list. ``refresh_once()`` does one list pass, for
+    callers that run no loops (tests, one-shot commands). The ApiClient stays the caller's to close.
+    ``watch_timeout_seconds`` is the server-side ``timeoutSeconds`` of each watch request;
+    ``backoff_max_seconds`` caps the doubling delay after errors.
+    """
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        watch_timeout_seconds: int = 300,
+        backoff_max_seconds: float = 30,
+    ) -> None:
+        super().__init__()
+        self._watch_timeout = int(watch_timeout_seconds)
+        self._backoff_max = float(backoff_max_seconds)
+        self._backoff_min = min(_INITIAL_BACKOFF_SECONDS, self._backoff_max)
+        core = client.CoreV1Api(api_client)
+        apps = client.AppsV1Api(api_client)
+        index = self._index
+        self._kinds: tuple[_Kind, ...] = (
+            _Kind(
+                "pods",
+                core.list_pod_for_all_namespaces,
+                lambda objs: index.set_pods(PodInfo.from_object(o) for o in objs),
+                lambda obj: index.put_pod(PodInfo.from_object(obj)),
+                lambda obj: index.remove_pod(*_name_of(obj)),
+            ),
+            _Kind(
+                "namespaces",
+                core.list_namespace,
+                lambda objs: index.set_namespaces(_name_of(o)[1] for o in objs),
+                lambda obj: index.put_namespace(_name_of(obj)[1]),
+                lambda obj: index.remove_namespace(_name_of(obj)[1]),
+            ),
+            _Kind(
+                "nodes",
+                core.list_node,
+                lambda objs: index.set_nodes({_name_of(o)[1]: _labels(o) for o in objs}),
+                lambda obj: index.put_node(_name_of(obj)[1], _labels(obj)),
+                lambda obj: index.remove_node(_name_of(obj)[1]),
+            ),
+            self._workload_kind("deployments", DEPLOYMENT, apps.list_deployment_for_all_namespaces),
+            self._workload_kind("statefulsets", STATEFULSET, apps.list_stateful_set_for_all_namespaces),
+        )
+        self._listed: set[str] = set()
+        self._synced_event = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.last_errors: dict[str, str] = {}
+        """kind → the last error its loop met (cleared by the next successful list); for readiness messages."""
+
+    def _workload_kind(self, name: str, kind: str, list_call: Callable[..., Awaitable[Any]]) -> _Kind:
+        index = self._index
+        return _Kind(
+            name,
+            list_call,
+            lambda objs: index.set_workloads(kind, (WorkloadInfo.from_object(kind, o) for o in objs)),
+            lambda obj: index.put_workload(WorkloadInfo.from_object(kind, obj)),
+            lambda obj: index.remove_workload(kind, *_name_of(obj)),
+        )
+
+    @property
+    def synced(self) -> bool:
+        return self._synced_event.is_set()
+
+    # -- lifecycle
+
+    async def start(self) -> None:
+        """Start the list+watch loops (idempotent). Returns at once; see ``wait_synced``."""
+        if self._tasks:
+            return
+        self._tasks = [asyncio.create_task(self._run(kind), name=f"kube-watch-{kind.name}") for kind in self._kinds]
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def wait_synced(self, timeout: float) -> None:
+        """Wait until every kind has been listed once; SourceUnavailable after ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self._synced_event.wait(), timeout)
+        except TimeoutError:
+            missing = ", ".join(k.name for k in self._kinds if k.name not in self._listed)
+            errors = "; ".join(f"{k}: {e}" for k, e in sorted(self.last_errors.items()))
+            reason = f"cache not synced after {timeout:g}s ({missing} not listed yet)"
+            raise SourceUnavailable(SOURCE, f"{reason}: {errors}" if errors else reason) from None
+
+    async def refresh_once(self) -> None:
+        """List every kind once and replace the indices; SourceUnavailable if the API cannot be read."""
+        results = await asyncio.gather(*(self._list(kind) for kind in self._kinds), return_exceptions=True)
+        for kind, result in zip(self._kinds, results, strict=True):
+            if isinstance(result, BaseException):
+                if isinstance(result, SourceUnavailable):
+                    raise result
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                raise _unavailable(kind.name, result) from result
+
+    # -- the loop
+
+    async def _run(self, kind: _Kind) -> None:
+        backoff = self._backoff_min
+        resource_version: str | None = None
+        while True:
+            try:
+                if resource_version is None:
+                    resource_version = await self._list(kind)
+                    backoff = self._backoff_min
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                resource_version, events = await self._watch(kind, resource_version)
+                self.last_errors.pop(kind.name, None)
+                if events == 0 and loop.time() - started < 1.0:
+                    # NB: a server that ends watches at once would otherwise have us spinning.
+                    await asyncio.sleep(self._jitter(backoff))
+                    backoff = min(backoff * 2, self._backoff_max)
+                else:
+                    backoff = self._backoff_min
+            except _Expired as e:
+                if resource_version is None:  # the list itself expired (a stale continue token): not too fast
+                    await asyncio.sleep(self._jitter(backoff))
+                    backoff = min(backoff * 2, self._backoff_max)
+                log.info("kubernetes %s watch expired (%s); relisting", kind.name, e)
+                resource_version = None
+            except asyncio.CancelledError:
+                raise
+            except (
+                SourceUnavailable,
+                client.ApiException,
+                aiohttp.ClientError,
+                OSError,
+                TimeoutError,
+                ValueError,
+            ) as e:
+                error = _unavailable(kind.name, e)
+                self.last_errors[kind.name] = error.reason
+                log.warning("%s; retrying in %.1fs", error, backoff)
+                await asyncio.sleep(self._jitter(backoff))
+                backoff = min(backoff * 2, self._backoff_max)
+
+    @staticmethod
+    def _jitter(seconds: float) -> float:
+        return seconds * random.uniform(0.8, 1.2)
+
+    async def _list(self, kind: _Kind) -> str:
+        """List every object of a kind (paged), replace its index, return the list's resourceVersion."""
+        items: list[dict[str, Any]] = []
+        resource_version = ""
+        token: str | None = None
+        while True:
+            response = await kind.list_call(
+                limit=_LIST_PAGE_SIZE,
+                _continue=token,
+                _preload_content=False,
+                _request_timeout=_LIST_TIMEOUT_SECONDS,
+            )
+            try:
+                body = await _read_json(response)
+            finally:
+                response.release()
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            resource_version = resource_version or meta.get("resourceVersion", "")
+            token = meta.get("continue") or None
+            if token is None:
+                break
+        kind.replace(items)
+        self._listed.add(kind.name)
+        self.last_errors.pop(kind.name, None)
+        if len(self._listed) == len(self._kinds):
+            self._synced_event.set()
+        log.debug("listed %d %s at resourceVersion %s", len(items), kind.name, resource_version)
+        return resource_version
+
+    async def _watch(self, kind: _Kind, resource_version: str) -> tuple[str, int]:
+        """Apply one watch stream's events; return the resourceVersion to resume from and the event count."""
+        response = await kind.list_call(
+            watch=True,
+            resource_version=resource_version,
+            timeout_seconds=self._watch_timeout,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=_LIST_TIMEOUT_SECONDS, sock_read=self._watch_timeout + 30
+            ),
+        )
+        events = 0
+        try:
+            if response.status != 200:
+                await _read_json(response)  # raises with the server's Status
+            async for raw in response.content:
+                line = raw.strip()
+                if not line:
+                    continue
+                event = json.loads(line)
+                event_type = event.get("type")
+                obj = event.get("object") or {}
+                if event_type == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Expired(obj.get("message", "410 Gone"))
+                    raise client.ApiException(
+                        status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}"
+                    )
+                events += 1
+                resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
+                if event_type in ("ADDED", "MODIFIED"):
+                    kind.put(obj)
+                elif event_type == "DELETED":
+                    kind.remove(obj)
+                # BOOKMARK: only the resourceVersion moves.
+        finally:
+            response.close()
+        return resource_version, events
+
+
+def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("labels") or {})
+
+
+async def _read_json(response: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The JSON body of a 2xx response; ``_Expired`` for 410, ``client.ApiException`` for other statuses."""
+    raw = await response.read()
+    if response.status == 410:
+        raise _Expired(raw.decode(errors="replace")[:200])
+    if not 200 <= response.status < 300:
+        error = client.ApiException(status=response.status, reason=response.reason)
+        error.body = raw
+        raise error
+    body = json.loads(raw)
+    if not isinstance(body, dict):
+        raise ValueError("the API server answered with JSON that is not an object")
+    return body
+
+
+def _unavailable(kind: str, error: BaseException) -> SourceUnavailable:
+    if isinstance(error, SourceUnavailable):
+        return error
+    if isinstance(error, client.ApiException):
+        detail = f"HTTP {error.status} {error.reason}"
+        body = getattr(error, "body", None)
+        if body:
+            with contextlib.suppress(ValueError, AttributeError):
+                detail += f": {json.loads(body).get('message', '')}"
+    else:
+        detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return SourceUnavailable(SOURCE, f"cannot list/watch {kind}: {detail}")
+
+
+async def load_api_client(kubeconfig: str | os.PathLike[str] | None) -> client.ApiClient:
+    """An ApiClient from a kubeconfig file, else from the in-cluster service account.
+
+    Raises SourceUnavailable saying which was tried and why it failed. The caller closes the client.
+    """
+    if kubeconfig is not None:
+        path = os.fspath(kubeconfig)
+        if not os.path.isfile(path):
+            raise SourceUnavailable(SOURCE, f"kubeconfig {path} does not exist")
+        try:
+            return await config.new_client_from_config(config_file=path, persist_config=False)
+        except (config.ConfigException, OSError, ValueError, KeyError, TypeError) as e:
+            raise SourceUnavailable(SOURCE, f"cannot load kubeconfig {path}: {e}") from e
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException as e:
+        raise SourceUnavailable(
+            SOURCE,
+            f"no kubeconfig given and not running in a cluster ({e}); pass a kubeconfig or run in a pod with a "
+            "service account",
+        ) from e
+    return client.ApiClient(configuration)
