@@ -8,22 +8,12 @@ arguments to whatever needs them — never through a global.
 from __future__ import annotations
 
 import argparse
-from typing import Annotated, Any, get_args, get_origin
+from typing import Any, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpuscale.config import Seconds
 from gpuscale.errors import ConfigError
-from gpuscale.model import parse_duration
-
-
-def _duration(value: Any) -> float:
-    try:
-        return parse_duration(value)
-    except (TypeError, ValueError) as e:
-        raise ValueError(str(e)) from e
-
-
-Seconds = Annotated[float, BeforeValidator(_duration)]
 
 
 class _Settings(BaseModel):

@@ -39,18 +39,28 @@ def _commands(server: str, kubeconfig: str) -> list[tuple[str, str]]:
     return [
         ("metric API groups and versions", f"kubectl --server={server} api-versions"),
         ("custom metrics on offer", f"kubectl --server={server} get --raw {base}"),
-        ("GPU util of the Triton pods (what an HPA on app=triton-bert reads)",
-         f"{raw} '{base}/namespaces/inference/pods/*/gpu_utilization?labelSelector=app%3Dtriton-bert'"),
-        ("…and how busy the SMs really are",
-         f"{raw} '{base}/namespaces/inference/pods/*/gpu_sm_active?labelSelector=app%3Dtriton-bert'"),
-        ("queue:compute ratio of the Triton deployment (object metric)",
-         f"{raw} '{base}/namespaces/inference/deployments.apps/triton-bert/inference_queue_compute_ratio'"),
-        ("the LLM server's util trap: util vs SM active",
-         f"{raw} '/apis/custom.metrics.k8s.io/v1beta1/namespaces/nim/pods/*/gpu_utilization'"),
+        (
+            "GPU util of the Triton pods (what an HPA on app=triton-bert reads)",
+            f"{raw} '{base}/namespaces/inference/pods/*/gpu_utilization?labelSelector=app%3Dtriton-bert'",
+        ),
+        (
+            "…and how busy the SMs really are",
+            f"{raw} '{base}/namespaces/inference/pods/*/gpu_sm_active?labelSelector=app%3Dtriton-bert'",
+        ),
+        (
+            "queue:compute ratio of the Triton deployment (object metric)",
+            f"{raw} '{base}/namespaces/inference/deployments.apps/triton-bert/inference_queue_compute_ratio'",
+        ),
+        (
+            "the LLM server's util trap: util vs SM active",
+            f"{raw} '/apis/custom.metrics.k8s.io/v1beta1/namespaces/nim/pods/*/gpu_utilization'",
+        ),
         ("power per node", f"{raw} '/apis/custom.metrics.k8s.io/v1beta1/nodes/*/gpu_power_watts'"),
-        ("external: queue depth of one model",
-         f"{raw} '/apis/external.metrics.k8s.io/v1beta1/namespaces/inference/inference_queue_depth"
-         "?labelSelector=model%3Dbert_qa_onnx'"),
+        (
+            "external: queue depth of one model",
+            f"{raw} '/apis/external.metrics.k8s.io/v1beta1/namespaces/inference/inference_queue_depth"
+            "?labelSelector=model%3Dbert_qa_onnx'",
+        ),
         ("the simulated cluster itself", f"kubectl --kubeconfig={kubeconfig} get pods -A -o wide"),
     ]
 
@@ -78,8 +88,7 @@ async def _table(session: aiohttp.ClientSession, server: str, namespaces: list[s
 def _human(metric: str, quantity: str) -> str:
     from decimal import Decimal
 
-    suffix = {"m": Decimal("0.001"), "k": Decimal(1000), "M": Decimal(10**6), "G": Decimal(10**9),
-              "T": Decimal(10**12)}
+    suffix = {"m": Decimal("0.001"), "k": Decimal(1000), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12)}
     q = quantity
     value = Decimal(q[:-1]) * suffix[q[-1]] if q[-1] in suffix else Decimal(q)
     if metric.endswith("_bytes"):
@@ -107,7 +116,9 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
             while adapter.pipeline.refreshes < 2:
                 await asyncio.sleep(0.1)
             console.print(f"[bold]gpuscale adapter[/] serving the metrics APIs on {adapter.url}")
-            console.print(f"simulated cluster: {len(cluster.scenario.nodes)} GPU nodes, kubeconfig {cluster.kubeconfig}")
+            console.print(
+                f"simulated cluster: {len(cluster.scenario.nodes)} GPU nodes, kubeconfig {cluster.kubeconfig}"
+            )
             console.print("Paste these in another terminal to see exactly what the HPA sees:\n")
             for what, cmd in _commands(adapter.url, cluster.kubeconfig):
                 console.print(f"  [dim]# {what}[/]\n  {cmd}", soft_wrap=True, highlight=False)

@@ -12,13 +12,11 @@ import re
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpuscale.errors import ConfigError
-from gpuscale.model import parse_duration
+from gpuscale.config import Seconds, read_yaml, validate
 
 DEFAULT_POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
 DEFAULT_CATALOGUE_PATH = DEFAULT_POLICIES_DIR / "metrics.yaml"
@@ -28,16 +26,6 @@ RESOURCES = ("pods", "nodes", "namespaces", "deployments.apps", "statefulsets.ap
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SERIES = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-
-
-def _duration(value: Any) -> float:
-    try:
-        return parse_duration(value)
-    except (TypeError, ValueError) as e:
-        raise ValueError(str(e)) from e
-
-
-Seconds = Annotated[float, BeforeValidator(_duration)]
 
 
 class _Strict(BaseModel):
@@ -167,50 +155,11 @@ class Catalogue(_Strict):
         return max((self.window(m) for m in self.metrics), default=self.defaults.window)
 
 
-def _field_path(loc: tuple[Any, ...], data: Any) -> str:
-    """Turn pydantic's ('metrics', 3, 'aggregate') into 'metrics[3] (gpu_x).aggregate'."""
-    out = ""
-    node = data
-    for part in loc:
-        if isinstance(part, int):
-            name = (
-                node[part].get("name")
-                if isinstance(node, list) and part < len(node) and isinstance(node[part], dict)
-                else None
-            )
-            out += f"[{part}]" + (f" ({name})" if name else "")
-            node = node[part] if isinstance(node, list) and part < len(node) else None
-        else:
-            out += ("." if out else "") + str(part)
-            node = node.get(part) if isinstance(node, dict) else None
-    return out or "(top level)"
-
-
 def parse_catalogue(data: Any, *, path: str = "<catalogue>") -> Catalogue:
-    try:
-        return Catalogue.model_validate(data)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            msg = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{_field_path(loc, data)}: {msg}")
-        raise ConfigError("; ".join(problems), path=path) from None
+    return validate(Catalogue, data, path)
 
 
 def load_catalogue(path: str | Path | None = None) -> Catalogue:
     """Load and validate a catalogue file (default: policies/metrics.yaml of this checkout)."""
     p = Path(path) if path else DEFAULT_CATALOGUE_PATH
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read catalogue: {e.strerror}", path=str(p)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ConfigError(f"{where}invalid YAML: {getattr(e, 'problem', e)}", path=str(p)) from None
-    if not isinstance(data, dict):
-        raise ConfigError("expected a mapping with 'metrics:' at the top level", path=str(p))
-    return parse_catalogue(data, path=str(p))
+    return parse_catalogue(read_yaml(p), path=str(p))

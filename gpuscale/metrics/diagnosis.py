@@ -29,18 +29,15 @@ but raise its ``severity``: a compute-bound GPU with a fresh Xid 13 is ``compute
 from __future__ import annotations
 
 import math
-import types
-import typing
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from gpuscale.errors import ConfigError
+from gpuscale.config import read_yaml, validate
 
 DEFAULT_POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
 DIAGNOSIS_FILE = "diagnosis.yaml"
@@ -497,71 +494,6 @@ class DiagnosisPolicy(_Section):
     health: HealthPolicy
 
 
-def _annotation_keys(model: type[BaseModel], loc: Sequence[int | str]) -> list[str] | None:
-    """The keys allowed at ``loc`` inside ``model`` (for "unknown key" messages), or None if unclear."""
-    ann: Any = model
-    for part in loc:
-        ann = _unwrap(ann)
-        origin = typing.get_origin(ann)
-        if origin in (list, tuple, dict):
-            ann = typing.get_args(ann)[-1]
-        elif isinstance(ann, type) and issubclass(ann, BaseModel) and isinstance(part, str):
-            field = ann.model_fields.get(part)
-            if field is None:
-                return None
-            ann = field.annotation
-        else:
-            return None
-    ann = _unwrap(ann)
-    return list(ann.model_fields) if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-
-
-def _unwrap(ann: Any) -> Any:
-    if typing.get_origin(ann) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(ann) if a is not type(None)]
-        return args[0] if len(args) == 1 else ann
-    return ann
-
-
-def _problems(error: ValidationError, model: type[BaseModel]) -> str:
-    out = []
-    for err in error.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "(top level)"
-        if err["type"] == "extra_forbidden":
-            allowed = _annotation_keys(model, loc[:-1])
-            reason = "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
-        else:
-            reason = err["msg"].removeprefix("Value error, ")
-            if err["type"] != "missing" and not isinstance(err.get("input"), dict | list):
-                reason += f" (got {err.get('input')!r})"
-        out.append(f"{where}: {reason}")
-    return "; ".join(out)
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read policy: {e.strerror}", path=str(path)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ConfigError(f"{where}invalid YAML: {getattr(e, 'problem', e)}", path=str(path)) from None
-    if not isinstance(data, dict):
-        raise ConfigError("expected a mapping at the top level", path=str(path))
-    return data
-
-
-def _validate(model: type[_M], data: dict[str, Any], path: Path) -> _M:
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_problems(e, model), path=str(path)) from None
-
-
 def load_policy(path_dir: str | Path = DEFAULT_POLICIES_DIR) -> DiagnosisPolicy:
     """Load ``diagnosis.yaml`` and ``health.yaml`` from ``path_dir`` (default: this checkout's policies/).
 
@@ -571,8 +503,8 @@ def load_policy(path_dir: str | Path = DEFAULT_POLICIES_DIR) -> DiagnosisPolicy:
     base = Path(path_dir)
     diagnosis_path, health_path = base / DIAGNOSIS_FILE, base / HEALTH_FILE
     return DiagnosisPolicy(
-        diagnosis=_validate(DiagnosisThresholds, _read_yaml(diagnosis_path), diagnosis_path),
-        health=_validate(HealthPolicy, _read_yaml(health_path), health_path),
+        diagnosis=validate(DiagnosisThresholds, read_yaml(diagnosis_path), diagnosis_path),
+        health=validate(HealthPolicy, read_yaml(health_path), health_path),
     )
 
 

@@ -73,8 +73,10 @@ class SimCluster:
             if current is None:
                 self.api.create(obj)
             else:
-                desired = {**obj, "metadata": {**obj["metadata"],
-                                               "resourceVersion": current["metadata"]["resourceVersion"]}}
+                desired = {
+                    **obj,
+                    "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]},
+                }
                 desired["metadata"].pop("uid", None)
                 desired["metadata"].pop("creationTimestamp", None)
                 status = desired.pop("status", None)

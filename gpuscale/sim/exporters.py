@@ -38,6 +38,7 @@ from typing import Any, Literal, NamedTuple
 
 from aiohttp import web
 
+from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
 from gpuscale.sim.load import (
     Activity,
     GpuSignals,
@@ -128,17 +129,7 @@ XID_MESSAGES: dict[int, str] = {
 }
 
 # Label values of DCGM_EXP_CLOCK_EVENTS_COUNT per bit (collector/clock_events_collector.go).
-CLOCK_EVENT_NAMES: tuple[tuple[int, str], ...] = (
-    (0x1, "gpu_idle"),
-    (0x2, "clocks_setting"),
-    (0x4, "power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal"),
-    (0x40, "hw_thermal"),
-    (0x80, "hw_power_brake"),
-    (0x100, "display_clocks"),
-)
+CLOCK_EVENT_NAMES = CLOCK_EVENT_BITS
 
 WINDOW_SIZE_MS = "300000"
 

@@ -14,9 +14,21 @@ from decimal import Decimal
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
 _SUFFIX = {
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1), "k": Decimal("1e3"),
-    "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
-    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50),
     "Ei": Decimal(2**60),
 }
 
@@ -32,10 +44,7 @@ def milli_value(quantity: str) -> int:
     if not m:
         raise HPAError(f"quantities must match the regular expression: {quantity!r}")
     number, suffix = Decimal(m.group(1)), m.group(2) or ""
-    if suffix[:1] in ("e", "E"):
-        value = number * Decimal(10) ** int(suffix[1:])
-    else:
-        value = number * _SUFFIX[suffix]
+    value = number * Decimal(10) ** int(suffix[1:]) if suffix[:1] in ("e", "E") else number * _SUFFIX[suffix]
     return math.ceil(value * 1000)
 
 

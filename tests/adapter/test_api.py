@@ -29,27 +29,43 @@ EXTERNAL = "/apis/external.metrics.k8s.io/v1beta1"
 
 def _pod(ns, name, labels, owner=None):
     return PodInfo(
-        namespace=ns, name=name, labels=labels, node_name=H100_NODE, pod_ip="10.0.0.5", container_ports=(),
-        phase="Running", owner=owner,
+        namespace=ns,
+        name=name,
+        labels=labels,
+        node_name=H100_NODE,
+        pod_ip="10.0.0.5",
+        container_ports=(),
+        phase="Running",
+        owner=owner,
     )
 
 
 def make_cluster() -> StaticClusterObjects:
     pods = [
-        _pod("inference", TRITON_POD.name, {"app": "triton", "tier": "gpu"}, ("ReplicaSet", "triton-inference-7d9f8b6c5")),
+        _pod(
+            "inference", TRITON_POD.name, {"app": "triton", "tier": "gpu"}, ("ReplicaSet", "triton-inference-7d9f8b6c5")
+        ),
         _pod("inference", "triton-inference-7d9f8b6c5-cpu01", {"app": "triton", "tier": "cpu"}),
         _pod("nim", "llama3-8b-instruct-5c6b9d8f47-qz7mh", {"app": "llama3"}),
         _pod("ml-training", "llm-finetune-worker-0", {"app": "finetune"}, ("StatefulSet", "llm-finetune-worker")),
         _pod("ml-batch", "embeddings-batch-28471-8xk2p", {"app": "embeddings"}),
     ]
     workloads = [
-        WorkloadInfo("Deployment", "inference", "triton-inference", LabelSelector.parse("app=triton,tier=gpu"),
-                     {"app": "triton"}),
-        WorkloadInfo("StatefulSet", "ml-training", "llm-finetune-worker", LabelSelector.parse("app=finetune"),
-                     {"app": "finetune"}),
+        WorkloadInfo(
+            "Deployment", "inference", "triton-inference", LabelSelector.parse("app=triton,tier=gpu"), {"app": "triton"}
+        ),
+        WorkloadInfo(
+            "StatefulSet",
+            "ml-training",
+            "llm-finetune-worker",
+            LabelSelector.parse("app=finetune"),
+            {"app": "finetune"},
+        ),
     ]
     return StaticClusterObjects(
-        pods=pods, workloads=workloads, nodes={H100_NODE: {"nvidia.com/gpu.product": "H100"}},
+        pods=pods,
+        workloads=workloads,
+        nodes={H100_NODE: {"nvidia.com/gpu.product": "H100"}},
         namespaces=["inference", "nim", "ml-training", "ml-batch", "empty"],
     )
 
@@ -143,7 +159,10 @@ async def test_v1beta1_item_shape(client):
     item = body["items"][0]
     assert list(item) == ["describedObject", "metricName", "timestamp", "value", "selector"]
     assert item["describedObject"] == {
-        "kind": "Pod", "namespace": "ml-training", "name": "llm-finetune-worker-0", "apiVersion": "/v1",
+        "kind": "Pod",
+        "namespace": "ml-training",
+        "name": "llm-finetune-worker-0",
+        "apiVersion": "/v1",
     }
     assert item["metricName"] == "gpu_sm_active"
     assert item["selector"] is None
@@ -152,7 +171,9 @@ async def test_v1beta1_item_shape(client):
 
 
 async def test_v1beta2_item_shape_with_window(client):
-    body = await get(client, f"{CUSTOM}/v1beta2/namespaces/inference/pods/{TRITON_POD.name}/inference_queue_compute_ratio")
+    body = await get(
+        client, f"{CUSTOM}/v1beta2/namespaces/inference/pods/{TRITON_POD.name}/inference_queue_compute_ratio"
+    )
     item = body["items"][0]
     assert list(item) == ["describedObject", "metric", "timestamp", "windowSeconds", "value"]
     assert item["metric"] == {"name": "inference_queue_compute_ratio", "selector": None}
@@ -161,14 +182,18 @@ async def test_v1beta2_item_shape_with_window(client):
 
 
 async def test_v1beta1_window_field(client):
-    body = await get(client, f"{CUSTOM}/v1beta1/namespaces/inference/pods/{TRITON_POD.name}/inference_requests_per_second")
+    body = await get(
+        client, f"{CUSTOM}/v1beta1/namespaces/inference/pods/{TRITON_POD.name}/inference_requests_per_second"
+    )
     item = body["items"][0]
     assert item["window"] == 60 and "windowSeconds" not in item
     assert item["value"] == "371"
 
 
 async def test_external_item_shape(client):
-    body = await get(client, f"{EXTERNAL}/namespaces/inference/inference_queue_compute_ratio?labelSelector=model%3Dbert_qa_onnx")
+    body = await get(
+        client, f"{EXTERNAL}/namespaces/inference/inference_queue_compute_ratio?labelSelector=model%3Dbert_qa_onnx"
+    )
     assert body["kind"] == "ExternalMetricValueList"
     assert body["apiVersion"] == "external.metrics.k8s.io/v1beta1"
     item = body["items"][0]
@@ -178,8 +203,9 @@ async def test_external_item_shape(client):
 
 
 async def test_metric_label_selector_is_honoured_and_echoed(client):
-    path = (f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/inference_queue_depth"
-            "?metricLabelSelector=model%3Dbert_qa_onnx")
+    path = (
+        f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/inference_queue_depth?metricLabelSelector=model%3Dbert_qa_onnx"
+    )
     item = (await get(client, path))["items"][0]
     assert item["selector"] == {"matchLabels": {"model": "bert_qa_onnx"}}
     assert item["value"] == "118"
@@ -206,7 +232,9 @@ async def test_hpa_reads_selector_with_set_based_requirements(client):
 
 
 async def test_hpa_reads_object_metric_exactly_one(client):
-    body = await get(client, f"{CUSTOM}/v1beta2/namespaces/ml-training/statefulsets.apps/llm-finetune-worker/gpu_utilization")
+    body = await get(
+        client, f"{CUSTOM}/v1beta2/namespaces/ml-training/statefulsets.apps/llm-finetune-worker/gpu_utilization"
+    )
     assert hpa.object_metric(body) == 100000
     body = await get(client, f"{CUSTOM}/v1beta1/namespaces/ml-training/metrics/gpu_power_watts")
     assert hpa.object_metric(body) == 2695399
@@ -215,7 +243,9 @@ async def test_hpa_reads_object_metric_exactly_one(client):
 async def test_hpa_reads_external_metric_sum(client):
     body = await get(client, f"{EXTERNAL}/namespaces/inference/inference_queue_depth")
     assert hpa.external_metric(body) == 121000
-    body = await get(client, f"{EXTERNAL}/namespaces/inference/inference_queue_depth?labelSelector=model%3Dresnet50_trt")
+    body = await get(
+        client, f"{EXTERNAL}/namespaces/inference/inference_queue_depth?labelSelector=model%3Dresnet50_trt"
+    )
     assert hpa.external_metric(body) == 3000
 
 
@@ -243,15 +273,27 @@ async def test_discovery(client):
         rl = await get(client, f"{CUSTOM}/{version}")
         assert rl["kind"] == "APIResourceList" and rl["groupVersion"] == f"custom.metrics.k8s.io/{version}"
         names_ = {r["name"] for r in rl["resources"]}
-        assert {"pods/gpu_utilization", "nodes/gpu_power_watts", "namespaces/inference_queue_depth",
-                "deployments.apps/inference_queue_compute_ratio"} <= names_
+        assert {
+            "pods/gpu_utilization",
+            "nodes/gpu_power_watts",
+            "namespaces/inference_queue_depth",
+            "deployments.apps/inference_queue_compute_ratio",
+        } <= names_
         pods = next(r for r in rl["resources"] if r["name"] == "pods/gpu_utilization")
-        assert pods == {"name": "pods/gpu_utilization", "singularName": "", "namespaced": True,
-                        "kind": "MetricValueList", "verbs": ["get"]}
+        assert pods == {
+            "name": "pods/gpu_utilization",
+            "singularName": "",
+            "namespaced": True,
+            "kind": "MetricValueList",
+            "verbs": ["get"],
+        }
     ext = await get(client, EXTERNAL)
     assert {r["name"] for r in ext["resources"]} == {
-        "inference_queue_depth", "inference_requests_per_second", "inference_queue_time_seconds",
-        "inference_queue_compute_ratio"}
+        "inference_queue_depth",
+        "inference_requests_per_second",
+        "inference_queue_time_seconds",
+        "inference_queue_compute_ratio",
+    }
     assert (await get(client, "/apis/custom.metrics.k8s.io"))["preferredVersion"]["version"] == "v1beta2"
 
 

@@ -62,8 +62,20 @@ class Stack:
 async def start_stack(tmp_path: Path, *, max_age: str | None = None) -> Stack:
     cluster = await SimCluster().start()
     port = free_port()
-    args = [sys.executable, "-m", "gpuscale.cli.main", "adapter", "--kubeconfig", cluster.kubeconfig,
-            "--insecure-port", str(port), "--refresh-interval", "1s", "--log-level", "warning"]
+    args = [
+        sys.executable,
+        "-m",
+        "gpuscale.cli.main",
+        "adapter",
+        "--kubeconfig",
+        cluster.kubeconfig,
+        "--insecure-port",
+        str(port),
+        "--refresh-interval",
+        "1s",
+        "--log-level",
+        "warning",
+    ]
     if max_age:
         catalogue = yaml.safe_load(Path("policies/metrics.yaml").read_text())
         catalogue["defaults"]["max_age"] = max_age
@@ -82,8 +94,9 @@ async def start_stack(tmp_path: Path, *, max_age: str | None = None) -> Stack:
                 async with session.get(f"{server}/readyz") as resp:
                     if resp.status == 200:
                         # rates need two scrapes: wait until the queue ratio is served
-                        async with session.get(f"{server}{C1}/namespaces/inference/pods/*/"
-                                               "inference_queue_compute_ratio") as r2:
+                        async with session.get(
+                            f"{server}{C1}/namespaces/inference/pods/*/inference_queue_compute_ratio"
+                        ) as r2:
                             if r2.status == 200:
                                 break
             except aiohttp.ClientError:
@@ -117,13 +130,21 @@ async def test_kubectl_reads_every_url_shape_in_both_versions(stack):
         nodes = await stack.raw(f"{base}/nodes/*/gpu_power_watts")
         assert {i["describedObject"]["name"] for i in nodes["items"]} == {n.name for n in stack.cluster.scenario.nodes}
         assert hpa.object_metric(await stack.raw(f"{base}/nodes/{node}/gpu_power_watts")) > 0
-        deploy = await stack.raw(f"{base}/namespaces/inference/deployments.apps/triton-bert/inference_queue_compute_ratio")
+        deploy = await stack.raw(
+            f"{base}/namespaces/inference/deployments.apps/triton-bert/inference_queue_compute_ratio"
+        )
         assert deploy["items"][0]["describedObject"] == {
-            "kind": "Deployment", "namespace": "inference", "name": "triton-bert", "apiVersion": "apps/v1"}
+            "kind": "Deployment",
+            "namespace": "inference",
+            "name": "triton-bert",
+            "apiVersion": "apps/v1",
+        }
         hpa.object_metric(deploy)
         sts = await stack.raw(f"{base}/namespaces/ml-training/statefulsets.apps/llm-finetune-worker/gpu_sm_active")
         assert hpa.object_metric(sts) > 50_000  # training keeps its SMs busy
-    ext = await stack.raw(f"{EXT}/namespaces/inference/inference_requests_per_second?labelSelector=model%3Dbert_qa_onnx")
+    ext = await stack.raw(
+        f"{EXT}/namespaces/inference/inference_requests_per_second?labelSelector=model%3Dbert_qa_onnx"
+    )
     assert ext["items"][0]["metricLabels"] == {"model": "bert_qa_onnx"}
     assert hpa.external_metric(ext) > 0
 
@@ -146,17 +167,24 @@ async def test_kubectl_api_resources_lists_both_groups(stack):
     listing = await stack.raw(C2)
     assert "pods/gpu_utilization" in {r["name"] for r in listing["resources"]}
     code, out, err = await run(KUBECTL, f"--server={stack.server}", "api-versions")
-    assert {"custom.metrics.k8s.io/v1beta1", "custom.metrics.k8s.io/v1beta2",
-            "external.metrics.k8s.io/v1beta1"} <= set(out.split())
+    assert {"custom.metrics.k8s.io/v1beta1", "custom.metrics.k8s.io/v1beta2", "external.metrics.k8s.io/v1beta1"} <= set(
+        out.split()
+    )
 
 
 async def test_kubectl_shows_clear_errors(stack):
-    code, _, err = await run(KUBECTL, f"--server={stack.server}", "get", "--raw",
-                             f"{C1}/namespaces/inference/pods/*/no_such_metric")
+    code, _, err = await run(
+        KUBECTL, f"--server={stack.server}", "get", "--raw", f"{C1}/namespaces/inference/pods/*/no_such_metric"
+    )
     assert code != 0 and "the server could not find the metric no_such_metric for pods" in err
-    code, _, err = await run(KUBECTL, f"--server={stack.server}", "get", "--raw",
-                             f"{C1}/namespaces/inference/pods/*/gpu_utilization?labelSelector=a%20in%20(")
-    assert code != 0 and "BadRequest" in err or "400" in err
+    code, _, err = await run(
+        KUBECTL,
+        f"--server={stack.server}",
+        "get",
+        "--raw",
+        f"{C1}/namespaces/inference/pods/*/gpu_utilization?labelSelector=a%20in%20(",
+    )
+    assert (code != 0 and "BadRequest" in err) or "400" in err
 
 
 async def test_a_hung_exporter_turns_into_503_never_a_stale_value(tmp_path):
@@ -183,11 +211,11 @@ async def test_a_hung_exporter_turns_into_503_never_a_stale_value(tmp_path):
                 assert resp.status == 200
             async with session.get(f"{s.server}/metrics") as resp:
                 text = await resp.text()
-            assert "gpuscale_source_target_up" in text and 'gpuscale_source_errors_total' in text
+            assert "gpuscale_source_target_up" in text and "gpuscale_source_errors_total" in text
         s.cluster.exporters.set_faults(node)  # heal: fresh values return
         deadline = time.monotonic() + 20
         while True:
-            code, out, _ = await run(KUBECTL, f"--server={s.server}", "get", "--raw", path)
+            code, _out, _ = await run(KUBECTL, f"--server={s.server}", "get", "--raw", path)
             if code == 0:
                 break
             assert time.monotonic() < deadline
@@ -215,7 +243,7 @@ async def test_adapter_command_rejects_bad_input_with_a_clear_message(tmp_path, 
         catalogue["metrics"][0]["aggregate"] = "average"
         bad.write_text(yaml.safe_dump(catalogue, sort_keys=False))
         args = [str(bad) if a == "BAD" else a for a in args]
-    code, out, err = await run(sys.executable, "-m", "gpuscale.cli.main", "adapter", "--insecure-port", "0", *args)
+    code, _out, err = await run(sys.executable, "-m", "gpuscale.cli.main", "adapter", "--insecure-port", "0", *args)
     assert code == 2
     assert message in err
     assert "Traceback" not in err

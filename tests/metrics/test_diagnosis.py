@@ -528,7 +528,7 @@ def test_policy_yaml_syntax_and_missing_file(policy_dir):
     with pytest.raises(ConfigError, match=r"health\.yaml: line \d+, column \d+: invalid YAML"):
         load_policy(policy_dir)
     (policy_dir / "health.yaml").unlink()
-    with pytest.raises(ConfigError, match=r"health\.yaml: cannot read policy"):
+    with pytest.raises(ConfigError, match=r"health\.yaml: cannot read file"):
         load_policy(policy_dir)
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from gpuscale.metrics.aggregation import finish_parts
 from gpuscale.metrics.attribution import Target
 from gpuscale.model import NODE, ObjectRef, format_quantity, namespace, node, pod
 from gpuscale.selectors import LabelSelector
-from gpuscale.metrics.aggregation import finish_parts
 from tests.helpers import H100, H100_NODE, LEGACY, MIG, T0, TRITON, TRITON_POD, TRITON_T0, fixture_store
 
 TRAINING = pod("ml-training", "llm-finetune-worker-0")

@@ -56,8 +56,12 @@ async def exporter(aiohttp_server):
 def make_source(url, clock, **kw):
     catalogue = load_catalogue()
     return ScrapeSource(
-        [url], series=catalogue.series_names, windowed_series=catalogue.windowed_series,
-        history_seconds=120, clock=lambda: clock[0], **kw,
+        [url],
+        series=catalogue.series_names,
+        windowed_series=catalogue.windowed_series,
+        history_seconds=120,
+        clock=lambda: clock[0],
+        **kw,
     )
 
 
@@ -109,7 +113,7 @@ async def test_faults_mark_target_unhealthy_and_keep_old_values(exporter, fault,
     elif fault == "huge":
         exporter.body = b"# filler\n" * (50 * 1024 * 1024 // 9)  # ~50 MB
     else:
-        exporter.body = b"# HELP x y\n# TYPE x gauge\nx{gpu=\"0\" 1\n"
+        exporter.body = b'# HELP x y\n# TYPE x gauge\nx{gpu="0" 1\n'
     clock[0] += 5
     await asyncio.wait_for(source.refresh(now=clock[0]), timeout=10)
     (health,) = source.health()

@@ -1,0 +1,118 @@
+"""Loading and validating configuration files (catalogue, policies) and duration settings.
+
+One place for the rules every config file follows: YAML read with the line and column of a syntax
+error; pydantic validation errors turned into one line per problem naming the field path
+(``metrics[3] (gpu_x).aggregate``, ``sm_active.effective``) and the reason, with the allowed keys when a
+key is unknown; durations written as "5s", "1m30s" or seconds.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ValidationError
+
+from gpuscale.errors import ConfigError
+from gpuscale.model import parse_duration
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _duration(value: Any) -> float:
+    try:
+        return parse_duration(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(str(e)) from e
+
+
+Seconds = Annotated[float, BeforeValidator(_duration)]
+"""A duration field: accepts "250ms", "5s", "1m30s", "2h" or a number of seconds; holds seconds."""
+
+
+def _allowed_keys(model: type[BaseModel], loc: Sequence[int | str]) -> list[str] | None:
+    """The keys allowed at ``loc`` inside ``model`` (for "unknown key" messages), or None if unclear."""
+    ann: Any = model
+    for part in loc:
+        ann = _unwrap(ann)
+        origin = typing.get_origin(ann)
+        if origin in (list, tuple, dict):
+            ann = typing.get_args(ann)[-1]
+        elif isinstance(ann, type) and issubclass(ann, BaseModel) and isinstance(part, str):
+            field = ann.model_fields.get(part)
+            if field is None:
+                return None
+            ann = field.annotation
+        else:
+            return None
+    ann = _unwrap(ann)
+    return list(ann.model_fields) if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
+def _unwrap(ann: Any) -> Any:
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        return args[0] if len(args) == 1 else ann
+    return ann
+
+
+def describe(error: ValidationError, model: type[BaseModel], data: Any = None) -> str:
+    """One "field.path: reason" per problem, joined by "; "."""
+    out = []
+    for err in error.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        where = _field_path(loc, data)
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(model, loc[:-1])
+            reason = "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
+        else:
+            reason = err["msg"].removeprefix("Value error, ")
+            if err["type"] != "missing" and not isinstance(err.get("input"), dict | list):
+                reason += f" (got {err.get('input')!r})"
+        out.append(f"{where}: {reason}")
+    return "; ".join(out)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping from ``path``; ConfigError naming the file (and line/column) otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read file: {e.strerror}", path=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(f"{where}invalid YAML: {getattr(e, 'problem', e)}", path=str(path)) from None
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping at the top level", path=str(path))
+    return data
+
+
+def validate(model: type[_M], data: Any, path: Path | str) -> _M:
+    """``model`` from ``data`` or ConfigError naming ``path``, each field path and reason."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(describe(e, model, data), path=str(path)) from None
+
+
+def _field_path(loc: tuple[Any, ...], data: Any) -> str:
+    """('metrics', 3, 'aggregate') → 'metrics[3] (gpu_x).aggregate' (list items named by their 'name')."""
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            item = node[part] if isinstance(node, list) and part < len(node) else None
+            name = item.get("name") if isinstance(item, dict) else None
+            out += f"[{part}]" + (f" ({name})" if name else "")
+            node = item
+        else:
+            out += ("." if out else "") + str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return out or "(top level)"
