@@ -65,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def kubectl_plugin() -> int:
+    """`kubectl gpu …` runs `gpuscale …` (kubectl finds plugins as executables named kubectl-<name>)."""
+    return main(sys.argv[1:])
+
+
 def _logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
