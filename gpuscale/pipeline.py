@@ -31,6 +31,7 @@ class Pipeline:
         interval_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
         on_refresh: Callable[[Snapshot, float], None] | None = None,
+        before_refresh: Callable[[], None] | None = None,
     ) -> None:
         self.catalogue = catalogue
         self.source = source
@@ -39,10 +40,13 @@ class Pipeline:
         self.interval_seconds = interval_seconds
         self.clock = clock
         self.on_refresh = on_refresh
+        self.before_refresh = before_refresh  # e.g. target discovery from the watch cache
         self.refreshes = 0
 
     async def refresh_once(self) -> Snapshot:
         started = time.perf_counter()
+        if self.before_refresh:
+            self.before_refresh()
         await self.source.refresh(now=self.clock())
         self.attributor.begin_refresh()
         snapshot = build_snapshot(self.catalogue, self.source.read, self.attributor, now=self.clock())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuscale.config import Seconds
 from gpuscale.errors import ConfigError
@@ -21,19 +21,88 @@ class _Settings(BaseModel):
 
 
 class AdapterSettings(_Settings):
+    # --- where metrics come from ---
     scrape_url: list[str] = Field(
         default_factory=list,
         description="exporter /metrics URL to scrape (repeatable); 'NAMESPACE/POD=URL' names the pod that serves it, "
         "otherwise the pod is found by IP and port through the Kubernetes API",
     )
+    discover_exporters: bool = Field(
+        False, description="scrape the dcgm-exporter and Triton pods found through the Kubernetes API"
+    )
+    dcgm_exporter_selector: str = Field("app=nvidia-dcgm-exporter", description="label selector of dcgm-exporter pods")
+    triton_selector: str = Field(
+        "gpuscale.io/scrape=triton",
+        description="label selector of inference pods to scrape (pods annotated gpuscale.io/scrape=true are too)",
+    )
+    prometheus_url: str | None = Field(None, description="read from this Prometheus-compatible server instead")
+    prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
+    prometheus_ca_file: str | None = Field(None, description="CA bundle to verify --prometheus-url")
+    prometheus_client_cert: str | None = Field(None, description="client certificate for --prometheus-url")
+    prometheus_client_key: str | None = Field(None, description="client key for --prometheus-url")
+    prometheus_insecure_skip_verify: bool = Field(False, description="do not verify the Prometheus TLS certificate")
+    prometheus_timeout: Seconds = Field(10.0, gt=0, description="timeout of one Prometheus query")
     kubeconfig: str | None = Field(None, description="kubeconfig for pod labels (default: in-cluster config if any)")
-    bind_address: str = Field("127.0.0.1", description="address to listen on")
-    insecure_port: int = Field(6443, ge=0, le=65535, description="plain-HTTP port (local use; 0 = pick a free port)")
     config: str | None = Field(None, description="metric catalogue YAML (default: policies/metrics.yaml)")
     refresh_interval: Seconds = Field(5.0, gt=0, description="how often to scrape and refresh the store")
     scrape_timeout: Seconds = Field(3.0, gt=0, description="per-exporter scrape timeout")
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
+    # --- what is served, where ---
+    apis: str = Field("custom,external", description="metrics APIs to serve: custom, external or custom,external")
+    bind_address: str = Field("0.0.0.0", description="address to listen on")
+    secure_port: int | None = Field(
+        None, ge=0, le=65535, description="HTTPS port (default 6443 unless --insecure-port alone is given)"
+    )
+    insecure_port: int | None = Field(
+        None, ge=0, le=65535, description="plain-HTTP port for local use, without authentication (0 = any free port)"
+    )
+    tls_cert_file: str | None = Field(
+        None, description="serving certificate (PEM); self-signed into --cert-dir if unset"
+    )
+    tls_private_key_file: str | None = Field(None, description="serving private key (PEM)")
+    cert_dir: str = Field("apiserver.local.config/certificates", description="where a self-signed certificate is kept")
+    client_ca_file: str | None = Field(None, description="CA for client certificates (default: from the cluster)")
+    requestheader_client_ca_file: str | None = Field(
+        None, description="CA of the front proxy (default: kube-system/extension-apiserver-authentication)"
+    )
+    requestheader_allowed_names: list[str] = Field(
+        default_factory=list, description="front-proxy client certificate CNs allowed (repeatable; empty = any)"
+    )
+    requestheader_username_headers: list[str] = Field(default_factory=list, description="default X-Remote-User")
+    requestheader_group_headers: list[str] = Field(default_factory=list, description="default X-Remote-Group")
+    requestheader_extra_headers_prefix: list[str] = Field(default_factory=list, description="default X-Remote-Extra-")
+    authn_cache_ttl: Seconds = Field(10.0, ge=0, description="how long TokenReview answers are cached")
+    authz_cache_ttl: Seconds = Field(10.0, ge=0, description="how long SubjectAccessReview answers are cached")
     log_level: str = Field("info", description="debug, info, warning or error")
+
+    @property
+    def serve_custom(self) -> bool:
+        return "custom" in self._apis
+
+    @property
+    def serve_external(self) -> bool:
+        return "external" in self._apis
+
+    @property
+    def _apis(self) -> set[str]:
+        return {a.strip() for a in self.apis.split(",") if a.strip()}
+
+    @model_validator(mode="after")
+    def _check(self) -> AdapterSettings:
+        unknown = self._apis - {"custom", "external"}
+        if unknown or not self._apis:
+            raise ValueError(f"apis: expected custom, external or custom,external, got {self.apis!r}")
+        if self.prometheus_url and (self.scrape_url or self.discover_exporters):
+            raise ValueError("prometheus-url: give either --prometheus-url or scrape targets, not both")
+        if bool(self.tls_cert_file) != bool(self.tls_private_key_file):
+            raise ValueError("tls-cert-file: give both --tls-cert-file and --tls-private-key-file")
+        return self
+
+    @property
+    def https_port(self) -> int | None:
+        if self.secure_port is not None:
+            return self.secure_port
+        return None if self.insecure_port is not None else 6443
 
 
 class DemoSettings(_Settings):
@@ -49,7 +118,11 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> No
         origin = get_origin(field.annotation)
         default = None if field.is_required() else field.get_default(call_default_factory=True)
         shown = f" (default: {default})" if default not in (None, [], "") else ""
-        if origin is list:
+        if field.annotation is bool:
+            parser.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=field.description or ""
+            )
+        elif origin is list:
             parser.add_argument(flag, dest=name, action="append", default=None, help=(field.description or "") + shown)
         else:
             parser.add_argument(flag, dest=name, default=None, help=(field.description or "") + shown)
@@ -62,8 +135,11 @@ def from_arguments(model: type[_Settings], args: argparse.Namespace) -> Any:
     except ValidationError as e:
         problems = []
         for err in e.errors():
-            flag = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "arguments"
-            problems.append(f"{flag}: {err['msg'].removeprefix('Value error, ')}")
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["loc"]:
+                problems.append(f"--{str(err['loc'][0]).replace('_', '-')}: {msg}")
+            else:  # a cross-field rule; its message starts with the flag it is about
+                problems.append(f"--{msg}")
         raise ConfigError("; ".join(problems)) from None
 
 

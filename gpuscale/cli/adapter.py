@@ -21,7 +21,10 @@ from gpuscale.metrics.catalogue import Catalogue, load_catalogue
 from gpuscale.metrics.store import MetricsStore
 from gpuscale.model import ObjectRef, pod
 from gpuscale.pipeline import Pipeline
+from gpuscale.selectors import LabelSelector
 from gpuscale.settings import AdapterSettings
+from gpuscale.sources.base import MetricsSource
+from gpuscale.sources.discovery import DiscoveryRules, discover
 from gpuscale.sources.kube import ClusterObjects, KubeCache, load_api_client
 from gpuscale.sources.scrape import ScrapeSource
 
@@ -73,7 +76,7 @@ class RunningAdapter:
     catalogue: Catalogue
     store: MetricsStore
     pipeline: Pipeline
-    source: ScrapeSource
+    source: MetricsSource
     cluster: KubeCache | None
     api_client: object | None
     runner: web.AppRunner
@@ -97,52 +100,102 @@ class RunningAdapter:
 async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | None = None) -> RunningAdapter:
     catalogue = catalogue or load_catalogue(settings.config)
     explicit = parse_scrape_targets(settings.scrape_url)
-    if not explicit:
-        raise ConfigError("give at least one --scrape-url (an exporter /metrics URL)")
+    if not explicit and not settings.discover_exporters and not settings.prometheus_url:
+        raise ConfigError(
+            "give at least one --scrape-url (an exporter /metrics URL), --discover-exporters or --prometheus-url"
+        )
     cluster: KubeCache | None = None
     api = None
     if settings.kubeconfig is not None or _in_cluster():
         api = await load_api_client(settings.kubeconfig)
         cluster = KubeCache(api)
         await cluster.start()
+    elif settings.discover_exporters:
+        raise ConfigError("--discover-exporters needs the Kubernetes API: give --kubeconfig or run in a cluster")
     store = MetricsStore()
-    source = ScrapeSource(
-        explicit,
-        series=catalogue.series_names,
-        windowed_series=catalogue.windowed_series,
-        history_seconds=catalogue.longest_window + 2 * settings.refresh_interval,
-        timeout_seconds=min(settings.scrape_timeout, settings.refresh_interval),
-        max_body_bytes=settings.max_body_bytes,
-    )
+    targets = dict(explicit)
+    before_refresh = None
+    if settings.prometheus_url:
+        source = _prometheus_source(settings, catalogue)
+    else:
+        scrape = ScrapeSource(
+            explicit,
+            series=catalogue.series_names,
+            windowed_series=catalogue.windowed_series,
+            history_seconds=catalogue.longest_window + 2 * settings.refresh_interval,
+            timeout_seconds=min(settings.scrape_timeout, settings.refresh_interval),
+            max_body_bytes=settings.max_body_bytes,
+        )
+        source = scrape
+        if settings.discover_exporters:
+            assert cluster is not None
+            rules = DiscoveryRules(
+                LabelSelector.parse(settings.dcgm_exporter_selector), LabelSelector.parse(settings.triton_selector)
+            )
+
+            def rediscover() -> None:
+                found = discover(cluster, rules) if cluster.synced else {}
+                targets.clear()
+                targets.update(explicit)
+                targets.update({url: owner for url, owner in found.items() if url not in explicit})
+                scrape.set_targets(targets)
+
+            before_refresh = rediscover
     selfmetrics = AdapterMetrics(lambda: [source])
     pipeline = Pipeline(
         catalogue,
         source,
         store,
-        Attributor(target_resolver(explicit, cluster)),
+        Attributor(target_resolver(targets, cluster)),
         interval_seconds=settings.refresh_interval,
         on_refresh=selfmetrics.observe_refresh,
+        before_refresh=before_refresh,
     )
     provider = MetricsProvider(catalogue, store, cluster, retry_after_seconds=max(1, round(settings.refresh_interval)))
+    max_age = catalogue.defaults.max_age
 
     def ready() -> tuple[bool, str]:
         if not store.ready:
             return False, "first refresh has not completed"
         if cluster is not None and not cluster.synced:
             return False, "Kubernetes watch cache not synced"
+        health = source.health()
+        now = time.time()
+        # NB: not ready only when nothing fresh can be served: a failing source keeps serving its last
+        # values until they reach max-age, and readiness must not take a replica away before then.
+        if health and all(h.last_success is None or now - h.last_success > max_age for h in health):
+            failing = "; ".join(f"{h.target}: {h.error or 'no data'}" for h in health[:3])
+            return False, f"no source answered within {max_age:g}s ({failing})"
         return True, ""
 
-    app = make_app(provider, Discovery(catalogue), selfmetrics, ready=ready)
+    discovery = Discovery(catalogue, serve_custom=settings.serve_custom, serve_external=settings.serve_external)
+    app = make_app(provider, discovery, selfmetrics, ready=ready)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, settings.bind_address, settings.insecure_port)
-    await site.start()
-    port = runner.addresses[0][1]
-    running = RunningAdapter(
-        settings, catalogue, store, pipeline, source, cluster, api, runner, f"http://{settings.bind_address}:{port}"
-    )
+    urls: list[str] = []
+    if settings.insecure_port is not None:
+        site = web.TCPSite(runner, settings.bind_address, settings.insecure_port)
+        await site.start()
+        urls.append(f"http://{_host(settings.bind_address)}:{_bound_port(site)}")
+    if settings.https_port is not None:
+        raise ConfigError("HTTPS serving is not available in this build; use --insecure-port")
+    running = RunningAdapter(settings, catalogue, store, pipeline, source, cluster, api, runner, urls[0])
     running.tasks.append(asyncio.create_task(pipeline.run(), name="refresh"))
     return running
+
+
+def _host(bind_address: str) -> str:
+    return "127.0.0.1" if bind_address in ("0.0.0.0", "") else bind_address
+
+
+def _bound_port(site: web.TCPSite) -> int:
+    server = site._server  # NB: aiohttp exposes the bound socket only here; needed when port 0 was asked for
+    assert server is not None
+    return server.sockets[0].getsockname()[1]
+
+
+def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue):  # type: ignore[no-untyped-def]
+    raise ConfigError("--prometheus-url is not available in this build")
 
 
 def _in_cluster() -> bool:

@@ -106,6 +106,7 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
                 scrape_url=cluster.scrape_urls,
                 kubeconfig=cluster.kubeconfig,
                 insecure_port=settings.port,
+                bind_address="127.0.0.1",
                 refresh_interval=settings.refresh_interval,
                 log_level=settings.log_level,
             )

@@ -922,6 +922,7 @@ class Scenario:
             meta["generateName"] = f"{self.owner_name(w)}-"
         if w.triton_models:
             meta["annotations"] = {
+                "gpuscale.io/scrape": "true",
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(triton_port),
                 "prometheus.io/path": "/metrics",

@@ -28,7 +28,7 @@ import logging
 import os
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
@@ -77,6 +77,8 @@ class PodInfo:
     container_ports: tuple[int, ...]
     phase: str
     owner: tuple[str, str] | None
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    named_ports: Mapping[str, int] = field(default_factory=dict)  # containerPort by port name
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> PodInfo:
@@ -85,6 +87,7 @@ class PodInfo:
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         ports: set[int] = set()
+        named: dict[str, int] = {}
         containers = list(spec.get("containers") or [])
         # NB: sidecars (init containers with restartPolicy Always) keep running and may serve metrics.
         containers += [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
@@ -93,6 +96,8 @@ class PodInfo:
                 number = port.get("containerPort")
                 if isinstance(number, int):
                     ports.add(number)
+                    if port.get("name"):
+                        named.setdefault(port["name"], number)
         owner = next(
             (
                 (ref.get("kind", ""), ref.get("name", ""))
@@ -110,6 +115,8 @@ class PodInfo:
             container_ports=tuple(sorted(ports)),
             phase=status.get("phase") or "Unknown",
             owner=owner,
+            annotations=dict(meta.get("annotations") or {}),
+            named_ports=named,
         )
 
 

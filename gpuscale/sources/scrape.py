@@ -81,6 +81,15 @@ class ScrapeSource:
     def urls(self) -> list[str]:
         return list(self._targets)
 
+    def set_targets(self, urls: Iterable[str]) -> None:
+        """Scrape exactly ``urls`` from now on; a dropped target's values go with it (its pod is gone)."""
+        wanted = dict.fromkeys(urls)
+        for url in list(self._targets):
+            if url not in wanted:
+                del self._targets[url]
+        for url in wanted:
+            self._targets.setdefault(url, _Target(url))
+
     async def close(self) -> None:
         if self._own_session and self._session is not None:
             await self._session.close()
