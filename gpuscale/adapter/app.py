@@ -51,6 +51,46 @@ def _json(body: dict, status: int = 200) -> web.Response:
     return web.Response(status=status, text=json.dumps(body, separators=(",", ":")), content_type="application/json")
 
 
+class ResponseCache:
+    """Encoded metric answers, reused while nothing they were computed from has changed.
+
+    An entry is valid for one (store snapshot, watch-cache generation) token and only until its first
+    value would turn stale, so a cached answer is always exactly what recomputing would give. Bounded.
+    """
+
+    def __init__(self, max_entries: int = 2048) -> None:
+        self._entries: dict[str, tuple[object, float, bytes]] = {}
+        self._max = max_entries
+
+    def get(self, key: str, token: object, now: float) -> bytes | None:
+        entry = self._entries.get(key)
+        if entry is None or entry[0] != token or now >= entry[1]:
+            return None
+        return entry[2]
+
+    def put(self, key: str, token: object, expires: float, body: bytes) -> None:
+        if len(self._entries) >= self._max:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[key] = (token, expires, body)
+
+
+CACHE = web.AppKey("cache", ResponseCache)
+
+
+def _cached_json(request: web.Request, compute: Callable[[], tuple[dict, str, list]]) -> web.Response:
+    """Answer from the response cache, or compute (body, metric, items), encode and remember it."""
+    provider = request.app[PROVIDER]
+    cache = request.app[CACHE]
+    token = provider.state_token()
+    now = provider.clock()
+    body = cache.get(request.path_qs, token, now)
+    if body is None:
+        document, metric, items = compute()
+        body = json.dumps(document, separators=(",", ":")).encode()
+        cache.put(request.path_qs, token, provider.expiry(metric, items), body)
+    return web.Response(body=body, content_type="application/json")
+
+
 def _selector(request: web.Request, param: str) -> LabelSelector:
     return LabelSelector.parse(request.query.get(param, ""))
 
@@ -109,20 +149,29 @@ async def custom_metrics(request: web.Request) -> web.Response:
         return status_response(404, f"the server could not find the metric {metric} for {where} {resource}")
     if not metric or not name:
         return status_response(404, "the server could not find the requested resource")
-    if name == "*":
-        items = provider.by_selector(resource, namespace, selector, metric, metric_selector)
-    else:
-        items = provider.by_name(resource, namespace, name, metric, metric_selector)
-    echoed = metric_selector.to_dict()
-    body = custom_list(version, [custom_item(version, metric, i.obj, i.point, echoed) for i in items if i.obj])
-    return _json(body)
+
+    def compute() -> tuple[dict, str, list]:
+        if name == "*":
+            items = provider.by_selector(resource, namespace, selector, metric, metric_selector)
+        else:
+            items = provider.by_name(resource, namespace, name, metric, metric_selector)
+        echoed = metric_selector.to_dict()
+        body = custom_list(version, [custom_item(version, metric, i.obj, i.point, echoed) for i in items if i.obj])
+        return body, metric, items
+
+    return _cached_json(request, compute)
 
 
 async def external_metrics(request: web.Request) -> web.Response:
     namespace, metric = request.match_info["namespace"], request.match_info["metric"]
     request[RESOURCE] = metric
-    items = request.app[PROVIDER].external(namespace, metric, _selector(request, "labelSelector"))
-    return _json(external_list([external_item(metric, i.labels, i.point) for i in items]))
+    selector = _selector(request, "labelSelector")
+
+    def compute() -> tuple[dict, str, list]:
+        items = request.app[PROVIDER].external(namespace, metric, selector)
+        return external_list([external_item(metric, i.labels, i.point) for i in items]), metric, items
+
+    return _cached_json(request, compute)
 
 
 # --- health, OpenAPI, own metrics -----------------------------------------------------------------------
@@ -183,6 +232,7 @@ def make_app(
     app[DISCOVERY] = discovery
     app[SELFMETRICS] = selfmetrics
     app[READY] = ready
+    app[CACHE] = ResponseCache()
     r = app.router
     r.add_get("/apis", apis)
     r.add_get("/apis/", apis)

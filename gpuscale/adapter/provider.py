@@ -48,6 +48,7 @@ class MetricsProvider:
         self.cluster = cluster
         self.clock = clock
         self.retry_after_seconds = retry_after_seconds
+        self._selections: dict[tuple[str, LabelSelector, int], list[ObjectRef]] = {}
 
     # --- helpers -----------------------------------------------------------------------------------
 
@@ -114,6 +115,18 @@ class MetricsProvider:
         ]
         fresh = [p for p in points if self._fresh(metric, p)]
         return mean_of(fresh) if fresh else mean_of(points)
+
+    def state_token(self) -> tuple[object, int | None]:
+        """Identifies everything an answer depends on besides the request and the clock: the store's
+        current snapshot and the watch cache's generation. Equal tokens ⇒ equal answers (until expiry)."""
+        snapshot = getattr(self.store, "snapshot", None)
+        return (id(snapshot), self.cluster.generation if self.cluster is not None else None)
+
+    def expiry(self, metric_name: str, items: list[Item]) -> float:
+        """When the first of these items would turn stale (an answer built from them is valid until then)."""
+        metric = self.catalogue.get(metric_name)
+        max_age = self.catalogue.max_age(metric) if metric else 0.0
+        return min((i.point.timestamp for i in items), default=0.0) + max_age
 
     # --- the provider interface ---------------------------------------------------------------------
 
@@ -188,7 +201,15 @@ class MetricsProvider:
                 {o for m in self.catalogue for o in self.store.objects(m.name, POD) if o.namespace == namespace}
             )
         # NB: only pods the selector matches, never extra ones: the HPA averages over every item returned.
-        return [ObjectRef(POD, p.name, p.namespace) for p in self.cluster.select_pods(namespace, selector)]
+        key = (namespace, selector, self.cluster.generation)
+        cached = self._selections.get(key)
+        if cached is None:
+            if len(self._selections) > 4096:
+                self._selections.clear()
+            cached = self._selections[key] = [
+                ObjectRef(POD, p.name, p.namespace) for p in self.cluster.select_pods(namespace, selector)
+            ]
+        return cached
 
     def _select_nodes(self, selector: LabelSelector) -> list[ObjectRef]:
         if self.cluster is None or not self.cluster.synced:

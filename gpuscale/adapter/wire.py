@@ -9,6 +9,7 @@ Field names and order as the Go structs serialise them: v1beta1 has ``metricName
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from gpuscale.metrics.store import MetricPoint
@@ -22,8 +23,13 @@ EXTERNAL_VERSIONS = ("v1beta1",)
 _API_VERSION = {DEPLOYMENT: "apps/v1", STATEFULSET: "apps/v1"}
 
 
+@lru_cache(maxsize=4096)
 def rfc3339(ts: float) -> str:
+    # NB: cached — every value of one refresh shares a handful of sample times.
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+quantity = lru_cache(maxsize=65536)(format_quantity)
 
 
 def described_object(obj: ObjectRef) -> dict[str, str]:
@@ -48,14 +54,14 @@ def custom_item(version: str, metric: str, obj: ObjectRef, point: MetricPoint, s
         item["timestamp"] = rfc3339(point.timestamp)
         if window is not None:
             item["window"] = window
-        item["value"] = format_quantity(point.value)
+        item["value"] = quantity(point.value)
         item["selector"] = selector
     else:
         item["metric"] = {"name": metric, "selector": selector}
         item["timestamp"] = rfc3339(point.timestamp)
         if window is not None:
             item["windowSeconds"] = window
-        item["value"] = format_quantity(point.value)
+        item["value"] = quantity(point.value)
     return item
 
 
@@ -68,7 +74,7 @@ def external_item(metric: str, labels: dict[str, str] | None, point: MetricPoint
     window = _window(point)
     if window is not None:
         item["window"] = window
-    item["value"] = format_quantity(point.value)
+    item["value"] = quantity(point.value)
     return item
 
 

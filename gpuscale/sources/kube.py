@@ -188,6 +188,11 @@ class ClusterObjects(Protocol):
         """The pod serving ip:port (its podIP and one of its containerPorts), preferring a Running one."""
         ...
 
+    @property
+    def generation(self) -> int:
+        """Changes whenever any object changes: answers derived from the objects can be cached per value."""
+        ...
+
 
 class _Index:
     """The in-memory indices behind both implementations; every method is O(1) or O(objects touched)."""
@@ -201,9 +206,11 @@ class _Index:
         self.node_labels: dict[str, Mapping[str, str]] = {}
         self.namespace_names: frozenset[str] = frozenset()
         self.node_names: frozenset[str] = frozenset()
+        self.generation = 0  # bumped on every change, so readers can cache derived answers
 
     # pods
     def put_pod(self, pod: PodInfo) -> None:
+        self.generation += 1
         self.remove_pod(pod.namespace, pod.name)
         key = (pod.namespace, pod.name)
         self.pods[key] = pod
@@ -213,6 +220,7 @@ class _Index:
                 self.endpoints.setdefault((pod.pod_ip, port), set()).add(key)
 
     def remove_pod(self, namespace: str, name: str) -> None:
+        self.generation += 1
         old = self.pods.pop((namespace, name), None)
         if old is None:
             return
@@ -230,16 +238,19 @@ class _Index:
                         del self.endpoints[(old.pod_ip, port)]
 
     def set_pods(self, pods: Iterable[PodInfo]) -> None:
+        self.generation += 1
         self.pods, self.pods_by_namespace, self.endpoints = {}, {}, {}
         for pod in pods:
             self.put_pod(pod)
 
     # workloads
     def put_workload(self, workload: WorkloadInfo) -> None:
+        self.generation += 1
         self.workloads[(workload.kind, workload.namespace, workload.name)] = workload
         self.workloads_by_namespace.setdefault((workload.kind, workload.namespace), {})[workload.name] = workload
 
     def remove_workload(self, kind: str, namespace: str, name: str) -> None:
+        self.generation += 1
         if self.workloads.pop((kind, namespace, name), None) is None:
             return
         group = self.workloads_by_namespace.get((kind, namespace))
@@ -249,6 +260,7 @@ class _Index:
                 del self.workloads_by_namespace[(kind, namespace)]
 
     def set_workloads(self, kind: str, workloads: Iterable[WorkloadInfo]) -> None:
+        self.generation += 1
         for key in [k for k in self.workloads if k[0] == kind]:
             self.remove_workload(*key)
         for workload in workloads:
@@ -256,26 +268,32 @@ class _Index:
 
     # nodes and namespaces (frozen sets rebuilt on change, so readers get them without copying)
     def put_node(self, name: str, labels: Mapping[str, str]) -> None:
+        self.generation += 1
         self.node_labels[name] = labels
         if name not in self.node_names:
             self.node_names = self.node_names | {name}
 
     def remove_node(self, name: str) -> None:
+        self.generation += 1
         if self.node_labels.pop(name, None) is not None:
             self.node_names = self.node_names - {name}
 
     def set_nodes(self, nodes: Mapping[str, Mapping[str, str]]) -> None:
+        self.generation += 1
         self.node_labels = dict(nodes)
         self.node_names = frozenset(nodes)
 
     def put_namespace(self, name: str) -> None:
+        self.generation += 1
         if name not in self.namespace_names:
             self.namespace_names = self.namespace_names | {name}
 
     def remove_namespace(self, name: str) -> None:
+        self.generation += 1
         self.namespace_names = self.namespace_names - {name}
 
     def set_namespaces(self, names: Iterable[str]) -> None:
+        self.generation += 1
         self.namespace_names = frozenset(names)
 
 
@@ -284,6 +302,10 @@ class _IndexedClusterObjects:
 
     def __init__(self) -> None:
         self._index = _Index()
+
+    @property
+    def generation(self) -> int:
+        return self._index.generation
 
     def namespaces(self) -> frozenset[str]:
         return self._index.namespace_names

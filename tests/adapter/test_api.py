@@ -317,3 +317,12 @@ async def test_own_metrics_count_requests(client):
     assert 'gpuscale_adapter_requests_total{code="200",group="custom.metrics.k8s.io",resource="pods"} 1.0' in text
     assert 'gpuscale_adapter_requests_total{code="404",group="custom.metrics.k8s.io",resource="pods"} 1.0' in text
     assert "gpuscale_adapter_request_duration_seconds_bucket" in text
+
+
+async def test_a_cached_answer_never_outlives_its_values(client):
+    path = f"{CUSTOM}/v1beta1/namespaces/ml-training/pods/*/gpu_utilization"
+    first = await get(client, path)
+    assert await get(client, path) == first  # served again from the response cache
+    client.clock["now"] = T0 + 60 + 60.5  # the values reach max-age: the cached body must not be served
+    resp = await client.get(path)
+    assert resp.status == 503

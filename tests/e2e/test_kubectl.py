@@ -253,9 +253,8 @@ async def test_promtool_accepts_the_live_adapter_metrics(stack):
     from tests.adapter.test_selfmetrics import promtool_check
 
     await stack.raw(f"{C1}/namespaces/nim/pods/*/gpu_utilization")
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{stack.server}/metrics") as resp:
-            body = await resp.read()
+    async with aiohttp.ClientSession() as session, session.get(f"{stack.server}/metrics") as resp:
+        body = await resp.read()
     assert b"gpuscale_adapter_request_duration_seconds_bucket" in body
     assert b"gpuscale_source_freshness_seconds" in body and b"gpuscale_refresh_duration_seconds" in body
     code, out = await promtool_check(body)
