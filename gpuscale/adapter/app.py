@@ -27,8 +27,7 @@ from gpuscale.adapter.status import error_response, status_response
 from gpuscale.adapter.wire import (
     CUSTOM_GROUP,
     EXTERNAL_GROUP,
-    custom_item,
-    custom_list,
+    ItemEncoder,
     external_item,
     external_list,
 )
@@ -75,9 +74,10 @@ class ResponseCache:
 
 
 CACHE = web.AppKey("cache", ResponseCache)
+ENCODER = web.AppKey("encoder", ItemEncoder)
 
 
-def _cached_json(request: web.Request, compute: Callable[[], tuple[dict, str, list]]) -> web.Response:
+def _cached_json(request: web.Request, compute: Callable[[], tuple[dict | bytes, str, list]]) -> web.Response:
     """Answer from the response cache, or compute (body, metric, items), encode and remember it."""
     provider = request.app[PROVIDER]
     cache = request.app[CACHE]
@@ -85,8 +85,12 @@ def _cached_json(request: web.Request, compute: Callable[[], tuple[dict, str, li
     now = provider.clock()
     body = cache.get(request.path_qs, token, now)
     if body is None:
+        encoder = request.app[ENCODER]
+        if token[0] != encoder.token:
+            encoder.reset()
+            encoder.token = token[0]
         document, metric, items = compute()
-        body = json.dumps(document, separators=(",", ":")).encode()
+        body = document if isinstance(document, bytes) else json.dumps(document, separators=(",", ":")).encode()
         cache.put(request.path_qs, token, provider.expiry(metric, items), body)
     return web.Response(body=body, content_type="application/json")
 
@@ -150,14 +154,12 @@ async def custom_metrics(request: web.Request) -> web.Response:
     if not metric or not name:
         return status_response(404, "the server could not find the requested resource")
 
-    def compute() -> tuple[dict, str, list]:
+    def compute() -> tuple[bytes, str, list]:
         if name == "*":
             items = provider.by_selector(resource, namespace, selector, metric, metric_selector)
         else:
             items = provider.by_name(resource, namespace, name, metric, metric_selector)
-        echoed = metric_selector.to_dict()
-        body = custom_list(version, [custom_item(version, metric, i.obj, i.point, echoed) for i in items if i.obj])
-        return body, metric, items
+        return request.app[ENCODER].custom(version, metric, items, metric_selector.to_dict()), metric, items
 
     return _cached_json(request, compute)
 
@@ -233,6 +235,7 @@ def make_app(
     app[SELFMETRICS] = selfmetrics
     app[READY] = ready
     app[CACHE] = ResponseCache()
+    app[ENCODER] = ItemEncoder()
     r = app.router
     r.add_get("/apis", apis)
     r.add_get("/apis/", apis)

@@ -58,14 +58,6 @@ class MetricsProvider:
             raise MetricNotFound(f"the server could not find the metric {name} for {resource}")
         return metric
 
-    def _fresh(self, metric: MetricDefinition, point: MetricPoint | None) -> MetricPoint | bool | None:
-        """The point if fresh, False if it exists but is stale, None if absent."""
-        if point is None:
-            return None
-        if point.stale or self.clock() - point.timestamp > self.catalogue.max_age(metric):
-            return False
-        return point
-
     def _value(self, metric: MetricDefinition, obj: ObjectRef, metric_selector: LabelSelector) -> MetricPoint | None:
         if metric_selector.is_empty:
             return self.store.point(metric.name, obj)
@@ -77,12 +69,14 @@ class MetricsProvider:
     ) -> list[Item]:
         items: list[Item] = []
         stale = 0
+        oldest_fresh = self.clock() - self.catalogue.max_age(metric)
         for obj, point in candidates:
-            fresh = self._fresh(metric, point)
-            if fresh is False:
+            if point is None:
+                continue
+            if point.stale or point.timestamp < oldest_fresh:
                 stale += 1
-            elif fresh is not None:
-                items.append(Item(obj, fresh))  # type: ignore[arg-type]
+            else:
+                items.append(Item(obj, point))
         if not items:
             if stale:
                 raise MetricStale(
@@ -113,7 +107,8 @@ class MetricsProvider:
             for pod in self.cluster.pods_of(workload)
             if (p := self._value(metric, ObjectRef(POD, pod.name, pod.namespace), metric_selector)) is not None
         ]
-        fresh = [p for p in points if self._fresh(metric, p)]
+        oldest_fresh = self.clock() - self.catalogue.max_age(metric)
+        fresh = [p for p in points if not p.stale and p.timestamp >= oldest_fresh]
         return mean_of(fresh) if fresh else mean_of(points)
 
     def state_token(self) -> tuple[object, int | None]:
@@ -189,6 +184,9 @@ class MetricsProvider:
                     point = self._workload_value(metric, kind, namespace, w.name, metric_selector)
                     items.append((ObjectRef(kind, w.name, namespace), point))
             return self._collect(metric, items, what)
+        if metric_selector.is_empty:
+            values = self.store.points(metric.name, objs)
+            return self._collect(metric, [(o, values.get(o)) for o in objs], what)
         return self._collect(metric, [(o, self._value(metric, o, metric_selector)) for o in objs], what)
 
     def _select_pods(self, namespace: str, selector: LabelSelector) -> list[ObjectRef]:

@@ -8,6 +8,7 @@ Field names and order as the Go structs serialise them: v1beta1 has ``metricName
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -65,10 +66,6 @@ def custom_item(version: str, metric: str, obj: ObjectRef, point: MetricPoint, s
     return item
 
 
-def custom_list(version: str, items: list[dict]) -> dict:
-    return {"kind": "MetricValueList", "apiVersion": f"{CUSTOM_GROUP}/{version}", "metadata": {}, "items": items}
-
-
 def external_item(metric: str, labels: dict[str, str] | None, point: MetricPoint) -> dict:
     item: dict[str, Any] = {"metricName": metric, "metricLabels": labels or None, "timestamp": rfc3339(point.timestamp)}
     window = _window(point)
@@ -85,3 +82,32 @@ def external_list(items: list[dict]) -> dict:
         "metadata": {},
         "items": items,
     }
+
+
+class ItemEncoder:
+    """Encoded list items, memoised per (version, metric, object, point, echoed selector).
+
+    Points are immutable and replaced on every refresh, so an item's JSON never changes while its
+    point lives; ``reset`` drops the memo when the store moves to a new snapshot.
+    """
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple, str] = {}
+        self.token: object = None  # the snapshot the memo belongs to
+
+    def reset(self) -> None:
+        self._memo.clear()
+
+    def custom(self, version: str, metric: str, items: list, selector: dict | None) -> bytes:
+        echoed = json.dumps(selector, sort_keys=True) if selector else None
+        memo = self._memo
+        parts = []
+        for i in items:
+            key = (version, metric, i.obj, i.point, echoed)
+            text = memo.get(key)
+            if text is None:
+                text = memo[key] = json.dumps(custom_item(version, metric, i.obj, i.point, selector),
+                                              separators=(",", ":"))
+            parts.append(text)
+        head = f'{{"kind":"MetricValueList","apiVersion":"{CUSTOM_GROUP}/{version}","metadata":{{}},"items":['
+        return (head + ",".join(parts) + "]}").encode()
