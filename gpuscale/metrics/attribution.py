@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gpuscale.model import ObjectRef, pod
+from gpuscale.model import ObjectRef, namespace, node, pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +41,21 @@ class Device:
     pod: ObjectRef | None
     node: str | None
     labels: tuple[tuple[str, str], ...]  # the series' metric labels, for external-metric selectors
+    objects: tuple[ObjectRef, ...] = ()  # what its values count towards: its pod, namespace and node
 
     @property
     def namespace(self) -> str | None:
         return self.pod.namespace if self.pod else None
+
+
+def _device(key: tuple[str, ...], physical: tuple[str, ...], owner: ObjectRef | None, node_name: str | None,
+            labels: tuple[tuple[str, str], ...]) -> Device:
+    objects: list[ObjectRef] = []
+    if owner is not None:
+        objects += [owner, namespace(owner.namespace or "")]
+    if node_name:
+        objects.append(node(node_name))
+    return Device(key, physical, owner, node_name, labels, tuple(objects))
 
 
 # Label pairs (pod, namespace), in the order they win.
@@ -94,49 +105,65 @@ def _labelled_pod(labels: Mapping[str, str]) -> ObjectRef | None:
 def attribute(name: str, labels: Mapping[str, str], target: Target) -> Device:
     """Place one series. Pure; the caller memoises per (target, labels) if it needs speed."""
     host = next((labels[k] for k in _HOST_LABELS if labels.get(k)), None)
-    node = target.node or host
+    node_name = target.node or host
     external = tuple(sorted((k, v) for k, v in labels.items() if k not in _PLACEMENT_LABELS))
     if _is_dcgm(name, labels):
         owner = _labelled_pod(labels)
         if owner is not None and owner == target.pod:
             owner = None  # the exporter's own target labels, not a workload
         gpu = next((labels[k] for k in _GPU_ID_LABELS if labels.get(k)), labels.get("gpu", ""))
-        physical = ("gpu", node or "", gpu)
+        physical = ("gpu", node_name or "", gpu)
         instance = labels.get("GPU_I_ID", "")
         # NB: with --kubernetes-virtual-gpus one GPU's series repeat per pod; keep them apart.
         key = (*physical, instance, str(owner) if labels.get("vgpu") else "")
-        return Device(key, physical, owner, node, external)
+        return _device(key, physical, owner, node_name, external)
     owner = _labelled_pod(labels) if "pod" in labels or "exported_pod" in labels else None
     owner = owner or target.pod
     key = ("series", target.url, *(f"{k}={v}" for k, v in sorted(labels.items())))
-    return Device(key, key, owner, node, external)
+    return _device(key, key, owner, node_name, external)
 
 
 class Attributor:
-    """Memoising front of ``attribute``: series label sets repeat on every refresh."""
+    """Memoising front of ``attribute``: series label sets repeat on every refresh.
 
-    def __init__(self, resolve_target: Callable[[str], Target]) -> None:
+    Devices are memoised per target URL; each URL's target is resolved once per refresh, and when it
+    resolves differently (its pod moved or appeared) that URL's memo starts afresh. The same inputs
+    give the same Device object, which aggregation relies on to group series by device.
+    """
+
+    def __init__(self, resolve_target: Callable[[str], Target], *, max_series_per_target: int = 200_000) -> None:
         self._resolve_target = resolve_target
-        self._targets: dict[str, Target] = {}
-        self._cache: dict[tuple[Target, bool, frozenset[tuple[str, str]]], Device] = {}
+        self._resolved: set[str] = set()
+        self._buckets: dict[str, tuple[Target, dict[tuple[bool, tuple[tuple[str, str], ...]], Device]]] = {}
+        self._max = max_series_per_target
 
     def begin_refresh(self) -> None:
-        """Forget target resolutions (pods move between refreshes); keep nothing unbounded."""
-        self._targets.clear()
-        if len(self._cache) > 200_000:
-            self._cache.clear()
+        """Targets are resolved again (pods move between refreshes); memos of targets gone are dropped."""
+        for url in [u for u in self._buckets if u not in self._resolved]:
+            del self._buckets[url]
+        self._resolved.clear()
 
     def target(self, url: str) -> Target:
-        t = self._targets.get(url)
-        if t is None:
-            t = self._targets[url] = self._resolve_target(url)
-        return t
+        return self._bucket(url)[0]
+
+    def _bucket(self, url: str) -> tuple[Target, dict[tuple[bool, tuple[tuple[str, str], ...]], Device]]:
+        bucket = self._buckets.get(url)
+        if bucket is not None and url in self._resolved:
+            return bucket
+        target = self._resolve_target(url)
+        self._resolved.add(url)
+        if bucket is None or bucket[0] != target or len(bucket[1]) > self._max:
+            bucket = self._buckets[url] = (target, {})
+        return bucket
 
     def __call__(self, name: str, labels: Mapping[str, str], target_url: str) -> Device:
-        target = self.target(target_url)
-        # NB: the key holds the resolved Target, so a pod that moved gets a fresh attribution.
-        key = (target, _is_dcgm(name, labels), frozenset(labels.items()))
-        device = self._cache.get(key)
+        bucket = self._buckets.get(target_url)
+        if bucket is None or target_url not in self._resolved:
+            bucket = self._bucket(target_url)
+        # NB: a tuple of the items, not a frozenset: exporters write labels in a stable order, and this runs
+        # once per series per refresh. A reordered label set only costs one extra attribution.
+        key = (_is_dcgm(name, labels), tuple(labels.items()))
+        device = bucket[1].get(key)
         if device is None:
-            device = self._cache[key] = attribute(name, labels, target)
+            device = bucket[1][key] = attribute(name, labels, bucket[0])
         return device

@@ -14,13 +14,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 from gpuscale.model import ObjectRef
 
 
-@dataclass(frozen=True, slots=True)
-class MetricPoint:
+class MetricPoint(NamedTuple):
     """One metric value for one object. ``timestamp`` = the oldest sample time it was computed from."""
 
     value: float
@@ -82,10 +81,10 @@ class Partial:
         return MetricPoint(value, self.oldest, self.window_seconds)
 
 
-@dataclass(frozen=True, slots=True)
-class LabelledPart:
+class LabelledPart(NamedTuple):
     labels: tuple[tuple[str, str], ...]
     partial: Partial
+    physical: tuple[str, ...] = ()  # the physical GPU, for metrics counted once per GPU
 
 
 @dataclass(slots=True)
@@ -94,9 +93,22 @@ class Snapshot:
 
     taken_at: float
     values: dict[str, dict[ObjectRef, MetricPoint]] = field(default_factory=dict)
-    parts: dict[str, dict[ObjectRef, list[LabelledPart]]] = field(default_factory=dict)
-    device_count: int = 0
-    series_count: int = 0
+    # For metric label selectors: which devices count towards each object (shared by all metrics), and
+    # each metric's per-device partials keyed by id(device). Parts are assembled only when asked for.
+    members: dict[ObjectRef, list[Any]] = field(default_factory=dict)
+    device_partials: dict[str, dict[int, Partial]] = field(default_factory=dict)
+    device_count: int = 0  # physical GPUs
+    series_count: int = 0  # series read from the source (each distinct term once)
+
+    def parts(self, metric: str, obj: ObjectRef) -> list[LabelledPart]:
+        partials = self.device_partials.get(metric)
+        if not partials:
+            return []
+        return [
+            LabelledPart(device.labels, partial, device.physical)
+            for device in self.members.get(obj, ())
+            if (partial := partials.get(id(device))) is not None
+        ]
 
 
 class MetricsReader(Protocol):
@@ -154,4 +166,4 @@ class MetricsStore:
     def parts(self, metric: str, obj: ObjectRef) -> list[LabelledPart]:
         if not self._snapshot:
             return []
-        return self._snapshot.parts.get(metric, {}).get(obj, [])
+        return self._snapshot.parts(metric, obj)

@@ -9,7 +9,7 @@ source with one PromQL query per term. Neither the adapter nor any other consume
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,13 +23,13 @@ class TermQuery:
     promql: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SeriesValue:
+class SeriesValue(NamedTuple):
     """One series' value for a term, with the time it describes and the target it came from.
 
     ``timestamp`` is the sample time (scrape time or exporter timestamp), never the time of the read,
     so an exporter that stopped answering shows up as old data, not as fresh data.
     ``window_seconds`` is the span a rate/increase covered (None for gauges).
+    A NamedTuple, not a dataclass: a refresh of a large cluster creates hundreds of thousands of them.
     """
 
     name: str

@@ -1,0 +1,211 @@
+"""Devices: DCGM series → one typed record per GPU (or MIG instance), each with its diagnosis.
+
+The per-GPU view of ``gpuscale top`` and the input of its pod and node roll-ups (``metrics/rollups.py``)::
+
+    MetricsSource.read(TermQuery(DCGM field))   one gauge query per field in DEVICE_SERIES
+        │  attribution.attribute → Device (key, physical GPU, pod, node)
+        ▼
+    read_devices(read, attribute)  → [DeviceReading]   the latest value per DCGM field, per device
+        │  diagnosis.signals_from_dcgm → diagnose
+        ▼
+    gpu_statuses(readings, policy) → [GpuStatus]       signals + verdict + identity, ready to print
+
+Contracts:
+
+- Pure: no I/O, no clock. ``read`` is a source's ``read`` (or several sources' reads chained) and
+  ``attribute`` an ``Attributor``; the same values give the same records.
+- A device is what attribution says it is (``Device.key``): one physical GPU, or one MIG instance
+  (``GPU_I_ID``), so MIG instances are separate records; ``physical`` keys the parent GPU so roll-ups can
+  count parent-level values (power) once.
+- The fields read are exactly the DCGM fields ``diagnosis.signals_from_dcgm`` understands
+  (``DEVICE_SERIES``): a source constructed with ``series=DEVICE_SERIES`` keeps everything needed here and
+  nothing more. A field the exporter does not report is ``None`` in the signals, never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+
+from gpuscale.metrics.attribution import Device
+
+# NB: the private name is the single source of truth for the DCGM fields diagnosis maps (incl. the older
+# aliases and the windowed Xid count); copying the list here would let the two drift apart.
+from gpuscale.metrics.diagnosis import _KNOWN_DCGM_NAMES as _DIAGNOSIS_FIELDS
+from gpuscale.metrics.diagnosis import (
+    DiagnosisPolicy,
+    GpuSignals,
+    Verdict,
+    decode_clock_events,
+    diagnose,
+    signals_from_dcgm,
+)
+from gpuscale.sources.base import SeriesValue, TermQuery
+
+__all__ = [
+    "DEVICE_SERIES",
+    "DeviceReading",
+    "GpuStatus",
+    "Timestamp",
+    "device_queries",
+    "gpu_statuses",
+    "read_devices",
+    "rfc3339",
+]
+
+XID_WINDOW = "DCGM_EXP_XID_ERRORS_COUNT"
+
+DEVICE_SERIES: tuple[str, ...] = tuple(sorted(_DIAGNOSIS_FIELDS))
+"""Every DCGM series the per-GPU records read (all gauges, read as the latest value)."""
+
+Reader = Callable[[TermQuery], list[SeriesValue]]
+Attribute = Callable[[str, dict[str, str], str], Device]
+
+_UUID_LABELS = ("UUID", "uuid", "gpu_uuid")
+_CONTAINER_LABELS = ("exported_container", "container", "container_name")
+
+
+def rfc3339(ts: float) -> str:
+    """Seconds since the epoch → ``2026-01-05T08:00:00Z`` (UTC, whole seconds, as Kubernetes writes times)."""
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+Timestamp = Annotated[float, PlainSerializer(rfc3339, return_type=str, when_used="json")]
+"""Seconds since the epoch in Python; an RFC 3339 string in JSON/YAML output."""
+
+
+def device_queries(series: Iterable[str] = DEVICE_SERIES) -> list[TermQuery]:
+    """One gauge query per DCGM field: what a source must answer for ``read_devices``.
+
+    NB: one query per field (not one for all) so a Prometheus source runs one simple PromQL query per
+    field, as it does for catalogue terms.
+    """
+    return [TermQuery(series=(name,)) for name in series]
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DeviceReading:
+    """One device's latest DCGM values as read from a source, before diagnosis.
+
+    ``values`` maps DCGM field name → value; ``xid_counts`` the windowed Xid counts (Xid → count; ``{}``
+    when the window was reported without any Xid, None when the exporter does not report the window);
+    ``labels`` the label set of the first series seen (identity labels: ``gpu``, ``UUID``, ``modelName``,
+    ``GPU_I_PROFILE``, ``GPU_I_ID``, the pod labels); ``sampled_at`` the oldest sample time (s) among them.
+    """
+
+    device: Device
+    labels: Mapping[str, str]
+    target: str
+    sampled_at: float
+    values: dict[str, float] = field(default_factory=dict)
+    xid_counts: dict[int, float] | None = None
+
+
+def read_devices(read: Reader, attribute: Attribute, *, series: Iterable[str] = DEVICE_SERIES) -> list[DeviceReading]:
+    """Group the DCGM series a source holds into devices, in the order they were first seen.
+
+    Only series attribution places on a GPU are kept (``Device.key[0] == "gpu"``). When two targets
+    report the same device (one exporter scraped under two URLs) the values merge into one reading.
+    """
+    by_key: dict[tuple[str, ...], DeviceReading] = {}
+    for query in device_queries(series):
+        for value in read(query):
+            device = attribute(value.name, value.labels, value.target)
+            if device.key[0] != "gpu":
+                continue
+            reading = by_key.get(device.key)
+            if reading is None:
+                reading = by_key[device.key] = DeviceReading(device, value.labels, value.target, value.timestamp)
+            elif value.timestamp < reading.sampled_at:
+                reading.sampled_at = value.timestamp
+            if value.name == XID_WINDOW:
+                counts = reading.xid_counts if reading.xid_counts is not None else {}
+                reading.xid_counts = counts
+                xid = value.labels.get("xid", "")
+                if xid.isdigit() and math.isfinite(value.value):
+                    counts[int(xid)] = counts.get(int(xid), 0.0) + value.value
+            else:
+                reading.values[value.name] = value.value
+    return list(by_key.values())
+
+
+# --- records ---------------------------------------------------------------------------------------
+
+
+class GpuStatus(BaseModel):
+    """One GPU or MIG instance: where it is, who holds it, what it reports and what that means.
+
+    ``gpu`` is dcgm-exporter's ``gpu`` label (the index on the node; a MIG instance carries its parent's);
+    ``mig_instance`` the ``GPU_I_ID`` and ``mig_profile`` the ``GPU_I_PROFILE`` of a MIG instance (else
+    None). ``namespace``/``pod``/``container`` are the workload holding the device (None when idle or not
+    labelled). ``signals`` are the DCGM values (ratios 0–1, GPU_UTIL in percent, MiB, W, °C, MHz);
+    ``clock_events`` the names of the bits set in ``signals.clock_event_reasons``. ``sampled_at`` is the
+    oldest sample time behind the record; ``source`` the target (exporter URL) it was read from.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node: str | None
+    gpu: str
+    uuid: str | None = None
+    model: str | None = None
+    mig_profile: str | None = None
+    mig_instance: str | None = None
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    signals: GpuSignals
+    clock_events: list[str] = Field(default_factory=list)
+    verdict: Verdict
+    sampled_at: Timestamp
+    source: str
+    physical: tuple[str, ...] = Field(default=(), exclude=True)
+    """The parent GPU's attribution key (not serialised): MIG instances of one GPU share it."""
+
+    @property
+    def device_id(self) -> str:
+        """``<gpu>`` or ``<gpu>/<GPU_I_ID>`` — unique on a node."""
+        return f"{self.gpu}/{self.mig_instance}" if self.mig_instance else self.gpu
+
+
+def _first(labels: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
+    return next((labels[k] for k in keys if labels.get(k)), None)
+
+
+def gpu_status(reading: DeviceReading, policy: DiagnosisPolicy) -> GpuStatus:
+    """Diagnose one device reading."""
+    labels = reading.labels
+    mig_profile = labels.get("GPU_I_PROFILE") or None
+    signals = signals_from_dcgm(reading.values, xid_counts=reading.xid_counts, mig_profile=mig_profile)
+    device = reading.device
+    owner = device.pod
+    return GpuStatus(
+        node=device.node,
+        gpu=labels.get("gpu", "") or "?",
+        uuid=_first(labels, _UUID_LABELS),
+        model=labels.get("modelName") or None,
+        mig_profile=mig_profile,
+        mig_instance=labels.get("GPU_I_ID") or None,
+        namespace=owner.namespace if owner else None,
+        pod=owner.name if owner else None,
+        container=_first(labels, _CONTAINER_LABELS) if owner else None,
+        signals=signals,
+        clock_events=decode_clock_events(signals.clock_event_reasons) if signals.clock_event_reasons else [],
+        verdict=diagnose(signals, policy),
+        sampled_at=reading.sampled_at,
+        source=reading.target,
+        physical=device.physical,
+    )
+
+
+def gpu_statuses(readings: Iterable[DeviceReading], policy: DiagnosisPolicy) -> list[GpuStatus]:
+    """Diagnose every device reading; the order is kept."""
+    return [gpu_status(r, policy) for r in readings]
