@@ -71,6 +71,11 @@ class AdapterSettings(_Settings):
     requestheader_username_headers: list[str] = Field(default_factory=list, description="default X-Remote-User")
     requestheader_group_headers: list[str] = Field(default_factory=list, description="default X-Remote-Group")
     requestheader_extra_headers_prefix: list[str] = Field(default_factory=list, description="default X-Remote-Extra-")
+    requestheader_uid_headers: list[str] = Field(default_factory=list, description="headers carrying the user's UID")
+    allow_anonymous: bool = Field(
+        False,
+        description="serve unauthenticated requests as system:anonymous (still authorized by SubjectAccessReview)",
+    )
     authn_cache_ttl: Seconds = Field(10.0, ge=0, description="how long TokenReview answers are cached")
     authz_cache_ttl: Seconds = Field(10.0, ge=0, description="how long SubjectAccessReview answers are cached")
     log_level: str = Field("info", description="debug, info, warning or error")

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpuscale.adapter.discovery import NAMESPACED, Discovery
@@ -228,8 +229,11 @@ def make_app(
     selfmetrics: AdapterMetrics,
     *,
     ready: ReadyCheck,
+    middlewares: Iterable[Middleware] = (),
 ) -> web.Application:
-    app = web.Application(middlewares=[errors_and_metrics])
+    """The adapter's app. ``middlewares`` run inside the error/metrics one (e.g. ``auth.make_auth_middleware``),
+    so their answers are counted and every failure still becomes a metav1.Status."""
+    app = web.Application(middlewares=[errors_and_metrics, *middlewares])
     app[PROVIDER] = provider
     app[DISCOVERY] = discovery
     app[SELFMETRICS] = selfmetrics

@@ -12,9 +12,11 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from gpuscale.adapter.app import make_app
+from gpuscale.adapter.auth import AuthenticationFlags, DelegatedAuth
 from gpuscale.adapter.discovery import Discovery
 from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
+from gpuscale.adapter.tls import ServerTLS, serving_cert_files
 from gpuscale.errors import ConfigError
 from gpuscale.metrics.attribution import Attributor, Target
 from gpuscale.metrics.catalogue import Catalogue, load_catalogue
@@ -79,8 +81,10 @@ class RunningAdapter:
     source: MetricsSource
     cluster: KubeCache | None
     api_client: object | None
-    runner: web.AppRunner
+    runners: list[web.AppRunner]
     url: str
+    auth: DelegatedAuth | None = None
+    urls: list[str] = field(default_factory=list)
     tasks: list[asyncio.Task] = field(default_factory=list)
 
     async def stop(self) -> None:
@@ -89,7 +93,10 @@ class RunningAdapter:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.runner.cleanup()
+        for runner in self.runners:
+            await runner.cleanup()
+        if self.auth is not None:
+            await self.auth.stop()
         await self.source.close()
         if self.cluster is not None:
             await self.cluster.stop()
@@ -169,17 +176,63 @@ async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | Non
         return True, ""
 
     discovery = Discovery(catalogue, serve_custom=settings.serve_custom, serve_external=settings.serve_external)
-    app = make_app(provider, discovery, selfmetrics, ready=ready)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+    runners: list[web.AppRunner] = []
     urls: list[str] = []
-    if settings.insecure_port is not None:
-        site = web.TCPSite(runner, settings.bind_address, settings.insecure_port)
-        await site.start()
-        urls.append(f"http://{_host(settings.bind_address)}:{_bound_port(site)}")
-    if settings.https_port is not None:
-        raise ConfigError("HTTPS serving is not available in this build; use --insecure-port")
-    running = RunningAdapter(settings, catalogue, store, pipeline, source, cluster, api, runner, urls[0])
+    auth: DelegatedAuth | None = None
+    try:
+        if settings.insecure_port is not None:
+            # NB: plain HTTP is for local use: its own app, without authentication.
+            plain = web.AppRunner(make_app(provider, discovery, selfmetrics, ready=ready), access_log=None)
+            await plain.setup()
+            runners.append(plain)
+            site = web.TCPSite(plain, settings.bind_address, settings.insecure_port)
+            await site.start()
+            urls.append(f"http://{_host(settings.bind_address)}:{_bound_port(site)}")
+        if settings.https_port is not None:
+            if api is None:
+                raise ConfigError(
+                    "--secure-port: delegated authentication needs the Kubernetes API; give --kubeconfig, run in a "
+                    "cluster, or serve --insecure-port alone"
+                )
+            auth = DelegatedAuth(
+                api,
+                flags=AuthenticationFlags(
+                    client_ca_file=settings.client_ca_file,
+                    requestheader_client_ca_file=settings.requestheader_client_ca_file,
+                    requestheader_allowed_names=settings.requestheader_allowed_names,
+                    requestheader_username_headers=settings.requestheader_username_headers,
+                    requestheader_uid_headers=settings.requestheader_uid_headers,
+                    requestheader_group_headers=settings.requestheader_group_headers,
+                    requestheader_extra_headers_prefix=settings.requestheader_extra_headers_prefix,
+                ),
+                authn_cache_ttl_seconds=settings.authn_cache_ttl,
+                authz_cache_ttl_seconds=settings.authz_cache_ttl,
+                allow_anonymous=settings.allow_anonymous,
+            )
+            await auth.start(sync_timeout=30.0)  # SourceUnavailable if the ConfigMap cannot be read
+            files = serving_cert_files(
+                cert_file=settings.tls_cert_file, key_file=settings.tls_private_key_file, cert_dir=settings.cert_dir
+            )
+            server_tls = ServerTLS(files.cert_file, files.key_file)
+            auth.serve_tls(server_tls)
+            secure = web.AppRunner(
+                make_app(provider, discovery, selfmetrics, ready=ready, middlewares=[auth.middleware()]),
+                access_log=None,
+            )
+            await secure.setup()
+            runners.append(secure)
+            site = web.TCPSite(secure, settings.bind_address, settings.https_port, ssl_context=server_tls.context)
+            await site.start()
+            urls.append(f"https://{_host(settings.bind_address)}:{_bound_port(site)}")
+    except BaseException:
+        for runner in runners:
+            await runner.cleanup()
+        if auth is not None:
+            await auth.stop()
+        raise
+    running = RunningAdapter(
+        settings, catalogue, store, pipeline, source, cluster, api, runners, urls[0], auth=auth, urls=urls
+    )
     running.tasks.append(asyncio.create_task(pipeline.run(), name="refresh"))
     return running
 

@@ -41,13 +41,22 @@ What is faithful (the things clients and controllers depend on):
 * Errors are metav1.Status bodies with kube-apiserver's reasons and messages (NotFound, AlreadyExists, Conflict,
   Invalid, BadRequest, MethodNotAllowed, Unauthorized, UnsupportedMediaType, Expired).
 * ``events.k8s.io/v1`` Events are a second view of the core v1 Events, converted field by field.
+* Delegated authentication and authorization, for aggregated API servers: ``POST``
+  ``/apis/authentication.k8s.io/v1/tokenreviews`` answers from tokens registered with ``add_token`` (adding
+  ``system:authenticated`` as kube-apiserver does); ``POST /apis/authorization.k8s.io/v1/subjectaccessreviews``
+  answers from RBAC-style grants registered with ``allow`` (matched as RBAC matches: ``pods`` does not cover
+  ``pods/log``, ``*/log`` does; a grant with a namespace acts as a RoleBinding there), and allows the
+  ``system:masters`` group everything. Both validate like kube-apiserver (400/422), answer 201, are recorded in
+  ``token_reviews``/``access_reviews``, and can be made to fail (``fail_reviews``) or to be slow
+  (``review_delay_seconds``).
 
 Limitations (on purpose): no controllers (a Deployment creates no pods, nothing updates status unless you do),
 no kubelet (pods are deleted at once, without a grace period), no garbage collector (ownerReferences do not
 cascade; deleting a namespace deletes its objects at once, standing in for the namespace controller), no
-admission webhooks, no RBAC (any bearer token is accepted unless ``tokens`` is given), no field ownership in
-server-side apply (an apply is a strategic merge of the applied configuration), continue tokens page over the
-current state rather than a snapshot, no OpenAPI schemas, no aggregated discovery, and no protobuf: a
+admission webhooks, no RBAC on its own API (any bearer token is accepted unless ``tokens`` is given; the
+tokens of ``add_token`` and the grants of ``allow`` only answer TokenReviews and SubjectAccessReviews), no field
+ownership in server-side apply (an apply is a strategic merge of the applied configuration), continue tokens page
+over the current state rather than a snapshot, no OpenAPI schemas, no aggregated discovery, and no protobuf: a
 protobuf body gets 415, so kubectl's typed-client generators (``kubectl create deployment``, ``create
 configmap``) fail — ``kubectl create -f`` / ``apply`` / ``patch`` / ``scale`` / ``label`` / ``delete`` work.
 
@@ -82,7 +91,7 @@ from aiohttp import web
 from gpuscale.errors import SelectorError
 from gpuscale.selectors import FieldSelector, LabelSelector, field_value, label_key_problem, label_value_problem
 
-__all__ = ["RESOURCES", "ApiStatusError", "RecordedRequest", "ResourceType", "SimKubeApi"]
+__all__ = ["RESOURCES", "AccessRule", "ApiStatusError", "RecordedRequest", "ResourceType", "ReviewUser", "SimKubeApi"]
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +316,14 @@ _GROUPS: dict[str, list[str]] = {}
 for _rt in RESOURCES:
     if _rt.group and _rt.version not in _GROUPS.setdefault(_rt.group, []):
         _GROUPS[_rt.group].append(_rt.version)
+# Create-only review resources: answered from policy, never stored (see SimKubeApi.add_token and allow).
+TOKEN_REVIEWS = ResourceType("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False)
+ACCESS_REVIEWS = ResourceType(
+    "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", namespaced=False
+)
+_REVIEWS = {(rt.group, rt.version, rt.plural): rt for rt in (TOKEN_REVIEWS, ACCESS_REVIEWS)}
+for _rt in _REVIEWS.values():
+    _GROUPS.setdefault(_rt.group, []).append(_rt.version)
 
 
 def resource_for(api_version: str, kind: str) -> ResourceType:
@@ -1412,6 +1429,74 @@ class RecordedRequest:
     token: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class ReviewUser:
+    """Who a token registered with ``add_token`` belongs to (a TokenReview's ``status.user``)."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AccessRule:
+    """One RBAC-style grant for SubjectAccessReviews: subjects, verbs, and resources or non-resource URLs.
+
+    Matched as RBAC matches (``*`` everywhere; ``resources`` entries match ``resource`` or
+    ``resource/subresource`` exactly, or ``*/subresource``; ``resource_names`` empty = any name, otherwise only
+    requests naming one). ``namespace`` None grants cluster-wide (a ClusterRoleBinding), a namespace grants only
+    requests in it (a RoleBinding). A rule with ``non_resource_urls`` grants non-resource requests only
+    (exact paths, or prefixes ending in ``*``).
+    """
+
+    users: frozenset[str] = frozenset()
+    groups: frozenset[str] = frozenset()
+    verbs: frozenset[str] = frozenset({"*"})
+    api_groups: frozenset[str] = frozenset({"*"})
+    resources: frozenset[str] = frozenset({"*"})
+    resource_names: frozenset[str] = frozenset()
+    namespace: str | None = None
+    non_resource_urls: frozenset[str] = frozenset()
+
+    def allows(self, spec: Mapping[str, Any]) -> bool:
+        """Whether this rule grants a SubjectAccessReview ``spec``."""
+        if spec.get("user") not in self.users and not self.groups.intersection(spec.get("groups") or ()):
+            return False
+        resource = spec.get("resourceAttributes")
+        if resource is None:
+            attributes = spec.get("nonResourceAttributes") or {}
+            path = attributes.get("path", "")
+            return (
+                self.namespace is None
+                and _verb_matches(self.verbs, attributes.get("verb", ""))
+                and any(
+                    u == "*" or u == path or (u.endswith("*") and path.startswith(u[:-1]))
+                    for u in self.non_resource_urls
+                )
+            )
+        if self.non_resource_urls:
+            return False
+        if self.namespace is not None and resource.get("namespace", "") != self.namespace:
+            return False
+        if not _verb_matches(self.verbs, resource.get("verb", "")):
+            return False
+        if "*" not in self.api_groups and resource.get("group", "") not in self.api_groups:
+            return False
+        plural, sub = resource.get("resource", ""), resource.get("subresource", "")
+        combined = f"{plural}/{sub}" if sub else plural
+        if not any(r in ("*", combined) or (sub and r == f"*/{sub}") for r in self.resources):
+            return False
+        return not self.resource_names or resource.get("name", "") in self.resource_names
+
+
+def _verb_matches(verbs: frozenset[str], verb: str) -> bool:
+    return "*" in verbs or verb in verbs
+
+
+_REVIEW_FAILURE_REASONS = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
+
+
 # --- the server -------------------------------------------------------------------------------------
 
 
@@ -1447,6 +1532,17 @@ class SimKubeApi:
         self.requests: deque[RecordedRequest] = deque(maxlen=10_000)
         self.request_count = 0
         self.tokens_seen: set[str] = set()
+        self.review_users: dict[str, ReviewUser] = {}
+        """token → user, for TokenReviews (see ``add_token``)."""
+        self.access_rules: builtins.list[AccessRule] = []
+        """The grants SubjectAccessReviews are answered from (see ``allow``); clear it to deny everything again."""
+        self.token_reviews: builtins.list[dict[str, Any]] = []
+        """The ``spec`` of every TokenReview received, in order (failed ones included)."""
+        self.access_reviews: builtins.list[dict[str, Any]] = []
+        """The ``spec`` of every SubjectAccessReview received, in order (failed ones included)."""
+        self.review_delay_seconds = 0.0
+        """How long each review takes to answer (to exercise clients' timeouts and request coalescing)."""
+        self._review_failure: int | None = None
         for name in namespaces:
             self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
@@ -1609,6 +1705,58 @@ class SimKubeApi:
         """Forget the change history: a watch from any resourceVersion before now gets 410 Expired."""
         self._history.clear()
         self._floor = self._rv
+
+    # -- delegated authentication and authorization policy
+
+    def add_token(
+        self,
+        token: str,
+        username: str,
+        *,
+        uid: str = "",
+        groups: Iterable[str] = (),
+        extra: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
+        """Make TokenReviews of ``token`` answer with this user (``system:authenticated`` is added)."""
+        if not token or not username:
+            raise ValueError("a token and a username are required")
+        self.review_users[token] = ReviewUser(
+            username, uid, tuple(groups), {k: tuple(v) for k, v in (extra or {}).items()}
+        )
+
+    def allow(
+        self,
+        *,
+        users: Iterable[str] = (),
+        groups: Iterable[str] = (),
+        verbs: Iterable[str] = ("*",),
+        api_groups: Iterable[str] = ("*",),
+        resources: Iterable[str] = ("*",),
+        resource_names: Iterable[str] = (),
+        namespace: str | None = None,
+        non_resource_urls: Iterable[str] = (),
+    ) -> AccessRule:
+        """Grant, for SubjectAccessReviews, what an RBAC role bound to these users and groups would grant."""
+        rule = AccessRule(
+            frozenset(users),
+            frozenset(groups),
+            frozenset(verbs),
+            frozenset(api_groups),
+            frozenset(resources),
+            frozenset(resource_names),
+            namespace,
+            frozenset(non_resource_urls),
+        )
+        if not rule.users and not rule.groups:
+            raise ValueError("allow() needs at least one user or group")
+        if rule.non_resource_urls and namespace is not None:
+            raise ValueError("non-resource URLs can only be granted cluster-wide")
+        self.access_rules.append(rule)
+        return rule
+
+    def fail_reviews(self, status: int | None = 503) -> None:
+        """Answer every TokenReview and SubjectAccessReview with this HTTP status (None: answer normally)."""
+        self._review_failure = status
 
     # -- storage core
 
@@ -1988,6 +2136,8 @@ class SimKubeApi:
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
             raise _NO_RESOURCE
+        if any(rt.group == group and rt.version == version for rt in _REVIEWS.values()):
+            return await self._serve_review(request, group, version, rest)
         if not any(rt.group == group and rt.version == version for rt in RESOURCES):
             raise _NO_RESOURCE
         if not rest:
@@ -1995,6 +2145,96 @@ class SimKubeApi:
                 raise _NOT_ALLOWED
             return _json(_resource_list(group, version))
         return await self._serve_resource(request, group, version, rest)
+
+    async def _serve_review(
+        self, request: web.Request, group: str, version: str, rest: builtins.list[str]
+    ) -> web.StreamResponse:
+        if not rest:
+            if request.method != "GET":
+                raise _NOT_ALLOWED
+            return _json(_review_resource_list(group, version))
+        rt = _REVIEWS.get((group, version, rest[0]))
+        if rt is None or len(rest) > 1:
+            raise _NO_RESOURCE
+        if request.method != "POST":
+            raise _NOT_ALLOWED
+        body = await _body(request)
+        if not isinstance(body, dict) or body.get("kind", rt.kind) != rt.kind:
+            raise _bad_request(f"the body is not a {rt.kind}: cannot be handled as a {rt.kind}")
+        raw_spec = body.get("spec")
+        spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
+        (self.token_reviews if rt is TOKEN_REVIEWS else self.access_reviews).append(copy.deepcopy(spec))
+        if self.review_delay_seconds > 0:
+            await asyncio.sleep(self.review_delay_seconds)
+        if self._review_failure is not None:
+            code = self._review_failure
+            raise ApiStatusError(
+                code,
+                _REVIEW_FAILURE_REASONS.get(code, "InternalError"),
+                "the server is currently unable to handle the request",
+            )
+        status = self._token_review(spec) if rt is TOKEN_REVIEWS else self._access_review(spec)
+        answer = {
+            "kind": rt.kind,
+            "apiVersion": rt.api_version,
+            "metadata": {"creationTimestamp": None},
+            "spec": spec,
+            "status": status,
+        }
+        return _json(answer, status=201)
+
+    def _token_review(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        token = spec.get("token")
+        if not token:
+            raise _bad_request("token is required for TokenReview in authentication")
+        user = self.review_users.get(token)
+        if user is None:
+            return {"user": {}, "error": "invalid bearer token"}
+        groups = list(user.groups)
+        if "system:authenticated" not in groups:
+            groups.append("system:authenticated")
+        info: dict[str, Any] = {"username": user.username, "groups": groups}
+        if user.uid:
+            info["uid"] = user.uid
+        if user.extra:
+            info["extra"] = {k: list(v) for k, v in user.extra.items()}
+        status: dict[str, Any] = {"authenticated": True, "user": info}
+        if spec.get("audiences"):
+            status["audiences"] = list(spec["audiences"])
+        return status
+
+    def _access_review(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        has_resource, has_path = (
+            spec.get("resourceAttributes") is not None,
+            spec.get("nonResourceAttributes") is not None,
+        )
+        causes = []
+        if has_resource and has_path:
+            causes.append(
+                _Cause(
+                    "spec.nonResourceAttributes",
+                    f"Invalid value: {json.dumps(spec['nonResourceAttributes'])}: "
+                    "cannot be specified in combination with resourceAttributes",
+                )
+            )
+        elif not has_resource and not has_path:
+            causes.append(
+                _Cause(
+                    "spec.resourceAttributes",
+                    'Invalid value: "null": '
+                    "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+                )
+            )
+        if not spec.get("user") and not spec.get("groups"):
+            causes.append(_Cause("spec.user", 'Invalid value: "": at least one of user or group must be specified'))
+        if causes:
+            raise _invalid(ACCESS_REVIEWS, "", causes)
+        if "system:masters" in (spec.get("groups") or ()):
+            return {"allowed": True}
+        for index, rule in enumerate(self.access_rules):
+            if rule.allows(spec):
+                return {"allowed": True, "reason": f"RBAC: allowed by sim access rule #{index}"}
+        return {"allowed": False}
 
     async def _serve_resource(
         self, request: web.Request, group: str, version: str, rest: builtins.list[str]
@@ -2355,6 +2595,15 @@ def _resource_list(group: str, version: str) -> dict[str, Any]:
         "groupVersion": f"{group}/{version}" if group else version,
         "resources": resources,
     }
+
+
+def _review_resource_list(group: str, version: str) -> dict[str, Any]:
+    resources = [
+        {"name": rt.plural, "singularName": rt.singular, "namespaced": False, "kind": rt.kind, "verbs": ["create"]}
+        for rt in _REVIEWS.values()
+        if rt.group == group and rt.version == version
+    ]
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}", "resources": resources}
 
 
 def _openapi_v3(gv_parts: list[str]) -> dict[str, Any]:
