@@ -1,0 +1,149 @@
+"""End to end over HTTPS: `gpuscale adapter --secure-port` as a user starts it, against the simulated
+cluster's delegated auth (TokenReview, SubjectAccessReview, the extension-apiserver-authentication
+ConfigMap), read by the real kubectl with a token and by a front proxy with a client certificate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import sys
+import time
+
+import aiohttp
+import pytest
+import trustme
+
+from gpuscale.sim.cluster import SimCluster
+from tests.adapter import hpa
+from tests.e2e.test_kubectl import KUBECTL, free_port, run
+
+pytestmark = pytest.mark.e2e
+
+HPA_USER = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
+PATH = "/apis/custom.metrics.k8s.io/v1beta2/namespaces/nim/pods/*/gpu_utilization"
+
+
+@pytest.fixture
+async def secure(tmp_path):
+    front_proxy_ca = trustme.CA()
+    proxy_cert = front_proxy_ca.issue_cert("front-proxy-client", common_name="front-proxy-client")
+    cluster = await SimCluster().start()
+    cluster.api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
+            "data": {
+                "requestheader-client-ca-file": front_proxy_ca.cert_pem.bytes().decode(),
+                "requestheader-allowed-names": '["front-proxy-client"]',
+                "requestheader-username-headers": '["X-Remote-User"]',
+                "requestheader-group-headers": '["X-Remote-Group"]',
+                "requestheader-extra-headers-prefix": '["X-Remote-Extra-"]',
+            },
+        }
+    )
+    cluster.api.add_token("hpa-token", HPA_USER)
+    cluster.api.add_token("intruder-token", "system:serviceaccount:default:intruder")
+    cluster.api.allow(
+        users=[HPA_USER], verbs=["get", "list"], api_groups=["custom.metrics.k8s.io", "external.metrics.k8s.io"]
+    )
+    cluster.api.allow(users=[HPA_USER], non_resource_urls=["*"], verbs=["get"])
+    port = free_port()
+    cert_dir = tmp_path / "certs"
+    args = [
+        sys.executable,
+        "-m",
+        "gpuscale.cli.main",
+        "adapter",
+        "--kubeconfig",
+        cluster.kubeconfig,
+        "--discover-exporters",
+        "--secure-port",
+        str(port),
+        "--bind-address",
+        "127.0.0.1",
+        "--cert-dir",
+        str(cert_dir),
+        "--refresh-interval",
+        "1s",
+        "--log-level",
+        "warning",
+    ]
+    proc = await asyncio.create_subprocess_exec(*args, stderr=asyncio.subprocess.PIPE)
+    server = f"https://127.0.0.1:{port}"
+    ca_file = cert_dir / "apiserver-ca.crt"
+    deadline = time.monotonic() + 30
+    while True:
+        assert proc.returncode is None, (await proc.stderr.read()).decode()
+        if ca_file.exists():
+            code, _, _ = await run(
+                KUBECTL,
+                f"--server={server}",
+                f"--certificate-authority={ca_file}",
+                "--token=hpa-token",
+                "get",
+                "--raw",
+                PATH,
+            )
+            if code == 0:
+                break
+        assert time.monotonic() < deadline, "secure adapter did not serve in time"
+        await asyncio.sleep(0.3)
+    proxy_ctx = ssl.create_default_context(cafile=str(ca_file))
+    proxy_cert.configure_cert(proxy_ctx)
+    yield {"server": server, "ca": str(ca_file), "cluster": cluster, "proxy_ctx": proxy_ctx}
+    proc.terminate()
+    await asyncio.wait_for(proc.wait(), 10)
+    await cluster.stop()
+
+
+async def kubectl_raw(s, token, path=PATH):
+    return await run(
+        KUBECTL,
+        f"--server={s['server']}",
+        f"--certificate-authority={s['ca']}",
+        f"--token={token}",
+        "get",
+        "--raw",
+        path,
+    )
+
+
+async def test_kubectl_with_a_token_reads_metrics_over_https(secure):
+    code, out, err = await kubectl_raw(secure, "hpa-token")
+    assert code == 0, err
+    assert len(hpa.pod_metrics(json.loads(out))) == 2
+
+
+async def test_bad_token_is_401_and_unauthorized_user_is_403(secure):
+    code, _, err = await kubectl_raw(secure, "nope")
+    assert code != 0 and "Unauthorized" in err
+    code, _, err = await kubectl_raw(secure, "intruder-token")
+    assert code != 0 and "Forbidden" in err and "intruder" in err
+
+
+async def test_front_proxy_certificate_carries_the_user_and_spoofing_fails(secure):
+    headers = {"X-Remote-User": HPA_USER}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(secure["server"] + PATH, headers=headers, ssl=secure["proxy_ctx"]) as resp:
+            assert resp.status == 200, await resp.text()
+        # The same headers without the front proxy's client certificate authenticate nobody.
+        plain = ssl.create_default_context(cafile=secure["ca"])
+        async with session.get(secure["server"] + PATH, headers=headers, ssl=plain) as resp:
+            body = await resp.json()
+            assert resp.status == 401 and body["kind"] == "Status" and body["reason"] == "Unauthorized"
+        # Health stays open without credentials.
+        async with session.get(secure["server"] + "/readyz", ssl=plain) as resp:
+            assert resp.status == 200
+
+
+async def test_authorization_outage_fails_closed(secure):
+    secure["cluster"].api.fail_reviews(503)
+    try:
+        # A new token (nothing cached) cannot be reviewed: 401, never served.
+        secure["cluster"].api.add_token("fresh-token", HPA_USER)
+        code, _, err = await kubectl_raw(secure, "fresh-token")
+        assert code != 0 and ("Unauthorized" in err or "Forbidden" in err)
+    finally:
+        secure["cluster"].api.fail_reviews(None)
