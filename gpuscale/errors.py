@@ -5,6 +5,8 @@
     ├── ExpositionError        exporter text is malformed (names source and line)
     ├── SelectorError          a label/field selector does not parse (→ 400 BadRequest)
     ├── SourceUnavailable      a source (exporter, Prometheus, Kubernetes API) could not be read
+    ├── Unauthenticated        (adapter/auth.py) no valid credential on a request (→ 401)
+    ├── CertificateRejected    (adapter/tls.py) a client certificate does not chain to a trusted CA
     └── MetricsError           the adapter cannot answer a metrics request
         ├── MetricNotFound     unknown metric, or no value for the requested objects (→ 404 NotFound)
         ├── ObjectNotFound     the described object does not exist (→ 404 NotFound)

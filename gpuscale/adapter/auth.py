@@ -65,9 +65,7 @@ from multidict import MultiMapping
 from gpuscale.adapter.status import status_response
 from gpuscale.adapter.tls import CABundle, CertificateRejected, ServerTLS, peer_certificates
 from gpuscale.errors import ConfigError, GpuscaleError, SourceUnavailable
-
-# NB: the list+watch plumbing of sources/kube.py; worth making public there (see KubeCache).
-from gpuscale.sources.kube import _Expired, _read_json, _unavailable
+from gpuscale.sources.kube import WatchExpired, api_unavailable, read_json
 
 __all__ = [
     "ALWAYS_ALLOW_PATHS",
@@ -454,8 +452,8 @@ class AuthenticationConfigWatcher:
             return
         try:
             await self._list()
-        except (client.ApiException, aiohttp.ClientError, OSError, TimeoutError, ValueError, _Expired) as e:
-            raise _unavailable("configmaps", e) from e
+        except (client.ApiException, aiohttp.ClientError, OSError, TimeoutError, ValueError, WatchExpired) as e:
+            raise api_unavailable("configmaps", e) from e
 
     def _merge(self, from_cluster: AuthenticationConfig) -> AuthenticationConfig:
         return AuthenticationConfig(
@@ -503,13 +501,13 @@ class AuthenticationConfigWatcher:
                     backoff = min(backoff * 2, self._backoff_max)
                 else:
                     backoff = self._backoff_min
-            except _Expired as e:
+            except WatchExpired as e:
                 log.info("ConfigMap %s/%s watch expired (%s); relisting", self._namespace, self._name, e)
                 resource_version = None
             except asyncio.CancelledError:
                 raise
             except (client.ApiException, aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-                error = _unavailable("configmaps", e)
+                error = api_unavailable("configmaps", e)
                 self.last_error = error.reason
                 log.warning("%s; retrying in %.1fs", error, backoff)
                 await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
@@ -527,7 +525,7 @@ class AuthenticationConfigWatcher:
             _request_timeout=_LIST_TIMEOUT_SECONDS,
         )
         try:
-            body = await _read_json(response)
+            body = await read_json(response)
         finally:
             response.release()
         items = body.get("items") or []
@@ -559,7 +557,7 @@ class AuthenticationConfigWatcher:
         events = 0
         try:
             if response.status != 200:
-                await _read_json(response)  # raises with the server's Status
+                await read_json(response)  # raises with the server's Status
             async for raw in response.content:
                 line = raw.strip()
                 if not line:
@@ -569,7 +567,7 @@ class AuthenticationConfigWatcher:
                 obj = event.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:
-                        raise _Expired(obj.get("message", "410 Gone"))
+                        raise WatchExpired(obj.get("message", "410 Gone"))
                     raise client.ApiException(
                         status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}"
                     )
@@ -794,10 +792,10 @@ async def _create_review(call: Callable[..., Awaitable[Any]], body: dict[str, An
     try:
         response = await call(body, _preload_content=False, _request_timeout=timeout)
         try:
-            answer = await _read_json(response)
+            answer = await read_json(response)
         finally:
             response.release()
-    except (client.ApiException, aiohttp.ClientError, OSError, TimeoutError, ValueError, _Expired) as e:
+    except (client.ApiException, aiohttp.ClientError, OSError, TimeoutError, ValueError, WatchExpired) as e:
         if isinstance(e, client.ApiException):
             detail = f"HTTP {e.status} {e.reason}"
             with contextlib.suppress(ValueError, AttributeError, TypeError):

@@ -387,7 +387,7 @@ class StaticClusterObjects(_IndexedClusterObjects):
 # --- the Kubernetes-backed cache --------------------------------------------------------------------
 
 
-class _Expired(Exception):
+class WatchExpired(Exception):
     """The watch's resourceVersion is older than the server keeps (410 Gone): relist."""
 
 
@@ -509,7 +509,7 @@ class KubeCache(_IndexedClusterObjects):
                     raise result
                 if isinstance(result, asyncio.CancelledError):
                     raise result
-                raise _unavailable(kind.name, result) from result
+                raise api_unavailable(kind.name, result) from result
 
     # -- the loop
 
@@ -531,7 +531,7 @@ class KubeCache(_IndexedClusterObjects):
                     backoff = min(backoff * 2, self._backoff_max)
                 else:
                     backoff = self._backoff_min
-            except _Expired as e:
+            except WatchExpired as e:
                 if resource_version is None:  # the list itself expired (a stale continue token): not too fast
                     await asyncio.sleep(self._jitter(backoff))
                     backoff = min(backoff * 2, self._backoff_max)
@@ -547,7 +547,7 @@ class KubeCache(_IndexedClusterObjects):
                 TimeoutError,
                 ValueError,
             ) as e:
-                error = _unavailable(kind.name, e)
+                error = api_unavailable(kind.name, e)
                 self.last_errors[kind.name] = error.reason
                 log.warning("%s; retrying in %.1fs", error, backoff)
                 await asyncio.sleep(self._jitter(backoff))
@@ -570,7 +570,7 @@ class KubeCache(_IndexedClusterObjects):
                 _request_timeout=_LIST_TIMEOUT_SECONDS,
             )
             try:
-                body = await _read_json(response)
+                body = await read_json(response)
             finally:
                 response.release()
             items.extend(body.get("items") or [])
@@ -602,7 +602,7 @@ class KubeCache(_IndexedClusterObjects):
         events = 0
         try:
             if response.status != 200:
-                await _read_json(response)  # raises with the server's Status
+                await read_json(response)  # raises with the server's Status
             async for raw in response.content:
                 line = raw.strip()
                 if not line:
@@ -612,7 +612,7 @@ class KubeCache(_IndexedClusterObjects):
                 obj = event.get("object") or {}
                 if event_type == "ERROR":
                     if obj.get("code") == 410:
-                        raise _Expired(obj.get("message", "410 Gone"))
+                        raise WatchExpired(obj.get("message", "410 Gone"))
                     raise client.ApiException(
                         status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}"
                     )
@@ -632,11 +632,11 @@ def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("labels") or {})
 
 
-async def _read_json(response: aiohttp.ClientResponse) -> dict[str, Any]:
-    """The JSON body of a 2xx response; ``_Expired`` for 410, ``client.ApiException`` for other statuses."""
+async def read_json(response: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The JSON body of a 2xx response; ``WatchExpired`` for 410, ``client.ApiException`` for other statuses."""
     raw = await response.read()
     if response.status == 410:
-        raise _Expired(raw.decode(errors="replace")[:200])
+        raise WatchExpired(raw.decode(errors="replace")[:200])
     if not 200 <= response.status < 300:
         error = client.ApiException(status=response.status, reason=response.reason)
         error.body = raw
@@ -647,7 +647,7 @@ async def _read_json(response: aiohttp.ClientResponse) -> dict[str, Any]:
     return body
 
 
-def _unavailable(kind: str, error: BaseException) -> SourceUnavailable:
+def api_unavailable(kind: str, error: BaseException) -> SourceUnavailable:
     if isinstance(error, SourceUnavailable):
         return error
     if isinstance(error, client.ApiException):
