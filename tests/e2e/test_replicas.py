@@ -22,14 +22,22 @@ PATHS = [
 
 
 def values(body: dict) -> list[tuple[str, str]]:
-    return sorted(((i.get("describedObject") or {}).get("name", i.get("metricName")), i["value"]) for i in body["items"])
+    return sorted(
+        ((i.get("describedObject") or {}).get("name", i.get("metricName")), i["value"]) for i in body["items"]
+    )
 
 
 async def test_two_replicas_agree():
     # The exporters' values are frozen in time so both replicas scrape identical pages.
     async with SimCluster(clock=ManualClock(time.time())) as cluster:
-        settings = AdapterSettings(discover_exporters=True, kubeconfig=cluster.kubeconfig, insecure_port=0,
-                                   bind_address="127.0.0.1", refresh_interval=0.5, log_level="warning")
+        settings = AdapterSettings(
+            discover_exporters=True,
+            kubeconfig=cluster.kubeconfig,
+            insecure_port=0,
+            bind_address="127.0.0.1",
+            refresh_interval=0.5,
+            log_level="warning",
+        )
         replicas = [await start_adapter(settings), await start_adapter(settings)]
         try:
             for r in replicas:
@@ -42,7 +50,9 @@ async def test_two_replicas_agree():
                         per_replica = []
                         for path in PATHS:
                             async with session.get(r.url + path) as resp:
-                                per_replica.append((resp.status, values(await resp.json()) if resp.status == 200 else None))
+                                per_replica.append(
+                                    (resp.status, values(await resp.json()) if resp.status == 200 else None)
+                                )
                         answers.append(per_replica)
                     if all(status == 200 for status, _ in answers[0]) and answers[0] == answers[1]:
                         break
