@@ -65,7 +65,7 @@ from multidict import MultiMapping
 from gpuscale.adapter.status import status_response
 from gpuscale.adapter.tls import CABundle, CertificateRejected, ServerTLS, peer_certificates
 from gpuscale.errors import ConfigError, GpuscaleError, SourceUnavailable
-from gpuscale.sources.kube import WatchExpired, api_unavailable, read_json
+from gpuscale.sources.kube import WatchExpired, api_unavailable, read_json, watch_events
 
 __all__ = [
     "ALWAYS_ALLOW_PATHS",
@@ -542,43 +542,20 @@ class AuthenticationConfigWatcher:
 
     async def _watch(self, resource_version: str) -> tuple[str, int]:
         assert self._list_call is not None
-        response = await self._list_call(
-            self._namespace,
-            field_selector=self._selector(),
-            watch=True,
+        events = 0
+        async for kind, obj in watch_events(
+            self._list_call,
             resource_version=resource_version,
             timeout_seconds=self._watch_timeout,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
-            _request_timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=_LIST_TIMEOUT_SECONDS, sock_read=self._watch_timeout + 30
-            ),
-        )
-        events = 0
-        try:
-            if response.status != 200:
-                await read_json(response)  # raises with the server's Status
-            async for raw in response.content:
-                line = raw.strip()
-                if not line:
-                    continue
-                event = json.loads(line)
-                kind = event.get("type")
-                obj = event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise WatchExpired(obj.get("message", "410 Gone"))
-                    raise client.ApiException(
-                        status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}"
-                    )
-                events += 1
-                resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
-                if kind in ("ADDED", "MODIFIED"):
-                    self._apply(obj.get("data") or {})
-                elif kind == "DELETED":
-                    self._apply(None)
-        finally:
-            response.close()
+            namespace=self._namespace,
+            field_selector=self._selector(),
+        ):
+            events += 1
+            resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
+            if kind in ("ADDED", "MODIFIED"):
+                self._apply(obj.get("data") or {})
+            elif kind == "DELETED":
+                self._apply(None)
         return resource_version, events
 
 

@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -589,43 +589,56 @@ class KubeCache(_IndexedClusterObjects):
 
     async def _watch(self, kind: _Kind, resource_version: str) -> tuple[str, int]:
         """Apply one watch stream's events; return the resourceVersion to resume from and the event count."""
-        response = await kind.list_call(
-            watch=True,
-            resource_version=resource_version,
-            timeout_seconds=self._watch_timeout,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
-            _request_timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=_LIST_TIMEOUT_SECONDS, sock_read=self._watch_timeout + 30
-            ),
-        )
         events = 0
-        try:
-            if response.status != 200:
-                await read_json(response)  # raises with the server's Status
-            async for raw in response.content:
-                line = raw.strip()
-                if not line:
-                    continue
-                event = json.loads(line)
-                event_type = event.get("type")
-                obj = event.get("object") or {}
-                if event_type == "ERROR":
-                    if obj.get("code") == 410:
-                        raise WatchExpired(obj.get("message", "410 Gone"))
-                    raise client.ApiException(
-                        status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}"
-                    )
-                events += 1
-                resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
-                if event_type in ("ADDED", "MODIFIED"):
-                    kind.put(obj)
-                elif event_type == "DELETED":
-                    kind.remove(obj)
-                # BOOKMARK: only the resourceVersion moves.
-        finally:
-            response.close()
+        async for event_type, obj in watch_events(
+            kind.list_call, resource_version=resource_version, timeout_seconds=self._watch_timeout
+        ):
+            events += 1
+            resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
+            if event_type in ("ADDED", "MODIFIED"):
+                kind.put(obj)
+            elif event_type == "DELETED":
+                kind.remove(obj)
+            # BOOKMARK: only the resourceVersion moves.
         return resource_version, events
+
+
+async def watch_events(
+    list_call: Callable[..., Awaitable[Any]], *, resource_version: str, timeout_seconds: int, **list_kwargs: Any
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """One watch stream as (event type, object) pairs, until the server closes it after ``timeout_seconds``.
+
+    Raises ``WatchExpired`` for a 410 (in an ERROR event or as the HTTP status): the caller relists.
+    Other ERROR events and statuses raise ``client.ApiException``. Shared by every list+watch loop here.
+    """
+    response = await list_call(
+        **list_kwargs,
+        watch=True,
+        resource_version=resource_version,
+        timeout_seconds=timeout_seconds,
+        allow_watch_bookmarks=True,
+        _preload_content=False,
+        _request_timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=_LIST_TIMEOUT_SECONDS, sock_read=timeout_seconds + 30
+        ),
+    )
+    try:
+        if response.status != 200:
+            await read_json(response)  # raises with the server's Status
+        async for raw in response.content:
+            line = raw.strip()
+            if not line:
+                continue
+            event = json.loads(line)
+            event_type = event.get("type")
+            obj = event.get("object") or {}
+            if event_type == "ERROR":
+                if obj.get("code") == 410:
+                    raise WatchExpired(obj.get("message", "410 Gone"))
+                raise client.ApiException(status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}")
+            yield event_type, obj
+    finally:
+        response.close()
 
 
 def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
