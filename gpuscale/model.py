@@ -6,7 +6,10 @@ Kept free of I/O and of any layer above ``metrics/`` so sources, store and consu
 from __future__ import annotations
 
 import math
+import re
+from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal
+from functools import lru_cache
 from typing import NamedTuple
 
 # Kinds the store indexes values by. Deployments and StatefulSets are derived (mean over their pods).
@@ -126,3 +129,31 @@ def parse_duration(text: str | int | float) -> float:
         total += number * units[unit]
         i = k
     return total
+
+
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([numkMGTPE]|[KMGTPE]i|[eE][+-]?[0-9]+)?$")
+_SUFFIX_VALUE = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+_SUFFIX_VALUE |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def parse_quantity(text: str) -> float:
+    """A Kubernetes quantity string ("87500m", "1500k", "12Gi") → float, the inverse of ``format_quantity``.
+
+    Raises ValueError naming the text when it is not a quantity.
+    """
+    m = _QUANTITY.match(text.strip())
+    if m is None:
+        raise ValueError(f"not a quantity: {text!r}")
+    suffix = m.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return float(m.group(1)) * 10.0 ** int(suffix[1:])
+    return float(m.group(1)) * _SUFFIX_VALUE.get(suffix, 1.0)
+
+
+@lru_cache(maxsize=4096)
+def rfc3339(ts: float) -> str:
+    """Seconds since the epoch → ``2026-01-05T08:00:00Z`` (UTC, whole seconds, as Kubernetes writes times).
+
+    Cached: every value of one refresh shares a handful of sample times.
+    """
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

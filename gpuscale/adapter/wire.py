@@ -9,12 +9,11 @@ Field names and order as the Go structs serialise them: v1beta1 has ``metricName
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
 from gpuscale.metrics.store import MetricPoint
-from gpuscale.model import DEPLOYMENT, STATEFULSET, ObjectRef, format_quantity
+from gpuscale.model import DEPLOYMENT, STATEFULSET, ObjectRef, format_quantity, rfc3339
 
 CUSTOM_GROUP = "custom.metrics.k8s.io"
 EXTERNAL_GROUP = "external.metrics.k8s.io"
@@ -24,10 +23,6 @@ EXTERNAL_VERSIONS = ("v1beta1",)
 _API_VERSION = {DEPLOYMENT: "apps/v1", STATEFULSET: "apps/v1"}
 
 
-@lru_cache(maxsize=4096)
-def rfc3339(ts: float) -> str:
-    # NB: cached — every value of one refresh shares a handful of sample times.
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 quantity = lru_cache(maxsize=65536)(format_quantity)

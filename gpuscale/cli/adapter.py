@@ -7,7 +7,6 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -18,58 +17,19 @@ from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.adapter.tls import ServerTLS, serving_cert_files
 from gpuscale.errors import ConfigError
-from gpuscale.metrics.attribution import Attributor, Target
+from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue, load_catalogue
 from gpuscale.metrics.store import MetricsStore
-from gpuscale.model import ObjectRef, pod
 from gpuscale.pipeline import Pipeline
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import AdapterSettings
 from gpuscale.sources.base import MetricsSource
 from gpuscale.sources.discovery import DiscoveryRules, discover
-from gpuscale.sources.kube import ClusterObjects, KubeCache, load_api_client
+from gpuscale.sources.kube import KubeCache, load_api_client
 from gpuscale.sources.scrape import ScrapeSource
+from gpuscale.sources.targets import parse_scrape_targets, target_resolver
 
 log = logging.getLogger(__name__)
-
-
-def parse_scrape_targets(values: list[str]) -> dict[str, ObjectRef | None]:
-    """'URL' or 'NAMESPACE/POD=URL' → {url: pod or None}; errors name the offending value."""
-    out: dict[str, ObjectRef | None] = {}
-    for value in values:
-        owner: ObjectRef | None = None
-        url = value
-        if "=" in value and not value.startswith(("http://", "https://")):
-            who, url = value.split("=", 1)
-            ns, sep, name = who.partition("/")
-            if not sep or not ns or not name:
-                raise ConfigError(f"--scrape-url {value!r}: expected NAMESPACE/POD=URL")
-            owner = pod(ns, name)
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"--scrape-url {value!r}: not an http(s) URL")
-        out[url] = owner
-    return out
-
-
-def target_resolver(explicit: dict[str, ObjectRef | None], cluster: ClusterObjects | None):
-    """url → Target: the pod that serves it (given, or found by podIP:containerPort) and its node."""
-
-    def resolve(url: str) -> Target:
-        owner = explicit.get(url)
-        info = None
-        if cluster is not None:
-            if owner is not None:
-                info = cluster.pod(owner.namespace or "", owner.name)
-            else:
-                parts = urlsplit(url)
-                port = parts.port or (443 if parts.scheme == "https" else 80)
-                info = cluster.pod_at(parts.hostname or "", port)
-                if info is not None:
-                    owner = pod(info.namespace, info.name)
-        return Target(url, owner, info.node_name if info else None)
-
-    return resolve
 
 
 @dataclass
@@ -247,8 +207,21 @@ def _bound_port(site: web.TCPSite) -> int:
     return server.sockets[0].getsockname()[1]
 
 
-def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue):  # type: ignore[no-untyped-def]
-    raise ConfigError("--prometheus-url is not available in this build")
+def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> MetricsSource:
+    from gpuscale.metrics.aggregation import queries
+    from gpuscale.sources.prometheus import PrometheusSource
+
+    assert settings.prometheus_url is not None
+    return PrometheusSource(
+        url=settings.prometheus_url,
+        queries=queries(catalogue),
+        bearer_token_file=settings.prometheus_token_file,
+        ca_file=settings.prometheus_ca_file,
+        client_cert=settings.prometheus_client_cert,
+        client_key=settings.prometheus_client_key,
+        insecure_skip_verify=settings.prometheus_insecure_skip_verify,
+        timeout_seconds=min(settings.prometheus_timeout, settings.refresh_interval * 2),
+    )
 
 
 def _in_cluster() -> bool:

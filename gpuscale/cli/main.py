@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+from gpuscale.cli.top import TopSettings, add_top_arguments, run_top
 from gpuscale.errors import GpuscaleError
 from gpuscale.settings import AdapterSettings, DemoSettings, add_arguments, from_arguments
 
@@ -21,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     add_arguments(adapter, AdapterSettings)
     demo = sub.add_parser("demo", help="start a simulated GPU cluster and the adapter, show what the HPA sees")
     add_arguments(demo, DemoSettings)
+    top = sub.add_parser("top", help="kubectl top for GPUs: nodes, pods or gpus, and what each GPU really does")
+    add_top_arguments(top)
     return parser
 
 
@@ -57,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             demo_settings = from_arguments(DemoSettings, args)
             _logging(demo_settings.log_level)
             asyncio.run(_until_signal(lambda stop: run_demo(demo_settings, stop)))
+        elif args.command == "top":
+            top_settings = from_arguments(TopSettings, args)
+            _logging(top_settings.log_level)
+            asyncio.run(_until_signal(lambda stop: run_top(top_settings, stop)))
     except GpuscaleError as e:
         print(f"gpuscale {args.command}: {e}", file=sys.stderr)
         return 2

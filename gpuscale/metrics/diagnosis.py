@@ -202,7 +202,7 @@ _INT_FIELDS = frozenset(
     {"clock_event_reasons", "last_xid", "ecc_dbe_volatile", "uncorrectable_remapped_rows", "row_remap_failure"}
 )
 _XID_WINDOW = "DCGM_EXP_XID_ERRORS_COUNT"
-_KNOWN_DCGM_NAMES = frozenset(n for names in _DCGM_FIELDS.values() for n in names) | {_XID_WINDOW}
+KNOWN_DCGM_NAMES = frozenset(n for names in _DCGM_FIELDS.values() for n in names) | {_XID_WINDOW}
 
 
 def _reported(value: float | None) -> float | None:
@@ -231,8 +231,8 @@ def signals_from_dcgm(
     """
     by_name: dict[str, float] = {}
     for name, value in values.items():
-        base = name.removesuffix("_total") if name not in _KNOWN_DCGM_NAMES else name
-        if base in _KNOWN_DCGM_NAMES:
+        base = name.removesuffix("_total") if name not in KNOWN_DCGM_NAMES else name
+        if base in KNOWN_DCGM_NAMES:
             by_name[base] = value
     fields: dict[str, Any] = {}
     for field, names in _DCGM_FIELDS.items():

@@ -1,0 +1,122 @@
+"""`gpuscale top` against the simulated cluster: the Kubernetes API for pods, nodes and labels; the adapter's API.
+
+The simulated Kubernetes API and exporters (``SimCluster``) run in the test's event loop, ``top`` runs as a
+subprocess (asyncio, so the loop keeps serving it). Scope: pod → node and labels through --kubeconfig,
+-l on pods and on nodes, MIG devices, Triton values joined to their pods, the namespace errors, and the
+pods/nodes views read from a running adapter (--adapter-url).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from gpuscale.cli.adapter import start_adapter
+from gpuscale.settings import AdapterSettings
+from gpuscale.sim.cluster import SimCluster
+from tests.cli.test_top import top
+
+
+@pytest.fixture
+async def cluster():
+    sim = await SimCluster().start()
+    yield sim
+    await sim.stop()
+
+
+def scrape_args(cluster: SimCluster) -> list[str]:
+    return [arg for url in cluster.scrape_urls for arg in ("--scrape-url", url)]
+
+
+def gpu_pods(cluster: SimCluster) -> set[tuple[str, str]]:
+    """(namespace, pod) of every scheduled pod that holds a GPU, from the scenario itself."""
+    return {p.key for p in cluster.exporters.sim.placements if p.scheduled and p.slots}
+
+
+async def test_pods_nodes_and_labels_come_from_the_kubernetes_api(cluster):
+    kube = ["--kubeconfig", cluster.kubeconfig, *scrape_args(cluster)]
+    everything, selected, nodes, unknown, empty = await asyncio.gather(
+        top("pods", "-A", *kube, "-o", "json"),
+        top("pods", "-n", "inference", "-l", "app=triton-bert", *kube),
+        top("nodes", "-l", "nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB", *kube, "-o", "json"),
+        top("pods", "-n", "no-such-namespace", *kube),
+        top("pods", "-n", "default", *kube),
+    )
+
+    assert everything.code == 0, everything.err
+    pods = {(p.namespace, p.name): p for p in everything.doc().items}
+    assert set(pods) == gpu_pods(cluster)
+    placements = {p.key: p for p in cluster.exporters.sim.placements}
+    for key, pod in pods.items():
+        assert pod.node == placements[key].node  # pod → node
+    tritons = set(cluster.exporters.triton_urls)
+    for key in tritons:  # Triton series belong to the pod serving them (found by IP:port through the API)
+        stats = pods[key].inference
+        assert stats is not None and stats.queue_depth is not None and stats.queue_compute_ratio is not None
+    for key, pod in pods.items():
+        if key[0] == "nim":
+            assert pod.verdict.code == "under-filled"  # the LLM decode util trap
+    mig = [p for p in pods.values() if p.signals.mig_profile]
+    assert mig and all(p.signals.gpu_util_percent is None for p in mig)  # MIG: no GPU_UTIL, a device each
+
+    assert selected.code == 0, selected.err
+    assert {row["POD"] for row in selected.table()} == {name for ns, name in tritons if ns == "inference"}
+
+    assert nodes.code == 0, nodes.err
+    (a100,) = nodes.doc().items
+    assert a100.name == "ip-10-1-22-14.ec2.internal"
+    assert a100.gpus == 8 and a100.devices == 6 + 2 * 4  # two GPUs split into 4 MIG instances each
+
+    assert (unknown.code, unknown.err) == (2, 'gpuscale top: namespaces "no-such-namespace" not found\n')
+    assert empty.code == 2 and 'no GPU pods found in namespace "default"' in empty.err
+
+
+async def wait_until_served(url: str, path: str, *, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            async with session.get(url + path) as resp:
+                if resp.status == 200:
+                    return
+            assert time.monotonic() < deadline, f"{path} was not served in time"
+            await asyncio.sleep(0.1)
+
+
+async def test_pods_and_nodes_from_a_running_adapter(cluster):
+    settings = AdapterSettings(
+        scrape_url=cluster.scrape_urls,
+        kubeconfig=cluster.kubeconfig,
+        insecure_port=0,
+        bind_address="127.0.0.1",
+        refresh_interval=0.5,
+        log_level="warning",
+    )
+    adapter = await start_adapter(settings)
+    try:
+        ratio = "/apis/custom.metrics.k8s.io/v1beta2/namespaces/inference/pods/*/inference_queue_compute_ratio"
+        await wait_until_served(adapter.url, ratio)  # rates need two refreshes
+        pods, nodes, table = await asyncio.gather(
+            top("pods", "-A", "--adapter-url", adapter.url, "-o", "json"),
+            top("nodes", "--adapter-url", adapter.url, "-o", "json"),
+            top("pods", "-n", "nim", "--adapter-url", adapter.url),
+        )
+    finally:
+        await adapter.stop()
+
+    assert pods.code == 0, pods.err
+    doc = pods.doc()
+    by_key = {(p.namespace, p.name): p for p in doc.items}
+    assert set(by_key) == gpu_pods(cluster)
+    assert all(p.gpus is None for p in doc.items)  # the custom metrics API has no per-GPU values
+    assert any("not per GPU" in note for note in doc.notes)
+    for key in cluster.exporters.triton_urls:
+        stats = by_key[key].inference
+        assert stats is not None and stats.queue_compute_ratio is not None
+    assert nodes.code == 0, nodes.err
+    assert {n.name for n in nodes.doc().items} == {n.name for n in cluster.scenario.nodes}
+    assert table.code == 0, table.err
+    rows = table.table()
+    assert rows and all(r["VERDICT"] == "under-filled" and r["GPUS"] == "-" for r in rows)

@@ -1,0 +1,172 @@
+"""The pure layers under `gpuscale top`: devices, roll-ups, sorting and rendering, without a process or a socket.
+
+Scope: series → devices (MIG instances apart, Xid windows, the exporter's own pod, two URLs for one
+exporter), power counted once per physical GPU in pod and node roll-ups, the table layout (fits the width,
+cuts names the way that keeps them recognisable, aligns numbers), the legend (only verdicts shown, numbers
+from the loaded policy), the registries (unknown sort key / format name the valid ones), the JSON
+document round trip, and the adapter API's quantities. Fixture values are read from the fixture files.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuscale.cli.render_top import (
+    Column,
+    GpuTopList,
+    RenderOptions,
+    Scope,
+    legend,
+    render,
+    sort_items,
+    table,
+)
+from gpuscale.cli.top import parse_quantity
+from gpuscale.errors import ConfigError
+from gpuscale.metrics.attribution import Attributor, Target
+from gpuscale.metrics.devices import DEVICE_SERIES, gpu_statuses, read_devices
+from gpuscale.metrics.diagnosis import load_policy
+from gpuscale.metrics.exposition import parse_samples
+from gpuscale.metrics.rollups import node_statuses, pod_statuses
+from gpuscale.model import pod
+from gpuscale.sources.scrape import ScrapeSource
+from tests.helpers import H100, MIG, T0
+
+POLICY = load_policy()
+
+
+def statuses(*scrapes: tuple[str, object], targets: dict[str, Target] | None = None):
+    """Fixture files as if scraped from the given URLs, through ScrapeSource → read_devices → diagnosis."""
+    source = ScrapeSource([], series=DEVICE_SERIES)
+    for url, path in scrapes:
+        source.ingest(url, parse_samples(path.read_text()), timestamp=T0)  # type: ignore[attr-defined]
+    targets = targets or {}
+    readings = read_devices(source.read, Attributor(lambda url: targets.get(url, Target(url))))
+    return gpu_statuses(readings, POLICY)
+
+
+def power_of(path, *, once_per_gpu: bool) -> float:
+    seen: dict[str, float] = {}
+    total = 0.0
+    for s in parse_samples(path.read_text()):
+        if s.name == "DCGM_FI_DEV_POWER_USAGE":
+            total += s.value
+            seen[s.labels["UUID"]] = s.value
+    return sum(seen.values()) if once_per_gpu else total
+
+
+# --- devices -------------------------------------------------------------------------------------------
+
+
+def test_every_mig_instance_is_a_device_of_its_own():
+    gpus = statuses(("http://a/metrics", MIG))
+    ids = {g.device_id for g in gpus}
+    assert {"0/2", "0/3", "0/9", "0/10", "1/1", "1/2", "2"} <= ids
+    instance = next(g for g in gpus if g.device_id == "0/3")
+    assert instance.mig_profile == "2g.20gb" and instance.signals.gpu_util_percent is None
+    assert instance.namespace == "inference" and instance.pod
+
+
+def test_power_is_counted_once_per_physical_gpu_in_node_and_pod_rollups():
+    gpus = statuses(("http://a/metrics", MIG))
+    (node,) = node_statuses(gpus, POLICY)
+    assert power_of(MIG, once_per_gpu=True) < power_of(MIG, once_per_gpu=False)  # the trap is real here
+    assert node.signals.power_watts == pytest.approx(power_of(MIG, once_per_gpu=True))
+    assert node.gpus == len({g.uuid for g in gpus}) and node.devices == len(gpus)
+    # A pod holding two instances of one GPU gets that GPU's power once.
+    parent = next(g for g in gpus if g.device_id == "0/9")
+    twins = [g.model_copy(update={"namespace": "t", "pod": "p"}) for g in gpus if g.uuid == parent.uuid][:2]
+    (combined,) = pod_statuses(twins, POLICY)
+    assert combined.gpus == 2 and combined.signals.power_watts == pytest.approx(parent.signals.power_watts)
+
+
+def test_xid_windows_and_health_signals_reach_the_verdict():
+    by_gpu = {g.gpu: g for g in statuses(("http://a/metrics", H100))}
+    faulty = by_gpu["5"]
+    xids = {int(s.labels["xid"]) for s in parse_samples(H100.read_text()) if s.name == "DCGM_EXP_XID_ERRORS_COUNT"
+            and s.labels["gpu"] == "5"}  # fmt: skip
+    assert set(faulty.signals.xid_counts or {}) == xids
+    assert faulty.verdict.code == "unhealthy" and by_gpu["1"].verdict.code == "under-filled"
+
+
+def test_the_exporters_own_pod_labels_do_not_make_a_workload():
+    exporter_pod = pod("gpu-operator", "nvidia-dcgm-exporter-x")
+    text = H100.read_text().replace('container="encoder",namespace="ml-batch",pod="embeddings-batch-28471-8xk2p"',
+                                    'container="exporter",namespace="gpu-operator",pod="nvidia-dcgm-exporter-x"')  # fmt: skip
+    source = ScrapeSource([], series=DEVICE_SERIES)
+    source.ingest("http://e/metrics", parse_samples(text), timestamp=T0)
+    attributor = Attributor(lambda url: Target(url, exporter_pod, "node-a"))
+    by_gpu = {g.gpu: g for g in gpu_statuses(read_devices(source.read, attributor), POLICY)}
+    assert by_gpu["7"].pod is None and by_gpu["7"].node == "node-a"
+    assert by_gpu["1"].pod is not None
+
+
+def test_one_exporter_under_two_urls_is_one_set_of_devices():
+    gpus = statuses(("http://a/metrics", H100), ("http://b/metrics", H100))
+    assert len(gpus) == 8
+
+
+# --- rendering -----------------------------------------------------------------------------------------
+
+
+def test_table_fits_the_width_cutting_names_the_readable_way():
+    columns = [
+        Column("NODE", lambda r: r[0], cut="host", min_width=14, shrink_first=True),
+        Column("POD", lambda r: r[1], cut="middle", min_width=18),
+        Column("UTIL", lambda r: r[2], right=True),
+    ]
+    rows = [
+        ("ip-10-0-131-77.ec2.internal", "inference/triton-inference-7d9f8b6c5-x2k4q", "63%"),
+        ("ip-10-0-152-203.ec2.internal", "nim/llama3-8b-instruct-5c6b9d8f47-qz7mh", "100%"),
+    ]
+    out = table(columns, rows, width=52, headers=True)
+    assert all(len(line) <= 52 for line in out.lines)
+    assert out.lines[1].startswith("ip-10-0-131-77   ")  # the domain goes whole, the host stays
+    assert "x2k4q" in out.lines[1] and "…" in out.lines[1]  # the pod's unique suffix survives
+    assert out.lines[1].endswith(" 63%") and out.lines[2].endswith("100%")  # numbers right-aligned
+    assert table(columns, rows, width=None, headers=False).lines[0].split()[1] == rows[0][1]  # no cut unbounded
+
+
+def test_legend_lists_the_verdicts_shown_with_the_policys_numbers(tmp_path):
+    gpus = statuses(("http://a/metrics", H100))
+    lines = legend("gpus", gpus, POLICY, width=None)
+    codes = {line.split()[1] for line in lines[1:]}
+    assert codes == {g.verdict.code.value for g in gpus}
+    under = next(line for line in lines if " under-filled " in line)
+    busy, ineffective = POLICY.diagnosis.busy.gpu_util_percent, POLICY.diagnosis.sm_active.ineffective
+    assert f"GPU util ≥ {busy:g}%" in under and f"SM active < {ineffective * 100:g}%" in under
+
+
+def test_sort_keys_and_formats_are_registries_that_name_the_valid_choices():
+    gpus = statuses(("http://a/metrics", H100))
+    hottest = sort_items("gpus", gpus, "temp")[0]
+    assert hottest.signals.gpu_temp_c == max(g.signals.gpu_temp_c or 0 for g in gpus)
+    assert sort_items("gpus", gpus, "verdict")[0].verdict.code == "unhealthy"
+    with pytest.raises(ConfigError, match="valid: name, node, pod, util"):
+        sort_items("gpus", gpus, "heat")
+    doc = GpuTopList(view="gpus", generated_at=T0, items=gpus)
+    with pytest.raises(ConfigError, match="valid: table, wide, json, yaml"):
+        render(doc, "xml", RenderOptions(POLICY))
+
+
+def test_json_document_round_trips():
+    gpus = statuses(("http://a/metrics", H100))
+    doc = GpuTopList(view="gpus", generated_at=T0, scope=Scope(namespace="x"), items=gpus)
+    text = render(doc, "json", RenderOptions(POLICY)).plain()
+    back = GpuTopList.model_validate_json(text)
+    assert back.generated_at == T0
+    assert [i.model_dump() for i in back.items] == [i.model_dump() for i in doc.items]
+    assert '"physical"' not in text  # an internal key, not part of the document
+
+
+QUANTITIES = [("87500m", 87.5), ("87", 87.0), ("1500k", 1.5e6), ("12Gi", 12 * 2**30), ("1e3", 1000.0), ("-5m", -0.005)]
+
+
+@pytest.mark.parametrize(("text", "value"), QUANTITIES)
+def test_adapter_quantities_parse(text, value):
+    assert parse_quantity(text) == pytest.approx(value)
+
+
+def test_a_non_quantity_is_refused():
+    with pytest.raises(ValueError, match="not a quantity"):
+        parse_quantity("12 GB")
