@@ -220,7 +220,7 @@ def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> Metri
         client_cert=settings.prometheus_client_cert,
         client_key=settings.prometheus_client_key,
         insecure_skip_verify=settings.prometheus_insecure_skip_verify,
-        timeout_seconds=min(settings.prometheus_timeout, settings.refresh_interval * 2),
+        timeout_seconds=min(settings.prometheus_timeout, settings.refresh_interval),
     )
 
 

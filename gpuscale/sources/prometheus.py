@@ -1,0 +1,594 @@
+"""The Prometheus source: the catalogue's terms read from a Prometheus-compatible ``/api/v1/query``.
+
+Works against Prometheus, VictoriaMetrics, Thanos Query and Mimir/Cortex: anything that answers the
+Prometheus HTTP API's instant query. It is the alternative to the embedded scrape source when a
+Prometheus already scrapes dcgm-exporter and Triton, and feeds the same pipeline: the same attribution
+(device → pod → node → namespace) and the same aggregation run on its values.
+
+Queries: a fixed number per refresh, bounded by the catalogue, never by the cluster
+-----------------------------------------------------------------------------------
+Each distinct catalogue term (``aggregation.queries(catalogue)``) becomes one instant query (a windowed
+term naming several series becomes one query per series, see below), all sent concurrently once per
+refresh, under one deadline (``timeout_seconds``), as ``POST`` form data so that no query ever meets a
+URL length limit (VictoriaMetrics' 16 KB, HTTP 414 in prometheus-adapter #358/#668). No query names a
+pod: prometheus-adapter builds ``pod=~"p1|p2|…"`` per HPA request, which grows with the pods (25 KB at
+150 pods) and costs one query per HPA poll; here the text of every query is fixed at start and the HPA
+is answered from the store.
+
+The PromQL for a term (when the catalogue gives no ``prometheus:`` override)::
+
+    gauge      DCGM_FI_DEV_GPU_UTIL                        one series
+               {__name__=~"DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE"}    several series
+    rate       rate(nv_inference_request_success[60s])
+    increase   increase(nv_inference_queue_duration_us[60s])
+
+plus the term's ``match`` as label matchers (``X{model="bert"}``).
+
+* **No ``sum by``.** Every series comes back with all its labels (``UUID``, ``GPU_I_ID``, ``Hostname``,
+  ``pod``/``namespace``/``exported_pod``, ``model``/``version``, ``instance`` …), and aggregation happens
+  in our pipeline, per device, with exactly the code that serves the scrape source. Summing in PromQL
+  would have to know how a DCGM series maps to its workload pod (``exported_pod`` vs ``pod``, the
+  exporter's own pod on idle GPUs), how to count MIG parents' power once, which of Triton's two label
+  shapes to keep and how to form a ratio of sums per object — the rules of ``metrics/attribution.py``,
+  which would then exist twice and drift. It would also lose the per-label partials external metrics
+  select from.
+* **Result size is bounded by series, not pods.** A query returns one sample per existing series: one
+  per GPU (or MIG instance) for DCGM fields, one per model × instance for Triton counters — the same
+  rows a scrape of the exporters returns, whatever number of pods or HPAs ask. The body size is capped
+  (``max_body_bytes``) all the same.
+* **Windowed terms with several series** are queried one series at a time: ``rate()`` and
+  ``increase()`` drop ``__name__``, and two series whose other labels are equal (Triton's
+  ``queue_duration_us`` and ``request_success`` share every label) then collide ("vector cannot contain
+  metrics with the same labelset"); ``label_replace`` cannot restore a name that was already dropped,
+  and a subquery would change the semantics. One query per series is exact on every backend and keeps
+  the count bounded (Σ series of the catalogue's windowed terms; every built-in term has one).
+* **Overrides.** A term's ``prometheus:`` text is used verbatim after replacing ``{window}`` with the
+  metric's window as a PromQL duration (``60s``). Its result is read like a default query: labels are
+  kept, ``__name__`` names the series when present, else the term's first series does; the term's
+  ``match`` is applied to the result labels, exactly as for the scrape source.
+
+Reading the answer
+------------------
+* ``SeriesValue.name`` is ``__name__`` (rate/increase results have none: the queried series' name),
+  ``labels`` every other label, ``value`` the float (``"NaN"``/``"+Inf"`` parse as floats and are
+  dropped later by aggregation), ``timestamp`` the sample time the server returned — for an instant query
+  that is the evaluation time; Prometheus' own staleness handling (stale markers when a target stops
+  answering, the 5-minute lookback otherwise) decides which series still exist. ``window_seconds`` is
+  the term's window for rate/increase.
+* **One evaluation instant per refresh.** Every query of a refresh carries the same ``time`` (the
+  source's clock when the refresh starts), so a ratio's numerator and denominator cover the same window.
+  Evaluated a few milliseconds apart, a scrape landing in between gives one side an extra interval:
+  VictoriaMetrics' ``increase()`` does not extrapolate, so with a 5 s window and 1 s scrapes
+  ``inference_queue_time_seconds`` came out 25 % high in the end-to-end test (with 60 s windows and
+  15 s scrapes it would be up to 25 % too). The cost: a gpuscale clock ahead of the server's asks for an
+  instant the server has not reached yet (Prometheus answers with its newest samples), so keep NTP.
+* ``target`` is ``http://<instance>/metrics`` when the series has an ``instance`` label, so the
+  adapter's target resolver maps ``host:port`` to the pod that serves it through the Kubernetes API,
+  exactly as for a scraped URL; otherwise the Prometheus URL.
+* **DCGM blank sentinels** are dropped from gauge terms. Prometheus returns every value as a float, so
+  whether dcgm-exporter printed an INT64 (``%d``) or a DOUBLE (``%f``) is lost: integral values use the
+  int64 rule (≥ 0x7ffffffffffffff0) plus the four exact fp64 codes (2**47 … 2**47+3); only non-integral
+  values get the fp64 rule (≥ 1.4e14). So ``DCGM_FI_DEV_POWER_VIOLATION`` ≈ 3e14 ns stays a value.
+* **VictoriaMetrics** delays instant queries near "now" by ``-search.latencyOffset`` (30 s by default)
+  and then stamps the 30-second-old values with the current time; every query therefore carries
+  ``nocache=1``, which VictoriaMetrics reads as "answer from the newest data" and Prometheus, Thanos
+  and Mimir ignore as an unknown parameter.
+
+Faults
+------
+``refresh`` never raises for the server's faults: connection refused, timeout, HTTP errors (the JSON
+``error`` Prometheus sends with 4xx/5xx is quoted), ``{"status": "error"}``, malformed or non-JSON
+bodies (an HTML login page from a proxy), bodies over the size cap, an unexpected result type. A failed
+query keeps its previous values with their old timestamps, so they age into staleness and the adapter
+answers 503 after the metric's max-age instead of serving old numbers as new; the other queries of the
+refresh still update. A partial answer (``warnings``, VictoriaMetrics' ``isPartial``) is used: series
+it returns replace their old values, series it lacks keep theirs (old timestamps, again), and the
+health says why. ``health()`` has one entry, the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import ssl
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+
+from gpuscale.errors import ConfigError, SourceUnavailable
+from gpuscale.metrics.exposition import is_dcgm_blank
+from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "Answer", "PlannedQuery", "PrometheusSource", "duration", "plan", "read_answer"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+DEFAULT_TIMEOUT_SECONDS = 5.0
+# dcgm_structs.h: DCGM_FP64_BLANK = 2**47, then NOT_FOUND, NOT_SUPPORTED, NO_PERMISSION (+1, +2, +3).
+_FP64_BLANK_CODES = frozenset(float(2**47 + i) for i in range(4))
+_ERROR_TEXT_LIMIT = 300
+
+
+# --- PromQL (pure) ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedQuery:
+    """One PromQL instant query and how to read its answer.
+
+    ``name`` names samples that come back without ``__name__`` (rate/increase results); ``input`` and
+    ``window_seconds`` (None for gauges) describe the values; ``match`` is re-applied to the result labels
+    (a no-op for default queries, which carry it as matchers; the contract for overrides).
+    """
+
+    promql: str
+    name: str
+    input: str = "gauge"
+    window_seconds: float | None = None
+    match: tuple[tuple[str, str], ...] = ()
+
+
+def duration(seconds: float) -> str:
+    """A PromQL duration: ``60s``, or ``1500ms`` for windows that are not whole seconds."""
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"window must be a positive number of seconds, got {seconds!r}")
+    if float(seconds).is_integer():
+        return f"{int(seconds)}s"
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def _quote(value: str) -> str:
+    """A PromQL double-quoted string (Go escaping: backslash, quote, newline)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def _selector(series: Iterable[str], match: Iterable[tuple[str, str]]) -> str:
+    names = list(series)
+    matchers = [f"{k}={_quote(v)}" for k, v in match]
+    if len(names) == 1:
+        return f"{names[0]}{{{','.join(matchers)}}}" if matchers else names[0]
+    # NB: catalogue series names are [a-zA-Z_:][a-zA-Z0-9_:]*, so no regex metacharacter needs escaping.
+    return "{" + ",".join([f'__name__=~"{"|".join(names)}"', *matchers]) + "}"
+
+
+def plan(query: TermQuery) -> tuple[PlannedQuery, ...]:
+    """The PromQL for one term: one query, or one per series for a windowed term naming several."""
+    window = None if query.input == "gauge" else query.window_seconds
+    if query.promql is not None:
+        text = query.promql.replace("{window}", duration(query.window_seconds))
+        return (PlannedQuery(text, query.series[0], query.input, window, query.match),)
+    if window is None:
+        return (PlannedQuery(_selector(query.series, query.match), query.series[0], "gauge", None, query.match),)
+    return tuple(
+        PlannedQuery(
+            f"{query.input}({_selector((name,), query.match)}[{duration(window)}])",
+            name,
+            query.input,
+            window,
+            query.match,
+        )
+        for name in query.series
+    )
+
+
+# --- the answer (pure) --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The usable part of one query's response."""
+
+    values: list[SeriesValue]
+    warnings: tuple[str, ...] = ()
+    partial: bool = False
+
+
+def _is_blank(name: str, value: float) -> bool:
+    """DCGM "no value" markers among floats of unknown origin (module docstring)."""
+    if not name.startswith("DCGM_") or not (1.4e14 <= value < math.inf):  # NB: NaN/Inf are not sentinels
+        return False
+    if value.is_integer():
+        return is_dcgm_blank(name, value, integer=True) or value in _FP64_BLANK_CODES
+    return is_dcgm_blank(name, value)
+
+
+def read_answer(body: Any, planned: PlannedQuery, *, source: str) -> Answer:
+    """One decoded ``/api/v1/query`` body → series values; SourceUnavailable(source, reason) if unusable.
+
+    ``source`` (the Prometheus URL) is also the target of samples without an ``instance`` label.
+    """
+    if not isinstance(body, Mapping):
+        raise SourceUnavailable(source, f"malformed response: a JSON {type(body).__name__}, not an object")
+    status = body.get("status")
+    if status != "success":
+        kind = body.get("errorType") or "error"
+        raise SourceUnavailable(source, f"{kind}: {_short(str(body.get('error') or f'status {status!r}'))}")
+    data = body.get("data")
+    if not isinstance(data, Mapping):
+        raise SourceUnavailable(source, "malformed response: no 'data' object")
+    result_type = data.get("resultType")
+    result = data.get("result")
+    values: list[SeriesValue] = []
+    if result_type == "scalar":
+        ts, value = _sample(result, "result", source)
+        values.append(SeriesValue(planned.name, {}, value, ts, source, planned.window_seconds))
+    elif result_type == "vector":
+        if not isinstance(result, list):
+            raise SourceUnavailable(source, "malformed response: 'result' is not a list")
+        gauge = planned.input == "gauge"
+        for i, item in enumerate(result):
+            if not isinstance(item, Mapping) or not isinstance(item.get("metric"), Mapping):
+                raise SourceUnavailable(source, f"malformed response: result[{i}] has no 'metric' object")
+            labels = {str(k): str(v) for k, v in item["metric"].items()}
+            name = labels.pop("__name__", None) or planned.name
+            ts, value = _sample(item.get("value"), f"result[{i}].value", source)
+            if planned.match and any(labels.get(k) != v for k, v in planned.match):
+                continue
+            if gauge and _is_blank(name, value):
+                continue  # NB: rate/increase values are derived; the sentinel test means nothing there
+            instance = labels.get("instance")
+            target = f"http://{instance}/metrics" if instance else source
+            values.append(SeriesValue(name, labels, value, ts, target, planned.window_seconds))
+    else:
+        raise SourceUnavailable(
+            source, f"unexpected resultType {result_type!r} (the query must return an instant vector)"
+        )
+    warnings = body.get("warnings") or []
+    if not isinstance(warnings, list):
+        warnings = [warnings]
+    return Answer(values, tuple(str(w) for w in warnings if w), body.get("isPartial") is True)
+
+
+def _sample(pair: Any, where: str, source: str) -> tuple[float, float]:
+    if not isinstance(pair, list) or len(pair) != 2:
+        raise SourceUnavailable(source, f"malformed response: {where} is not a [timestamp, value] pair")
+    try:
+        # NB: float() reads Prometheus' "NaN", "+Inf", "-Inf"; aggregation drops them later.
+        return float(pair[0]), float(pair[1])
+    except (TypeError, ValueError) as e:
+        raise SourceUnavailable(source, f"malformed response: {where}: {e}") from e
+
+
+def _short(text: str, limit: int = _ERROR_TEXT_LIMIT) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- files that rotate ----------------------------------------------------------------------------------
+
+
+class _FileError(Exception):
+    """A credential file (token, CA, client certificate) cannot be used; ``str()`` says which and why."""
+
+
+@dataclass(slots=True)
+class _Watched:
+    """A file read again whenever it changes (Kubernetes rotates projected tokens and mounted certs)."""
+
+    what: str  # "CA file", "bearer token file", … for error messages
+    path: str
+    stamp: tuple[int, int, int] | None = None
+
+    def changed(self) -> bool:
+        try:
+            st = os.stat(self.path)  # NB: follows the ..data symlink Kubernetes swaps atomically
+        except OSError as e:
+            self.stamp = None
+            raise _FileError(f"{self.what} {self.path}: {e.strerror or e}") from e
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self.stamp:
+            return False
+        self.stamp = stamp
+        return True
+
+
+class _BearerToken:
+    def __init__(self, token: str | None, path: str | None) -> None:
+        self._token = token
+        self._file = _Watched("bearer token file", path) if path is not None else None
+
+    def current(self) -> str | None:
+        if self._file is None:
+            return self._token
+        if self._file.changed() or self._token is None:
+            try:
+                self._token = Path(self._file.path).read_text().strip()
+            except OSError as e:
+                self._file.stamp = None  # NB: try again next refresh
+                raise _FileError(f"bearer token file {self._file.path}: {e.strerror or e}") from e
+        return self._token
+
+
+class _TlsContext:
+    """The client's SSLContext, rebuilt when the CA, certificate or key file changes."""
+
+    def __init__(
+        self, *, ca_file: str | None, client_cert: str | None, client_key: str | None, insecure_skip_verify: bool
+    ) -> None:
+        self._ca_file = ca_file
+        self._cert = client_cert
+        self._key = client_key
+        self._insecure = insecure_skip_verify
+        named = (("CA file", ca_file), ("client certificate", client_cert), ("client key", client_key))
+        self._files = [_Watched(what, path) for what, path in named if path]
+        self._context: ssl.SSLContext | None = None
+
+    def current(self) -> ssl.SSLContext:
+        changed = [f.changed() for f in self._files]  # NB: stat every file, so every stamp stays current
+        if self._context is None or any(changed):
+            try:
+                self._context = self._build()
+            except _FileError:
+                for f in self._files:
+                    f.stamp = None  # NB: never keep serving an old context silently; retry next refresh
+                raise
+        return self._context
+
+    def _build(self) -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        if self._ca_file:
+            try:
+                context.load_verify_locations(cafile=self._ca_file)
+            except (OSError, ssl.SSLError) as e:
+                raise _FileError(f"CA file {self._ca_file}: {e}") from e
+        if self._cert:
+            try:
+                context.load_cert_chain(self._cert, self._key)
+            except (OSError, ssl.SSLError) as e:
+                raise _FileError(f"client certificate {self._cert} (key {self._key or 'in the same file'}): {e}") from e
+        if self._insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+
+# --- the source -----------------------------------------------------------------------------------------
+
+
+class PrometheusSource:
+    """Reads the catalogue's terms from a Prometheus-compatible HTTP API (module docstring).
+
+    ``queries`` are the terms to answer (``aggregation.queries(catalogue)``). ``bearer_token`` or
+    ``bearer_token_file`` (read again whenever it changes) authenticate; ``ca_file`` verifies the server,
+    ``client_cert``/``client_key`` authenticate with a certificate (both files re-read when they change);
+    ``insecure_skip_verify`` is for development only. ``timeout_seconds`` bounds a whole refresh.
+    Unreadable credential files raise ConfigError here, so a bad flag fails at start.
+    """
+
+    name = "prometheus"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        queries: Iterable[TermQuery],
+        bearer_token: str | None = None,
+        bearer_token_file: str | Path | None = None,
+        ca_file: str | Path | None = None,
+        client_cert: str | Path | None = None,
+        client_key: str | Path | None = None,
+        insecure_skip_verify: bool = False,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        session: aiohttp.ClientSession | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"Prometheus URL {url!r} is not an http(s) URL")
+        if bearer_token is not None and bearer_token_file is not None:
+            raise ConfigError("give a Prometheus bearer token or a token file, not both")
+        if "@" in parts.netloc and (bearer_token is not None or bearer_token_file is not None):
+            raise ConfigError("the Prometheus URL carries user:password; give that or a bearer token, not both")
+        if client_key is not None and client_cert is None:
+            raise ConfigError("a Prometheus client key needs a client certificate")
+        if not (math.isfinite(timeout_seconds) and timeout_seconds > 0):
+            raise ConfigError(f"Prometheus timeout must be a positive number of seconds, got {timeout_seconds!r}")
+        self.url = url.rstrip("/")
+        # NB: health and logs show the URL without user:password.
+        self.display_url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
+        self._query_url = f"{self.url}/api/v1/query"
+        self._token = _BearerToken(bearer_token, str(bearer_token_file) if bearer_token_file is not None else None)
+        self._tls: _TlsContext | None = None
+        if parts.scheme == "https" or ca_file or client_cert:
+            self._tls = _TlsContext(
+                ca_file=str(ca_file) if ca_file else None,
+                client_cert=str(client_cert) if client_cert else None,
+                client_key=str(client_key) if client_key else None,
+                insecure_skip_verify=insecure_skip_verify,
+            )
+        self._timeout_seconds = float(timeout_seconds)
+        self._max_body = max_body_bytes
+        self._session = session
+        self._own_session = session is None
+        self._clock = clock
+        self._plans: dict[TermQuery, tuple[PlannedQuery, ...]] = {q: plan(q) for q in queries}
+        # NB: terms that plan to the same query (one gauge read over two windows) send it once.
+        self._kept: dict[PlannedQuery, list[SeriesValue]] = {p: [] for ps in self._plans.values() for p in ps}
+        self._health = TargetHealth(self.display_url, False, error="not queried yet")
+        self._logged: frozenset[str] = frozenset()
+        try:
+            self._request_options()
+        except _FileError as e:
+            raise ConfigError(str(e)) from e
+
+    @property
+    def promql(self) -> list[str]:
+        """Every PromQL query one refresh sends, in order (for logs, docs and tests)."""
+        return [p.promql for p in self._kept]
+
+    async def close(self) -> None:
+        if self._own_session and self._session is not None:
+            await self._session.close()
+        self._session = None
+
+    # --- I/O -------------------------------------------------------------------------------------------
+
+    async def refresh(self, *, now: float) -> None:
+        """Run every query concurrently, at one evaluation instant, under one deadline; never raises for
+        the server's faults.
+
+        The instant is the source's own clock (wall time unless a test injects one), not ``now``: the
+        pipeline's clock may be simulated while the server's data is real.
+        """
+        started = self._clock()
+        planned = list(self._kept)
+        try:
+            headers, ssl_context = self._request_options()
+        except _FileError as e:
+            self._record(started, {p: str(e) for p in planned}, {})
+            return
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers={"User-Agent": "gpuscale", "Accept": "application/json"})
+        deadline = asyncio.get_running_loop().time() + self._timeout_seconds
+        form = {
+            "time": f"{started:.3f}",  # NB: one instant for every query (module docstring)
+            "timeout": duration(self._timeout_seconds),  # NB: the server gives up too
+            "nocache": "1",  # VictoriaMetrics: no -search.latencyOffset delay (module docstring)
+        }
+        answers = await asyncio.gather(*(self._query(p, form, headers, ssl_context, deadline) for p in planned))
+        failed: dict[PlannedQuery, str] = {}
+        partial: dict[PlannedQuery, str] = {}
+        for p, answer in zip(planned, answers, strict=True):
+            if isinstance(answer, str):
+                failed[p] = answer  # NB: the previous values stay, with their old timestamps
+            elif answer.partial or answer.warnings:
+                # NB: a partial answer replaces the series it has; the others keep their old values and
+                # timestamps, so they age out unless a later full answer brings them back.
+                fresh = {_key(v) for v in answer.values}
+                self._kept[p] = answer.values + [v for v in self._kept[p] if _key(v) not in fresh]
+                why = "; ".join(answer.warnings) or "the server marked the response partial"
+                partial[p] = f"partial response: {_short(why)}"
+            else:
+                self._kept[p] = answer.values
+        self._record(started, failed, partial)
+
+    def _request_options(self) -> tuple[dict[str, str], ssl.SSLContext | bool]:
+        token = self._token.current()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return headers, self._tls.current() if self._tls is not None else True
+
+    async def _query(
+        self,
+        planned: PlannedQuery,
+        form: dict[str, str],
+        headers: dict[str, str],
+        ssl_context: ssl.SSLContext | bool,
+        deadline: float,
+    ) -> Answer | str:
+        """One query → its answer, or the reason it failed (for health())."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                body = await self._post({"query": planned.promql, **form}, headers, ssl_context)
+            return read_answer(body, planned, source=self.display_url)
+        except TimeoutError:
+            return f"timed out after {self._timeout_seconds:g}s"
+        except SourceUnavailable as e:
+            return e.reason
+
+    async def _post(self, form: dict[str, str], headers: dict[str, str], ssl_context: ssl.SSLContext | bool) -> Any:
+        assert self._session is not None
+        try:
+            async with self._session.post(self._query_url, data=form, headers=headers, ssl=ssl_context) as resp:
+                raw = await self._read_body(resp)
+                status = resp.status
+                content_type = resp.headers.get("Content-Type", "")
+        except aiohttp.ClientConnectorError as e:
+            raise SourceUnavailable(self.display_url, f"cannot connect: {e.os_error or e}") from e
+        except aiohttp.ClientError as e:
+            raise SourceUnavailable(self.display_url, f"{type(e).__name__}: {e}") from e
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            shown = _short(raw[:200].decode("utf-8", errors="replace"), 120)
+            if status != 200:
+                raise SourceUnavailable(self.display_url, f"HTTP {status}: {shown}") from e
+            reason = f"malformed JSON response ({content_type or 'no Content-Type'}): {shown!r}"
+            raise SourceUnavailable(self.display_url, reason) from e
+        if status != 200:
+            # NB: Prometheus explains its 4xx/5xx in the JSON body (errorType, error): quote it.
+            # VictoriaMetrics puts the status code in errorType ("422"); say it once.
+            kind = str(body.get("errorType") or "") if isinstance(body, dict) else ""
+            error = str(body.get("error") or "") if isinstance(body, dict) else ""
+            detail = ": ".join(part for part in (kind if kind != str(status) else "", error) if part)
+            raise SourceUnavailable(
+                self.display_url, f"HTTP {status}: {_short(detail)}" if detail else f"HTTP {status}"
+            )
+        return body
+
+    async def _read_body(self, resp: aiohttp.ClientResponse) -> bytes:
+        if resp.content_length is not None and resp.content_length > self._max_body:
+            raise SourceUnavailable(
+                self.display_url, f"response of {resp.content_length} bytes exceeds the {self._max_body} byte limit"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.content.iter_chunked(256 * 1024):
+            size += len(chunk)
+            if size > self._max_body:
+                raise SourceUnavailable(self.display_url, f"response exceeds the {self._max_body} byte limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _record(self, started: float, failed: Mapping[PlannedQuery, str], partial: Mapping[PlannedQuery, str]) -> None:
+        finished = self._clock()
+        prev = self._health
+        problems = {**partial, **failed}
+        extra = {"queries": str(len(self._kept))}
+        if failed:
+            extra["failed_queries"] = str(len(failed))
+        if partial:
+            extra["partial_queries"] = str(len(partial))
+        error = None
+        if problems:
+            shown = [f"{_short(p.promql, 120)}: {why}" for p, why in list(problems.items())[:3]]
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            what = "failed or partial" if failed and partial else "failed" if failed else "partial"
+            error = f"{len(problems)} of {len(self._kept)} queries {what}: " + "; ".join(shown) + more
+            if len(problems) == len(self._kept) and len(set(problems.values())) == 1:
+                error = next(iter(problems.values()))  # e.g. "cannot connect: …", once, not 12 times
+        self._health = TargetHealth(
+            self.display_url,
+            not problems,
+            last_success=prev.last_success if problems else finished,
+            last_attempt=started,
+            last_duration_seconds=finished - started,
+            error=error,
+            series=sum(len(v) for v in self._kept.values()),
+            failures_total=prev.failures_total + (1 if problems else 0),
+            extra=extra,
+        )
+        # NB: log when the set of problems changes, not on every refresh of a long outage.
+        signature = frozenset(problems.values())
+        if signature != self._logged:
+            if problems:
+                log.warning("prometheus %s: %s", self.display_url, error)
+            else:
+                log.info("prometheus %s: all %d queries answered again", self.display_url, len(self._kept))
+            self._logged = signature
+
+    # --- pure ------------------------------------------------------------------------------------------
+
+    def read(self, query: TermQuery) -> list[SeriesValue]:
+        """Values of ``query`` from the last answers (a term the source was not built for has none)."""
+        out: list[SeriesValue] = []
+        for p in self._plans.get(query) or plan(query):
+            out.extend(self._kept.get(p, ()))
+        return out
+
+    def health(self) -> list[TargetHealth]:
+        return [self._health]
+
+
+def _key(value: SeriesValue) -> tuple[str, frozenset[tuple[str, str]]]:
+    return value.name, frozenset(value.labels.items())
