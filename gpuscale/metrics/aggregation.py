@@ -17,7 +17,7 @@ import numpy as np
 
 from gpuscale.metrics.attribution import Device
 from gpuscale.metrics.catalogue import Catalogue, MetricDefinition, Term
-from gpuscale.metrics.store import LabelledPart, MetricPoint, Partial, Snapshot
+from gpuscale.metrics.store import DeviceColumns, LabelledPart, MetricPoint, Partial, Snapshot
 from gpuscale.model import ObjectRef
 from gpuscale.sources.base import SeriesValue, TermQuery
 
@@ -45,40 +45,69 @@ def queries(catalogue: Catalogue) -> list[TermQuery]:
     return list(out)
 
 
-Attributed = list[tuple[SeriesValue, Device]]
+class _Columns:
+    """One term's finite series values as arrays: device index, value, sample time, window (NaN: none)."""
 
-
-def _fold(
-    metric: MetricDefinition, terms: list[Attributed | None], *, now: float, max_age: float
-) -> dict[int, tuple[Device, Partial]]:
-    """Fold each attributed series of the metric's terms into its device's Partial (one per Device object)."""
-    devices: dict[int, tuple[Device, Partial]] = {}
-    oldest_fresh = now - max_age
-    for side, attributed in enumerate(terms):
-        for value, device in attributed or ():
-            if not math.isfinite(value.value):
+    def __init__(
+        self, values: list[SeriesValue], attribute: Attribute, index: dict[int, int], devices: list[Device]
+    ) -> None:
+        dev: list[int] = []
+        val: list[float] = []
+        ts: list[float] = []
+        win: list[float] = []
+        isfinite = math.isfinite
+        for v in values:
+            if not isfinite(v.value):
                 continue  # NaN/Inf from an exporter never becomes a number
-            entry = devices.get(id(device))
-            if entry is None:
-                entry = devices[id(device)] = (device, Partial())
-            partial = entry[1]
-            if value.timestamp < oldest_fresh:
-                partial.stale_newest = max(partial.stale_newest, value.timestamp)
-                continue
-            if value.timestamp < partial.oldest:
-                partial.oldest = value.timestamp
-            if value.window_seconds is not None:
-                partial.window_seconds = max(partial.window_seconds or 0.0, value.window_seconds)
-            if side == 0:
-                partial.numerator += value.value
-                if value.value > partial.maximum:
-                    partial.maximum = value.value
-                partial.has_numerator = True
-                partial.devices = 1  # a mean counts devices, not series
-            else:
-                partial.denominator += value.value
-                partial.has_denominator = True
-    return devices
+            device = attribute(v.name, v.labels, v.target)
+            i = index.get(id(device))
+            if i is None:
+                i = index[id(device)] = len(devices)
+                devices.append(device)
+            dev.append(i)
+            val.append(v.value)
+            ts.append(v.timestamp)
+            win.append(v.window_seconds if v.window_seconds is not None else math.nan)
+        self.dev = np.asarray(dev, dtype=np.intp)
+        self.val = np.asarray(val, dtype=float)
+        self.ts = np.asarray(ts, dtype=float)
+        self.win = np.asarray(win, dtype=float)
+
+
+def _device_columns(
+    terms: list[_Columns | None], n: int, index: dict[int, int], *, oldest_fresh: float
+) -> DeviceColumns:
+    """Fold a metric's terms into per-device sums (numerator = term 0, denominator = term 1)."""
+    c = {
+        "numerator": np.zeros(n),
+        "denominator": np.zeros(n),
+        "devices": np.zeros(n),
+        "maximum": np.full(n, -np.inf),
+        "has_numerator": np.zeros(n, dtype=bool),
+        "has_denominator": np.zeros(n, dtype=bool),
+        "oldest": np.full(n, np.inf),
+        "window_seconds": np.full(n, -np.inf),
+        "stale_newest": np.full(n, -np.inf),
+    }
+    present = np.zeros(n, dtype=bool)
+    for side, cols in enumerate(terms):
+        if cols is None or not len(cols.dev):
+            continue
+        fresh = cols.ts >= oldest_fresh
+        dev, val = cols.dev[fresh], cols.val[fresh]
+        present[cols.dev] = True
+        np.maximum.at(c["stale_newest"], cols.dev[~fresh], cols.ts[~fresh])
+        np.minimum.at(c["oldest"], dev, cols.ts[fresh])
+        np.maximum.at(c["window_seconds"], dev, np.nan_to_num(cols.win[fresh], nan=-np.inf))
+        if side == 0:
+            c["numerator"] += np.bincount(dev, weights=val, minlength=n)
+            np.maximum.at(c["maximum"], dev, val)
+            c["has_numerator"][dev] = True
+        else:
+            c["denominator"] += np.bincount(dev, weights=val, minlength=n)
+            c["has_denominator"][dev] = True
+    c["devices"] = c["has_numerator"].astype(float)  # a mean counts devices, not series
+    return DeviceColumns(index, present, c)
 
 
 class _Membership:
@@ -89,8 +118,7 @@ class _Membership:
     device of its physical GPU within the object (MIG instances repeat the parent GPU's power).
     """
 
-    def __init__(self, members: dict[ObjectRef, list[Device]], devices: list[Device]) -> None:
-        index = {id(d): i for i, d in enumerate(devices)}
+    def __init__(self, members: dict[ObjectRef, list[Device]], index: dict[int, int]) -> None:
         self.objects = list(members)
         pair_devices: list[int] = []
         starts: list[int] = []
@@ -102,97 +130,77 @@ class _Membership:
                 pair_devices.append(index[id(device)])
                 first.append(device.physical not in seen)
                 seen.add(device.physical)
-        self.index = index
         self.pair_devices = np.asarray(pair_devices, dtype=np.intp)
         self.starts = np.asarray(starts, dtype=np.intp)
         self.first_of_physical = np.asarray(first, dtype=bool)
-        self.size = len(devices)
 
 
 def build_snapshot(catalogue: Catalogue, read: Reader, attribute: Attribute, *, now: float) -> Snapshot:
     """Run every catalogue metric over the source's current values. Pure given ``read``/``attribute``.
 
-    Per metric, series are folded into one Partial per device (Python, one pass over the series); then
-    every object's total is the sum of its member devices' partials, computed for all objects at once
-    with numpy over a membership built once per refresh and shared by all metrics (the Attributor hands
-    out one Device object per series identity). See benchmarks/bench_refresh.py for the cost at 10,000 GPUs.
+    Each distinct term is read and attributed once (Python, one pass over its series) into arrays; per
+    metric, numpy folds them into per-device sums, and every object's total is a ``reduceat`` over a
+    device membership built once per refresh and shared by all metrics (the Attributor hands out one
+    Device object per series identity). See benchmarks/bench_refresh.py for the cost at 10,000 GPUs.
     """
     snapshot = Snapshot(taken_at=now)
-    per_metric: list[tuple[MetricDefinition, dict[int, tuple[Device, Partial]]]] = []
-    all_devices: dict[int, Device] = {}
+    index: dict[int, int] = {}
+    devices: list[Device] = []
     # NB: several metrics read the same term (FB_USED feeds two); read and attribute each term once.
-    attributed: dict[TermQuery, Attributed] = {}
+    columns: dict[TermQuery, _Columns] = {}
+    per_metric: list[tuple[MetricDefinition, list[_Columns | None]]] = []
     for metric in catalogue:
-        terms: list[Attributed | None] = []
+        terms: list[_Columns | None] = []
         for term in metric.terms:
             if term is None:
                 terms.append(None)
                 continue
             query = term_query(term, window_seconds=catalogue.window(metric))
-            if query not in attributed:
+            if query not in columns:
                 values = read(query)
-                attributed[query] = [(v, attribute(v.name, v.labels, v.target)) for v in values]
                 snapshot.series_count += len(values)
-            terms.append(attributed[query])
-        devices = _fold(metric, terms, now=now, max_age=catalogue.max_age(metric))
-        for key, (device, _) in devices.items():
-            all_devices[key] = device
-        per_metric.append((metric, devices))
+                columns[query] = _Columns(values, attribute, index, devices)
+            terms.append(columns[query])
+        per_metric.append((metric, terms))
     members: dict[ObjectRef, list[Device]] = {}
-    for device in all_devices.values():
+    for device in devices:
         for obj in device.objects:
             members.setdefault(obj, []).append(device)
     snapshot.members = members
-    membership = _Membership(members, list(all_devices.values()))
-    for metric, devices in per_metric:
-        partials = {key: partial for key, (_, partial) in devices.items()}
-        snapshot.device_partials[metric.name] = partials
-        snapshot.values[metric.name] = _totals(metric, membership, partials) if members else {}
-    snapshot.device_count = len({d.physical for d in all_devices.values() if d.physical[0] == "gpu"})
+    membership = _Membership(members, index)
+    for metric, terms in per_metric:
+        oldest_fresh = now - catalogue.max_age(metric)
+        device_columns = _device_columns(terms, len(devices), index, oldest_fresh=oldest_fresh)
+        snapshot.device_partials[metric.name] = device_columns
+        snapshot.values[metric.name] = _totals(metric, membership, device_columns) if members else {}
+    snapshot.device_count = len({d.physical for d in devices if d.physical[0] == "gpu"})
     return snapshot
 
 
-def _totals(metric: MetricDefinition, m: _Membership, partials: dict[int, Partial]) -> dict[ObjectRef, MetricPoint]:
+def _totals(metric: MetricDefinition, m: _Membership, columns: DeviceColumns) -> dict[ObjectRef, MetricPoint]:
     """Each object's value: the sum of its member devices' partials, finished per the catalogue."""
-    n = m.size
-    present = np.zeros(n, dtype=bool)
-    num, den, count = np.zeros(n), np.zeros(n), np.zeros(n)
-    maximum, stale = np.full(n, -np.inf), np.full(n, -np.inf)
-    oldest, window = np.full(n, np.inf), np.full(n, -np.inf)
-    has_num, has_den = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    idx = np.fromiter((m.index[k] for k in partials), dtype=np.intp, count=len(partials))
-    ps = list(partials.values())
-    present[idx] = True
-    num[idx] = [p.numerator for p in ps]
-    den[idx] = [p.denominator for p in ps]
-    count[idx] = [p.devices for p in ps]
-    maximum[idx] = [p.maximum for p in ps]
-    stale[idx] = [p.stale_newest for p in ps]
-    oldest[idx] = [p.oldest for p in ps]
-    window[idx] = [p.window_seconds if p.window_seconds is not None else -np.inf for p in ps]
-    has_num[idx] = [p.has_numerator for p in ps]
-    has_den[idx] = [p.has_denominator for p in ps]
-
+    c = columns.columns
     d = m.pair_devices
-    use = present[d] & (m.first_of_physical if metric.dedupe == "physical_gpu" else True)
+    use = columns.present[d] & (m.first_of_physical if metric.dedupe == "physical_gpu" else True)
     s = m.starts
 
     def total(values: np.ndarray, ufunc: np.ufunc, neutral: float) -> np.ndarray:
         return ufunc.reduceat(np.where(use, values[d], neutral), s)
 
     found = np.logical_or.reduceat(use, s)
-    t_num, t_den, t_count = total(num, np.add, 0.0), total(den, np.add, 0.0), total(count, np.add, 0.0)
-    t_has_num = np.logical_or.reduceat(use & has_num[d], s)
-    t_has_den = np.logical_or.reduceat(use & has_den[d], s)
-    t_oldest, t_window = total(oldest, np.minimum, np.inf), total(window, np.maximum, -np.inf)
-    t_stale = total(stale, np.maximum, -np.inf)
+    t_num, t_den, t_count = (total(c[k], np.add, 0.0) for k in ("numerator", "denominator", "devices"))
+    t_has_num = np.logical_or.reduceat(use & c["has_numerator"][d], s)
+    t_has_den = np.logical_or.reduceat(use & c["has_denominator"][d], s)
+    t_oldest = total(c["oldest"], np.minimum, np.inf)
+    t_window = total(c["window_seconds"], np.maximum, -np.inf)
+    t_stale = total(c["stale_newest"], np.maximum, -np.inf)
     with np.errstate(divide="ignore", invalid="ignore"):
         if metric.aggregate == "mean":
             value = t_num / t_count
         elif metric.aggregate == "sum":
             value = t_num.copy()
         elif metric.aggregate == "max":
-            value = total(maximum, np.maximum, -np.inf)
+            value = total(c["maximum"], np.maximum, -np.inf)
         else:
             floor = metric.denominator.floor if metric.denominator else 0.0
             denominator = np.maximum(t_den, floor)

@@ -87,6 +87,52 @@ class LabelledPart(NamedTuple):
     physical: tuple[str, ...] = ()  # the physical GPU, for metrics counted once per GPU
 
 
+class DeviceColumns:
+    """One metric's per-device sums, as numpy columns indexed like the refresh's device list.
+
+    ``get(id(device))`` returns that device's Partial (or None when the metric has no series for it): the
+    per-label parts a metric label selector merges are built from these columns only when asked for.
+    """
+
+    FIELDS = (
+        "numerator",
+        "denominator",
+        "devices",
+        "maximum",
+        "has_numerator",
+        "has_denominator",
+        "oldest",
+        "window_seconds",
+        "stale_newest",
+    )
+
+    def __init__(self, index: Mapping[int, int], present: Any, columns: Mapping[str, Any]) -> None:
+        self._index = index
+        self.present = present
+        self.columns = columns
+
+    def get(self, key: int) -> Partial | None:
+        i = self._index.get(key)
+        if i is None or not self.present[i]:
+            return None
+        c = self.columns
+        window = float(c["window_seconds"][i])
+        return Partial(
+            float(c["numerator"][i]),
+            float(c["denominator"][i]),
+            int(c["devices"][i]),
+            float(c["maximum"][i]),
+            bool(c["has_numerator"][i]),
+            bool(c["has_denominator"][i]),
+            float(c["oldest"][i]),
+            window if window > -math.inf else None,
+            float(c["stale_newest"][i]),
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.present.any())
+
+
 @dataclass(slots=True)
 class Snapshot:
     """Everything one refresh computed. Built by ``aggregation.build_snapshot``; immutable once stored."""
@@ -96,7 +142,7 @@ class Snapshot:
     # For metric label selectors: which devices count towards each object (shared by all metrics), and
     # each metric's per-device partials keyed by id(device). Parts are assembled only when asked for.
     members: dict[ObjectRef, list[Any]] = field(default_factory=dict)
-    device_partials: dict[str, dict[int, Partial]] = field(default_factory=dict)
+    device_partials: dict[str, DeviceColumns] = field(default_factory=dict)
     device_count: int = 0  # physical GPUs
     series_count: int = 0  # series read from the source (each distinct term once)
 
