@@ -41,7 +41,6 @@ from gpuscale.cli.top import (
     SourcesCollector,
     TopSettings,
     _metrics_sources,
-    cyclic_gc_paused,
     inference_catalogue,
 )
 from gpuscale.metrics.aggregation import build_snapshot
@@ -49,6 +48,7 @@ from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.metrics.diagnosis import load_policy
 from gpuscale.metrics.exposition import parse_samples
+from gpuscale.pipeline import cyclic_gc_paused
 from gpuscale.sim.exporters import render_dcgm
 from gpuscale.sim.load import H100_SXM, activity, device_signals, unit_hash
 from gpuscale.sim.scenario import GpuSlot, SimNode

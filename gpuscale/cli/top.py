@@ -28,7 +28,7 @@ import contextlib
 import gc
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -59,6 +59,7 @@ from gpuscale.metrics.rollups import (
     pod_statuses,
 )
 from gpuscale.model import ObjectRef, parse_quantity
+from gpuscale.pipeline import cyclic_gc_paused
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import add_arguments
 from gpuscale.sources.base import MetricsSource, SeriesValue, TargetHealth, TermQuery
@@ -776,24 +777,6 @@ async def _unless_stopped(work: Awaitable[_T], stop: asyncio.Event) -> tuple[boo
             await task
         return False, None
     return True, task.result()
-
-
-@contextlib.contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector (reference counting still frees everything acyclic).
-
-    NB: a frame of a large cluster allocates ~10⁶ objects while ~10⁶ scraped samples are alive, and every
-    automatic full collection walks them all: on 1,250 nodes × 8 GPUs that tripled the time from data to
-    table (benchmarks/bench_top.py). ``top`` computes frames with the collector paused and collects in
-    the idle time between ``--watch`` refreshes instead.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 async def run_top(settings: TopSettings, stop: asyncio.Event) -> None:

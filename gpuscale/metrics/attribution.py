@@ -134,6 +134,9 @@ class Attributor:
     def __init__(self, resolve_target: Callable[[str], Target], *, max_series_per_target: int = 200_000) -> None:
         self._resolve_target = resolve_target
         self._resolved: set[str] = set()
+        # Fast path: sources that hand out one dict per distinct label set (Prometheus) are recognised by
+        # the dict's identity; the entry keeps the dict alive so its id stays unique. Reset every refresh.
+        self._by_identity: dict[int, tuple[Mapping[str, str], str, bool, Device]] = {}
         self._buckets: dict[str, tuple[Target, dict[tuple[bool, tuple[tuple[str, str], ...]], Device]]] = {}
         self._max = max_series_per_target
 
@@ -142,6 +145,7 @@ class Attributor:
         for url in [u for u in self._buckets if u not in self._resolved]:
             del self._buckets[url]
         self._resolved.clear()
+        self._by_identity.clear()
 
     def target(self, url: str) -> Target:
         return self._bucket(url)[0]
@@ -157,12 +161,21 @@ class Attributor:
         return bucket
 
     def __call__(self, name: str, labels: Mapping[str, str], target_url: str) -> Device:
+        dcgm = _is_dcgm(name, labels)
+        known = self._by_identity.get(id(labels))
+        if known is not None and known[0] is labels and known[1] == target_url and known[2] == dcgm:
+            return known[3]
+        device = self._lookup(name, labels, target_url, dcgm)
+        self._by_identity[id(labels)] = (labels, target_url, dcgm, device)
+        return device
+
+    def _lookup(self, name: str, labels: Mapping[str, str], target_url: str, dcgm: bool) -> Device:
         bucket = self._buckets.get(target_url)
         if bucket is None or target_url not in self._resolved:
             bucket = self._bucket(target_url)
         # NB: a tuple of the items, not a frozenset: exporters write labels in a stable order, and this runs
         # once per series per refresh. A reordered label set only costs one extra attribution.
-        key = (_is_dcgm(name, labels), tuple(labels.items()))
+        key = (dcgm, tuple(labels.items()))
         device = bucket[1].get(key)
         if device is None:
             device = bucket[1][key] = attribute(name, labels, bucket[0])

@@ -202,10 +202,15 @@ def _is_blank(name: str, value: float) -> bool:
     return is_dcgm_blank(name, value)
 
 
-def read_answer(body: Any, planned: PlannedQuery, *, source: str) -> Answer:
+def read_answer(
+    body: Any, planned: PlannedQuery, *, source: str, shared_labels: dict[tuple, dict[str, str]] | None = None
+) -> Answer:
     """One decoded ``/api/v1/query`` body → series values; SourceUnavailable(source, reason) if unusable.
 
     ``source`` (the Prometheus URL) is also the target of samples without an ``instance`` label.
+    ``shared_labels`` (one per refresh) makes equal label sets one dict: the eight DCGM fields of a GPU
+    arrive with identical labels, so this keeps one copy instead of eight and lets attribution recognise
+    a label set by identity.
     """
     if not isinstance(body, Mapping):
         raise SourceUnavailable(source, f"malformed response: a JSON {type(body).__name__}, not an object")
@@ -226,21 +231,30 @@ def read_answer(body: Any, planned: PlannedQuery, *, source: str) -> Answer:
         if not isinstance(result, list):
             raise SourceUnavailable(source, "malformed response: 'result' is not a list")
         gauge = planned.input == "gauge"
+        match = planned.match
+        window = planned.window_seconds
         for i, item in enumerate(result):
-            if not isinstance(item, Mapping) or not isinstance(item.get("metric"), Mapping):
-                raise SourceUnavailable(source, f"malformed response: result[{i}] has no 'metric' object")
-            # NB: a C-level copy: JSON object keys are strings, and Prometheus label values are too; this
-            # line runs once per series per refresh (100,000 times at 10,000 GPUs).
-            labels = dict(item["metric"])
+            # NB: the well-formed path does no isinstance checks (100,000 series per refresh at 10,000 GPUs);
+            # anything malformed raises inside and is reported with its index by _malformed.
+            try:
+                labels = dict(item["metric"])
+                pair = item["value"]
+                if type(pair) is not list:
+                    raise TypeError("not a list")
+                ts_raw, value_raw = pair
+                ts, value = float(ts_raw), float(value_raw)  # float() reads "NaN", "+Inf", "-Inf"
+            except (TypeError, KeyError, ValueError, AttributeError) as e:
+                raise _malformed(item, i, source) from e
             name = labels.pop("__name__", None) or planned.name
-            ts, value = _sample(item.get("value"), f"result[{i}].value", source)
-            if planned.match and any(labels.get(k) != v for k, v in planned.match):
+            if match and any(labels.get(k) != v for k, v in match):
                 continue
             if gauge and _is_blank(name, value):
                 continue  # NB: rate/increase values are derived; the sentinel test means nothing there
+            if shared_labels is not None:
+                labels = shared_labels.setdefault(tuple(labels.items()), labels)
             instance = labels.get("instance")
             target = f"http://{instance}/metrics" if instance else source
-            values.append(SeriesValue(name, labels, value, ts, target, planned.window_seconds))
+            values.append(SeriesValue(name, labels, value, ts, target, window))
     else:
         raise SourceUnavailable(
             source, f"unexpected resultType {result_type!r} (the query must return an instant vector)"
@@ -249,6 +263,17 @@ def read_answer(body: Any, planned: PlannedQuery, *, source: str) -> Answer:
     if not isinstance(warnings, list):
         warnings = [warnings]
     return Answer(values, tuple(str(w) for w in warnings if w), body.get("isPartial") is True)
+
+
+def _malformed(item: Any, i: int, source: str) -> SourceUnavailable:
+    """The specific reason a vector result item is unusable."""
+    if not isinstance(item, Mapping) or not isinstance(item.get("metric"), Mapping):
+        return SourceUnavailable(source, f"malformed response: result[{i}] has no 'metric' object")
+    try:
+        _sample(item.get("value"), f"result[{i}].value", source)
+    except SourceUnavailable as e:
+        return e
+    return SourceUnavailable(source, f"malformed response: result[{i}] is not a sample")
 
 
 def _sample(pair: Any, where: str, source: str) -> tuple[float, float]:
@@ -444,6 +469,7 @@ class PrometheusSource:
         pipeline's clock may be simulated while the server's data is real.
         """
         started = self._clock()
+        self._shared_labels: dict[tuple, dict[str, str]] = {}  # per refresh: equal label sets share one dict
         planned = list(self._kept)
         try:
             headers, ssl_context = self._request_options()
@@ -492,7 +518,7 @@ class PrometheusSource:
         try:
             async with asyncio.timeout_at(deadline):
                 body = await self._post({"query": planned.promql, **form}, headers, ssl_context)
-            return read_answer(body, planned, source=self.display_url)
+            return read_answer(body, planned, source=self.display_url, shared_labels=self._shared_labels)
         except TimeoutError:
             return f"timed out after {self._timeout_seconds:g}s"
         except SourceUnavailable as e:
