@@ -137,7 +137,7 @@ class Attributor:
         # Fast path: sources that hand out one dict per distinct label set (Prometheus) are recognised by
         # the dict's identity; the entry keeps the dict alive so its id stays unique. Reset every refresh.
         self._by_identity: dict[int, tuple[Mapping[str, str], str, bool, Device]] = {}
-        self._buckets: dict[str, tuple[Target, dict[tuple[bool, tuple[tuple[str, str], ...]], Device]]] = {}
+        self._buckets: dict[str, tuple[Target, dict[tuple[bool, tuple[str, ...], tuple[str, ...]], Device]]] = {}
         self._max = max_series_per_target
 
     def begin_refresh(self) -> None:
@@ -150,7 +150,7 @@ class Attributor:
     def target(self, url: str) -> Target:
         return self._bucket(url)[0]
 
-    def _bucket(self, url: str) -> tuple[Target, dict[tuple[bool, tuple[tuple[str, str], ...]], Device]]:
+    def _bucket(self, url: str) -> tuple[Target, dict[tuple[bool, tuple[str, ...], tuple[str, ...]], Device]]:
         bucket = self._buckets.get(url)
         if bucket is not None and url in self._resolved:
             return bucket
@@ -173,9 +173,10 @@ class Attributor:
         bucket = self._buckets.get(target_url)
         if bucket is None or target_url not in self._resolved:
             bucket = self._bucket(target_url)
-        # NB: a tuple of the items, not a frozenset: exporters write labels in a stable order, and this runs
-        # once per series per refresh. A reordered label set only costs one extra attribution.
-        key = (dcgm, tuple(labels.items()))
+        # NB: the keys and the values as two flat tuples, not a frozenset of pairs: exporters write labels in
+        # a stable order, and this runs once per series per refresh. A reordered label set only costs one
+        # extra attribution.
+        key = (dcgm, tuple(labels), tuple(labels.values()))
         device = bucket[1].get(key)
         if device is None:
             device = bucket[1][key] = attribute(name, labels, bucket[0])

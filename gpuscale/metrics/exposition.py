@@ -28,7 +28,8 @@ scanner.
 Why it is fast: there is no per-character Python loop on the fast path, only C-level ``str`` methods
 and regexes. dcgm-exporter repeats one label set per GPU across ~40 families, so decoded label sets
 are cached per parse by their raw text (8×H100: 312 samples, 32 distinct label texts); a hit costs
-one dict lookup and a ``dict.copy()`` (every ``Sample`` gets its own dict because dicts are mutable).
+one dict lookup, and samples with the same label text share one read-only mapping (``MappingProxyType``),
+which also lets attribution recognise a GPU's label set by identity across its ~40 families.
 A miss is decoded by one regex ``split`` whose separators prove the structure (``_decode_labels``).
 Metric names are validated and routed to their family once per distinct name. Escapes are decoded
 only when a value contains a backslash. Duplicate series are found with a set per sample name holding
@@ -72,7 +73,9 @@ is always seconds.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final
 
 from gpuscale.errors import ExpositionError
@@ -85,7 +88,7 @@ class Sample:
     """One sample line: the name as written (with any ``_bucket``/``_total``… suffix) and its value."""
 
     name: str
-    labels: dict[str, str]
+    labels: Mapping[str, str]  # read-only; shared by the samples of one parse with the same label text
     value: float
     timestamp: float | None  # seconds since the epoch, or None when the line had no timestamp
 
@@ -187,11 +190,11 @@ _BOUND_LABELS: Final = {
 }
 
 # Decoded labels and their series identity (a frozenset caches its hash, so series keys hash cheaply).
-_LabelEntry = tuple[dict[str, str], frozenset[tuple[str, str]]]
+_LabelEntry = tuple[Mapping[str, str], frozenset[tuple[str, str]]]
 # Per sample name: its family, the family's sample list, "is a DCGM metric", the label that must hold a
 # float ("le"/"quantile") and the series seen so far under this name.
 _Route = tuple[MetricFamily, list[Sample], bool, str | None, set[object]]
-_EMPTY_LABELS: Final[_LabelEntry] = ({}, frozenset())
+_EMPTY_LABELS: Final[_LabelEntry] = (MappingProxyType({}), frozenset())
 
 
 class _Malformed(Exception):
@@ -252,7 +255,7 @@ def _decode_labels(label_text: str) -> _LabelEntry | None:
             if key in seen:
                 raise _Malformed(f"duplicate label {key!r}")
             seen.add(key)
-    return labels, frozenset(labels.items())
+    return MappingProxyType(labels), frozenset(labels.items())
 
 
 def _diagnose_labels(label_text: str) -> _Malformed:
@@ -476,12 +479,12 @@ def _value(token: str, *, what: str = "value") -> float:
         raise _Malformed(f"invalid {what} {_quoted(token)}") from None
 
 
-def _series_text(name: str, labels: dict[str, str]) -> str:
+def _series_text(name: str, labels: Mapping[str, str]) -> str:
     inner = ",".join(f"{key}={_quoted(value)}" for key, value in labels.items())
     return f"{name}{{{inner}}}" if labels else name
 
 
-def _check_bound(labels: dict[str, str], label: str, name: str) -> None:
+def _check_bound(labels: Mapping[str, str], label: str, name: str) -> None:
     raw = labels.get(label)
     if raw is None:
         raise _Malformed(f"sample {name} has no {label!r} label")
@@ -603,7 +606,7 @@ def _parse(
                 continue
             sample = new_object(Sample)
             set_name(sample, name)
-            set_labels(sample, labels.copy())
+            set_labels(sample, labels)
             set_value(sample, value)
             set_timestamp(sample, timestamp)
             samples.append(sample)

@@ -237,7 +237,10 @@ def read_answer(
             # NB: the well-formed path does no isinstance checks (100,000 series per refresh at 10,000 GPUs);
             # anything malformed raises inside and is reported with its index by _malformed.
             try:
-                labels = dict(item["metric"])
+                # NB: the decoded object itself (this answer owns it; __name__ is popped below), not a copy.
+                labels = item["metric"]
+                if type(labels) is not dict:
+                    raise TypeError("'metric' is not an object")
                 pair = item["value"]
                 if type(pair) is not list:
                     raise TypeError("not a list")
@@ -251,7 +254,8 @@ def read_answer(
             if gauge and _is_blank(name, value):
                 continue  # NB: rate/increase values are derived; the sentinel test means nothing there
             if shared_labels is not None:
-                labels = shared_labels.setdefault(tuple(labels.items()), labels)
+                # NB: keys and values as two flat tuples: cheaper than a tuple of (key, value) pairs.
+                labels = shared_labels.setdefault((tuple(labels), tuple(labels.values())), labels)
             instance = labels.get("instance")
             target = f"http://{instance}/metrics" if instance else source
             values.append(SeriesValue(name, labels, value, ts, target, window))
