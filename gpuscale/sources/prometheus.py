@@ -233,6 +233,8 @@ def read_answer(
         gauge = planned.input == "gauge"
         match = planned.match
         window = planned.window_seconds
+        targets: dict[str | None, str] = {None: source}  # instance → target URL, formatted once each
+        append = values.append
         for i, item in enumerate(result):
             # NB: the well-formed path does no isinstance checks (100,000 series per refresh at 10,000 GPUs);
             # anything malformed raises inside and is reported with its index by _malformed.
@@ -251,14 +253,16 @@ def read_answer(
             name = labels.pop("__name__", None) or planned.name
             if match and any(labels.get(k) != v for k, v in match):
                 continue
-            if gauge and _is_blank(name, value):
+            if gauge and value >= 1.4e14 and _is_blank(name, value):
                 continue  # NB: rate/increase values are derived; the sentinel test means nothing there
             if shared_labels is not None:
                 # NB: keys and values as two flat tuples: cheaper than a tuple of (key, value) pairs.
                 labels = shared_labels.setdefault((tuple(labels), tuple(labels.values())), labels)
-            instance = labels.get("instance")
-            target = f"http://{instance}/metrics" if instance else source
-            values.append(SeriesValue(name, labels, value, ts, target, window))
+            instance = labels.get("instance") or None
+            target = targets.get(instance)
+            if target is None:
+                target = targets[instance] = f"http://{instance}/metrics"
+            append(SeriesValue(name, labels, value, ts, target, window))
     else:
         raise SourceUnavailable(
             source, f"unexpected resultType {result_type!r} (the query must return an instant vector)"
