@@ -251,10 +251,12 @@ class TestLabelValues:
         assert parse_samples('m { a = "1" , b="2" , } 1\n')[0].labels == {"a": "1", "b": "2"}
         assert parse_samples("m{} 1\n")[0].labels == {}
 
-    def test_every_sample_owns_its_labels(self) -> None:
-        first, second = parse_samples('a{x="1"} 1\nb{x="1"} 2\n')
-        first.labels["x"] = "changed"
-        assert second.labels == {"x": "1"}
+    def test_labels_are_read_only_and_shared_by_equal_label_sets(self) -> None:
+        first, second, third = parse_samples('a{x="1"} 1\nb{x="1"} 2\nc{x="2"} 3\n')
+        with pytest.raises(TypeError):
+            first.labels["x"] = "changed"  # type: ignore[index]
+        assert second.labels is first.labels  # a GPU's ~40 families share one mapping
+        assert third.labels == {"x": "2"} and third.labels is not first.labels
 
 
 class TestValuesAndTimestamps:
