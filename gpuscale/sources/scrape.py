@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -28,15 +28,16 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 
-SeriesKey = tuple[str, frozenset[tuple[str, str]]]
+# One scrape's windowed series: name → label set → (the sample's labels, value).
+Windowed = dict[str, dict[frozenset[tuple[str, str]], tuple[Mapping[str, str], float]]]
 
 
 @dataclass(slots=True)
 class _Target:
     url: str
     latest_at: float | None = None
-    latest: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
-    history: deque[tuple[float, dict[SeriesKey, float]]] = field(default_factory=deque)
+    latest: dict[str, list[tuple[Mapping[str, str], float]]] = field(default_factory=dict)
+    history: deque[tuple[float, Windowed]] = field(default_factory=deque)
     health: TargetHealth | None = None
 
 
@@ -164,14 +165,14 @@ class ScrapeSource:
     def ingest(self, url: str, samples: Iterable, *, timestamp: float) -> None:
         """Record one successful scrape of ``url`` (also used by tests to feed fixtures)."""
         target = self._targets.setdefault(url, _Target(url))
-        latest: dict[str, list[tuple[dict[str, str], float]]] = {}
-        windowed: dict[SeriesKey, float] = {}
+        latest: dict[str, list[tuple[Mapping[str, str], float]]] = {}
+        windowed: Windowed = {}
         for s in samples:
             if s.name not in self._series:
                 continue
             latest.setdefault(s.name, []).append((s.labels, s.value))
             if s.name in self._windowed:
-                windowed[(s.name, frozenset(s.labels.items()))] = s.value
+                windowed.setdefault(s.name, {})[frozenset(s.labels.items())] = (s.labels, s.value)
         target.latest = latest
         target.latest_at = timestamp
         target.history.append((timestamp, windowed))
@@ -195,27 +196,32 @@ class ScrapeSource:
         return out
 
     def _windowed_read(self, target: _Target, query: TermQuery) -> list[SeriesValue]:
-        newest_at, newest = target.history[-1]
+        history = target.history
+        if len(history) < 2:
+            return []  # a rate needs two scrapes; until then the metric has no value (not zero)
+        newest_at, newest = history[-1]
         # NB: 2 % slack so scrape jitter does not drop the point that opens the window.
         start = newest_at - query.window_seconds * 1.02
-        window = [(ts, values) for ts, values in target.history if ts >= start]
+        window = [(ts, values) for ts, values in history if ts >= start]
         if len(window) < 2:
-            return []  # a rate needs two scrapes; until then the metric has no value (not zero)
+            return []
         out: list[SeriesValue] = []
-        for key, _ in newest.items():
-            name, label_items = key
-            if name not in query.series:
+        for name in query.series:
+            current = newest.get(name)
+            if not current:
                 continue
-            labels = dict(label_items)
-            if query.match and any(labels.get(k) != v for k, v in query.match):
-                continue
-            points = [(ts, values[key]) for ts, values in window if key in values]
-            if len(points) < 2:
-                continue
-            span = newest_at - points[0][0]
-            increase = _increase([v for _, v in points])
-            value = increase / span if query.input == "rate" else increase
-            out.append(SeriesValue(name, labels, value, newest_at, target.url, window_seconds=span))
+            # Only this series name's scrapes, so a query never walks the other counters' series.
+            scrapes = [(ts, by_labels) for ts, values in window if (by_labels := values.get(name))]
+            for key, (labels, _) in current.items():
+                if query.match and any(labels.get(k) != v for k, v in query.match):
+                    continue
+                points = [(ts, by_labels[key][1]) for ts, by_labels in scrapes if key in by_labels]
+                if len(points) < 2:
+                    continue
+                span = newest_at - points[0][0]
+                increase = _increase([v for _, v in points])
+                value = increase / span if query.input == "rate" else increase
+                out.append(SeriesValue(name, labels, value, newest_at, target.url, window_seconds=span))
         return out
 
     def health(self) -> list[TargetHealth]:
