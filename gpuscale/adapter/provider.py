@@ -111,11 +111,12 @@ class MetricsProvider:
         fresh = [p for p in points if not p.stale and p.timestamp >= oldest_fresh]
         return mean_of(fresh) if fresh else mean_of(points)
 
-    def state_token(self) -> tuple[object, int | None]:
+    def state_token(self) -> tuple[int, int | None, bool]:
         """Identifies everything an answer depends on besides the request and the clock: the store's
-        current snapshot and the watch cache's generation. Equal tokens ⇒ equal answers (until expiry)."""
-        snapshot = getattr(self.store, "snapshot", None)
-        return (id(snapshot), self.cluster.generation if self.cluster is not None else None)
+        version and the watch cache's generation and sync state. Equal tokens ⇒ equal answers (until expiry)."""
+        if self.cluster is None:
+            return (self.store.version, None, False)
+        return (self.store.version, self.cluster.generation, self.cluster.synced)
 
     def expiry(self, metric_name: str, items: list[Item]) -> float:
         """When the first of these items would turn stale (an answer built from them is valid until then)."""

@@ -113,26 +113,36 @@ def _device_columns(
 class _Membership:
     """Which devices count towards which object, as index arrays shared by every metric of a refresh.
 
-    ``pairs`` are (object, device) memberships grouped by object (``starts`` opens each object's run),
-    so per-object sums are one ``np.add.reduceat``. ``first_of_physical`` marks, per pair, the first
-    device of its physical GPU within the object (MIG instances repeat the parent GPU's power).
+    ``pair_devices`` are (object, device) memberships grouped by object (``starts`` opens each object's
+    run), so per-object sums are one ``np.add.reduceat``. ``pair_keys`` number each (object, physical GPU)
+    so metrics counted once per physical GPU (MIG instances repeat the parent's power) can keep one
+    device per key — chosen per metric among the devices that have a fresh value for it.
     """
 
     def __init__(self, members: dict[ObjectRef, list[Device]], index: dict[int, int]) -> None:
         self.objects = list(members)
         pair_devices: list[int] = []
+        pair_keys: list[int] = []
         starts: list[int] = []
-        first: list[bool] = []
-        for obj_devices in members.values():
+        physical_ids: dict[tuple[str, ...], int] = {}
+        for obj_number, obj_devices in enumerate(members.values()):
             starts.append(len(pair_devices))
-            seen: set[tuple[str, ...]] = set()
             for device in obj_devices:
                 pair_devices.append(index[id(device)])
-                first.append(device.physical not in seen)
-                seen.add(device.physical)
+                physical = physical_ids.setdefault(device.physical, len(physical_ids))
+                pair_keys.append(obj_number * (1 << 32) + physical)
         self.pair_devices = np.asarray(pair_devices, dtype=np.intp)
+        self.pair_keys = np.asarray(pair_keys, dtype=np.int64)
         self.starts = np.asarray(starts, dtype=np.intp)
-        self.first_of_physical = np.asarray(first, dtype=bool)
+
+    def one_per_physical(self, candidate: np.ndarray) -> np.ndarray:
+        """Of the candidate pairs, the first per (object, physical GPU)."""
+        chosen = np.zeros(len(candidate), dtype=bool)
+        idx = np.flatnonzero(candidate)
+        if len(idx):
+            _, first = np.unique(self.pair_keys[idx], return_index=True)
+            chosen[idx[first]] = True
+        return chosen
 
 
 def build_snapshot(catalogue: Catalogue, read: Reader, attribute: Attribute, *, now: float) -> Snapshot:
@@ -181,7 +191,12 @@ def _totals(metric: MetricDefinition, m: _Membership, columns: DeviceColumns) ->
     """Each object's value: the sum of its member devices' partials, finished per the catalogue."""
     c = columns.columns
     d = m.pair_devices
-    use = columns.present[d] & (m.first_of_physical if metric.dedupe == "physical_gpu" else True)
+    use = columns.present[d]
+    if metric.dedupe == "physical_gpu":
+        # NB: the representative of a physical GPU must have a fresh value for this metric; devices without
+        # one still pass on their stale marker (their sums are zero).
+        fresh = use & c["has_numerator"][d]
+        use = (use & ~fresh) | m.one_per_physical(fresh)
     s = m.starts
 
     def total(values: np.ndarray, ufunc: np.ufunc, neutral: float) -> np.ndarray:
@@ -223,7 +238,8 @@ def finish_parts(metric: MetricDefinition, parts: list[LabelledPart]) -> MetricP
     merged = Partial()
     seen: set[tuple[str, ...]] = set()
     for part in parts:
-        if metric.dedupe == "physical_gpu":
+        if metric.dedupe == "physical_gpu" and part.partial.has_numerator:
+            # A physical GPU counts once, through a device with a fresh value (MIG instances repeat it).
             if part.physical in seen:
                 continue
             seen.add(part.physical)

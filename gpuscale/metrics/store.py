@@ -166,6 +166,9 @@ class MetricsReader(Protocol):
     @property
     def refreshed_at(self) -> float | None: ...
 
+    @property
+    def version(self) -> int: ...
+
     def point(self, metric: str, obj: ObjectRef) -> MetricPoint | None: ...
 
     def points(self, metric: str, objs: Iterable[ObjectRef]) -> dict[ObjectRef, MetricPoint]: ...
@@ -180,9 +183,19 @@ class MetricsStore:
 
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
+        self._version = 0
 
     def update(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot  # one reference swap: readers see the old or the new, never a mix
+        self._version += 1
+
+    @property
+    def version(self) -> int:
+        """Increases with every update: answers derived from the store can be cached per version.
+
+        NB: not ``id(snapshot)`` — a freed snapshot's address is soon reused by a newer one.
+        """
+        return self._version
 
     @property
     def ready(self) -> bool:

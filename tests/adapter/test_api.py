@@ -326,3 +326,15 @@ async def test_a_cached_answer_never_outlives_its_values(client):
     client.clock["now"] = T0 + 60 + 60.5  # the values reach max-age: the cached body must not be served
     resp = await client.get(path)
     assert resp.status == 503
+
+
+async def test_a_new_store_version_is_never_answered_from_the_cache(client, store):
+    path = f"{CUSTOM}/v1beta1/namespaces/ml-training/pods/*/gpu_utilization"
+    assert (await get(client, path))["items"][0]["value"] == "100"
+    # NB: the same Snapshot object, updated in place: an id()-based cache key could not tell the two apart
+    # (CPython reuses a freed snapshot's address for a later one).
+    snapshot = store.snapshot
+    pod_ref = next(o for o in snapshot.values["gpu_utilization"] if o.name == "llm-finetune-worker-0")
+    snapshot.values["gpu_utilization"][pod_ref] = snapshot.values["gpu_utilization"][pod_ref]._replace(value=42.0)
+    store.update(snapshot)
+    assert (await get(client, path))["items"][0]["value"] == "42"

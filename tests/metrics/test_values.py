@@ -186,3 +186,20 @@ def test_nan_and_inf_samples_never_become_values():
     # q's +Inf GPU is left out: the mean is over the one GPU with a real number, not Inf and not 20.
     assert value(store, "gpu_utilization", pod("ns", "q")) == 40
     assert value(store, "gpu_utilization", node("n1")) == 40
+
+
+def test_mig_power_counts_a_gpu_once_even_when_one_instance_lacks_the_value(tmp_path, catalogue):
+    # Drop GPU0 / GPU_I_ID=2's power line: instances 3, 9 and 10 still repeat the parent's 231.806 W,
+    # so the node total must not lose GPU0 (the representative is chosen among devices with a value).
+    lines = [
+        line
+        for line in MIG.read_text().splitlines()
+        if not (line.startswith("DCGM_FI_DEV_POWER_USAGE{") and 'gpu="0"' in line and 'GPU_I_ID="2"' in line)
+    ]
+    path = tmp_path / "mig.prom"
+    path.write_text("\n".join(lines) + "\n")
+    store = fixture_store([("http://dcgm-mig:9400/metrics", path, T0)])
+    mig_node = node("ip-10-1-22-14.ec2.internal")
+    assert value(store, "gpu_power_watts", mig_node) == pytest.approx(727.163)
+    merged = finish_parts(catalogue.get("gpu_power_watts"), store.parts("gpu_power_watts", mig_node))
+    assert merged.value == pytest.approx(727.163)
