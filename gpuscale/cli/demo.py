@@ -61,6 +61,8 @@ def _commands(server: str, kubeconfig: str) -> list[tuple[str, str]]:
             f"{raw} '/apis/external.metrics.k8s.io/v1beta1/namespaces/inference/inference_queue_depth"
             "?labelSelector=model%3Dbert_qa_onnx'",
         ),
+        ("what each GPU pod is really doing (verdicts from the same API)",
+         f"gpuscale top pods -A --adapter-url {server}"),
         ("the simulated cluster itself", f"kubectl --kubeconfig={kubeconfig} get pods -A -o wide"),
     ]
 
