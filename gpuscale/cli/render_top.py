@@ -270,6 +270,19 @@ def _verdict_style(v: Verdict) -> str | None:
     return SEVERITY_STYLES[v.severity]
 
 
+def _activity_columns(o: RenderOptions) -> list[Column[Any]]:
+    """SM, occupancy (wide), tensor, DRAM and memory: the deep signals every view shows the same way."""
+    cols: list[Column[Any]] = [Column("SM", lambda x: _ratio_pct(x.signals.sm_active), right=True)]
+    if o.wide:
+        cols.append(Column("OCC", lambda x: _ratio_pct(x.signals.sm_occupancy), right=True))
+    return [
+        *cols,
+        Column("TENSOR", lambda x: _ratio_pct(x.signals.tensor_active), right=True),
+        Column("DRAM", lambda x: _ratio_pct(x.signals.dram_active), right=True),
+        Column("MEM", lambda x: _mib(x.signals.fb_used_mib), right=True),
+    ]
+
+
 def _gpu_columns(o: RenderOptions) -> list[Column[GpuStatus]]:
     def pod(g: GpuStatus) -> str:
         if g.pod is None:
@@ -291,14 +304,7 @@ def _gpu_columns(o: RenderOptions) -> list[Column[GpuStatus]]:
     ]
     if o.wide:
         cols.append(Column("GR", lambda g: _ratio_pct(g.signals.gr_engine_active), right=True))
-    cols += [Column("SM", lambda g: _ratio_pct(g.signals.sm_active), right=True)]
-    if o.wide:
-        cols.append(Column("OCC", lambda g: _ratio_pct(g.signals.sm_occupancy), right=True))
-    cols += [
-        Column("TENSOR", lambda g: _ratio_pct(g.signals.tensor_active), right=True),
-        Column("DRAM", lambda g: _ratio_pct(g.signals.dram_active), right=True),
-        Column("MEM", lambda g: _mib(g.signals.fb_used_mib), right=True),
-    ]
+    cols += _activity_columns(o)
     if o.wide:
         cols.append(Column("MEM%", lambda g: _mem_share(g.signals), right=True))
     cols += [
@@ -335,18 +341,9 @@ def _pod_columns(o: RenderOptions) -> list[Column[PodStatus]]:
     ]
     if o.wide:
         cols.append(Column("NODE", lambda p: p.node or NONE, cut="host", min_width=14, shrink_first=True))
-    cols += [
-        Column("UTIL", lambda p: _pct(p.signals.gpu_util_percent), right=True),
-        Column("SM", lambda p: _ratio_pct(p.signals.sm_active), right=True),
-    ]
-    if o.wide:
-        cols.append(Column("OCC", lambda p: _ratio_pct(p.signals.sm_occupancy), right=True))
-    cols += [
-        Column("TENSOR", lambda p: _ratio_pct(p.signals.tensor_active), right=True),
-        Column("DRAM", lambda p: _ratio_pct(p.signals.dram_active), right=True),
-        Column("MEM", lambda p: _mib(p.signals.fb_used_mib), right=True),
-        Column("POWER", lambda p: _watts(p.signals.power_watts), right=True),
-    ]
+    cols.append(Column("UTIL", lambda p: _pct(p.signals.gpu_util_percent), right=True))
+    cols += _activity_columns(o)
+    cols.append(Column("POWER", lambda p: _watts(p.signals.power_watts), right=True))
     if o.wide:
         cols += [
             Column("TEMP", lambda p: _celsius(p.signals.gpu_temp_c), right=True),
@@ -377,15 +374,8 @@ def _node_columns(o: RenderOptions) -> list[Column[NodeStatus]]:
     cols += [
         Column("PODS", lambda n: _number(n.pods), right=True),
         Column("UTIL", lambda n: _pct(n.signals.gpu_util_percent), right=True),
-        Column("SM", lambda n: _ratio_pct(n.signals.sm_active), right=True),
     ]
-    if o.wide:
-        cols.append(Column("OCC", lambda n: _ratio_pct(n.signals.sm_occupancy), right=True))
-    cols += [
-        Column("TENSOR", lambda n: _ratio_pct(n.signals.tensor_active), right=True),
-        Column("DRAM", lambda n: _ratio_pct(n.signals.dram_active), right=True),
-        Column("MEM", lambda n: _mib(n.signals.fb_used_mib), right=True),
-    ]
+    cols += _activity_columns(o)
     if o.wide:
         cols.append(Column("MEM%", lambda n: _mem_share(n.signals), right=True))
     cols += [
