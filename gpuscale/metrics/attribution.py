@@ -102,24 +102,44 @@ def _labelled_pod(labels: Mapping[str, str]) -> ObjectRef | None:
     return None
 
 
+# Every label ``attribute`` reads to place a DCGM series; the rest only become ``Device.labels``.
+_DCGM_PLACEMENT_LABELS = (
+    *_HOST_LABELS,
+    *(key for pair in _POD_LABELS for key in pair),
+    *_GPU_ID_LABELS,
+    "gpu",
+    "GPU_I_ID",
+    "vgpu",
+)
+
+
+def dcgm_placement(labels: Mapping[str, str]) -> tuple[str | None, ...]:
+    """The label values that place a DCGM series: from one target, equal tuples → the same device key,
+    pod and node (``Device.labels`` may differ). dcgm-exporter writes each GPU's identity on every field
+    with extra labels on a few (``err_code``, ``xid``), so callers that group series by device compare
+    these few values instead of attributing every label set.
+    """
+    return tuple(map(labels.get, _DCGM_PLACEMENT_LABELS))
+
+
 def attribute(name: str, labels: Mapping[str, str], target: Target) -> Device:
     """Place one series. Pure; the caller memoises per (target, labels) if it needs speed."""
-    host = next((labels[k] for k in _HOST_LABELS if labels.get(k)), None)
-    node_name = target.node or host
-    external = tuple(sorted((k, v) for k, v in labels.items() if k not in _PLACEMENT_LABELS))
+    get = labels.get
+    node_name = target.node or get("Hostname") or get("hostname") or None
+    # NB: sorting the pairs orders by key (keys are unique), the order selectors and the wire expect.
+    external = tuple(sorted([item for item in labels.items() if item[0] not in _PLACEMENT_LABELS]))
     if _is_dcgm(name, labels):
         owner = _labelled_pod(labels)
         if owner is not None and owner == target.pod:
             owner = None  # the exporter's own target labels, not a workload
-        gpu = next((labels[k] for k in _GPU_ID_LABELS if labels.get(k)), labels.get("gpu", ""))
+        gpu = get("UUID") or get("uuid") or get("gpu_uuid") or get("gpu", "")
         physical = ("gpu", node_name or "", gpu)
-        instance = labels.get("GPU_I_ID", "")
         # NB: with --kubernetes-virtual-gpus one GPU's series repeat per pod; keep them apart.
-        key = (*physical, instance, str(owner) if labels.get("vgpu") else "")
+        key = (*physical, get("GPU_I_ID", ""), str(owner) if get("vgpu") else "")
         return _device(key, physical, owner, node_name, external)
     owner = _labelled_pod(labels) if "pod" in labels or "exported_pod" in labels else None
     owner = owner or target.pod
-    key = ("series", target.url, *(f"{k}={v}" for k, v in sorted(labels.items())))
+    key = ("series", target.url, *[f"{k}={v}" for k, v in sorted(labels.items())])
     return _device(key, key, owner, node_name, external)
 
 

@@ -203,6 +203,14 @@ _INT_FIELDS = frozenset(
 )
 _XID_WINDOW = "DCGM_EXP_XID_ERRORS_COUNT"
 KNOWN_DCGM_NAMES = frozenset(n for names in _DCGM_FIELDS.values() for n in names) | {_XID_WINDOW}
+# DCGM name, and the name prometheus_client gives it with ``_total``, → (GpuSignals field, alias rank).
+_FIELD_OF_NAME: dict[str, tuple[str, int]] = {
+    spelling: (field, rank)
+    for field, names in _DCGM_FIELDS.items()
+    for rank, name in enumerate(names)
+    for spelling in (name, f"{name}_total")
+}
+_XID_WINDOW_NAMES = frozenset({_XID_WINDOW, f"{_XID_WINDOW}_total"})
 
 
 def _reported(value: float | None) -> float | None:
@@ -229,22 +237,26 @@ def signals_from_dcgm(
     (Xid → count); a bare ``DCGM_EXP_XID_ERRORS_COUNT`` in ``values`` means "window reported, no Xid".
     ``mig_profile`` is the ``GPU_I_PROFILE`` label of a MIG instance.
     """
-    by_name: dict[str, float] = {}
-    for name, value in values.items():
-        base = name.removesuffix("_total") if name not in KNOWN_DCGM_NAMES else name
-        if base in KNOWN_DCGM_NAMES:
-            by_name[base] = value
+    # NB: one pass over the values with a precomputed name → (field, alias rank) table: this runs per GPU.
     fields: dict[str, Any] = {}
-    for field, names in _DCGM_FIELDS.items():
-        for name in names:
-            v = _reported(by_name.get(name))
-            if v is not None:
-                fields[field] = int(v) if field in _INT_FIELDS else v
-                break
+    ranks: dict[str, int] = {}
+    window_reported = False
+    for name, value in values.items():
+        known = _FIELD_OF_NAME.get(name)
+        if known is None:
+            window_reported = window_reported or name in _XID_WINDOW_NAMES
+            continue
+        if not -_DCGM_BLANK_FLOOR < value < _DCGM_BLANK_FLOOR:
+            continue  # NaN, ±Inf or a DCGM blank: not reported (the inline form of _reported)
+        field, rank = known
+        if field in fields and rank >= ranks[field]:
+            continue  # a newer name for this field was already taken (or the same name with/without _total)
+        fields[field] = int(value) if field in _INT_FIELDS else float(value)
+        ranks[field] = rank
     window: dict[int, int] | None = None
     if xid_counts is not None:
         window = {int(code): int(n) for code, n in xid_counts.items() if int(code) and (_reported(n) or 0) > 0}
-    elif _XID_WINDOW in by_name:
+    elif window_reported:
         window = {}
     return GpuSignals(**fields, xid_counts=window, mig_profile=mig_profile)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import operator
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +25,7 @@ from gpuscale.metrics.exposition import parse_samples
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
 
 log = logging.getLogger(__name__)
+_name_of = operator.attrgetter("name")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
@@ -167,12 +169,17 @@ class ScrapeSource:
         target = self._targets.setdefault(url, _Target(url))
         latest: dict[str, list[tuple[Mapping[str, str], float]]] = {}
         windowed: Windowed = {}
-        for s in samples:
-            if s.name not in self._series:
+        # NB: exposition text groups a family's samples together, and groupby skips the runs of series not
+        # kept (most of a dcgm-exporter page) without a Python step per sample.
+        for name, run in itertools.groupby(samples, _name_of):
+            if name not in self._series:
                 continue
-            latest.setdefault(s.name, []).append((s.labels, s.value))
-            if s.name in self._windowed:
-                windowed.setdefault(s.name, {})[frozenset(s.labels.items())] = (s.labels, s.value)
+            rows = [(s.labels, s.value) for s in run]
+            latest.setdefault(name, []).extend(rows)
+            if name in self._windowed:
+                by_labels = windowed.setdefault(name, {})
+                for labels, value in rows:
+                    by_labels[frozenset(labels.items())] = (labels, value)
         target.latest = latest
         target.latest_at = timestamp
         target.history.append((timestamp, windowed))
@@ -186,11 +193,14 @@ class ScrapeSource:
             if target.latest_at is None:
                 continue
             if query.input == "gauge":
+                at, url = target.latest_at, target.url
                 for name in query.series:
-                    for labels, value in target.latest.get(name, ()):
-                        if match and any(labels.get(k) != v for k, v in match):
-                            continue
-                        out.append(SeriesValue(name, labels, value, target.latest_at, target.url))
+                    rows = target.latest.get(name)
+                    if not rows:
+                        continue
+                    if match:
+                        rows = [(labels, v) for labels, v in rows if all(labels.get(k) == m for k, m in match)]
+                    out += [SeriesValue(name, labels, value, at, url) for labels, value in rows]
             else:
                 out.extend(self._windowed_read(target, query))
         return out
@@ -202,26 +212,37 @@ class ScrapeSource:
         newest_at, newest = history[-1]
         # NB: 2 % slack so scrape jitter does not drop the point that opens the window.
         start = newest_at - query.window_seconds * 1.02
-        window = [(ts, values) for ts, values in history if ts >= start]
-        if len(window) < 2:
-            return []
+        rate, match, url = query.input == "rate", query.match, target.url
         out: list[SeriesValue] = []
         for name in query.series:
             current = newest.get(name)
             if not current:
                 continue
-            # Only this series name's scrapes, so a query never walks the other counters' series.
-            scrapes = [(ts, by_labels) for ts, values in window if (by_labels := values.get(name))]
+            # Only this series name's scrapes in the window, so a query never walks the other counters' series.
+            scrapes = [(ts, by_labels) for ts, values in history if ts >= start and (by_labels := values.get(name))]
+            if len(scrapes) < 2:
+                continue
+            if match:
+                current = {k: v for k, v in current.items() if all(v[0].get(m) == want for m, want in match)}
+            if len(scrapes) == 2:
+                # The common case (a one-shot `top`, or a window of two scrapes): one earlier point per series.
+                first_at, first = scrapes[0]
+                span = newest_at - first_at
+                for key, (labels, last) in current.items():
+                    earlier = first.get(key)
+                    if earlier is not None:
+                        increase = _increase([earlier[1], last])
+                        value = increase / span if rate else increase
+                        out.append(SeriesValue(name, labels, value, newest_at, url, span))
+                continue
             for key, (labels, _) in current.items():
-                if query.match and any(labels.get(k) != v for k, v in query.match):
-                    continue
                 points = [(ts, by_labels[key][1]) for ts, by_labels in scrapes if key in by_labels]
                 if len(points) < 2:
                     continue
                 span = newest_at - points[0][0]
                 increase = _increase([v for _, v in points])
-                value = increase / span if query.input == "rate" else increase
-                out.append(SeriesValue(name, labels, value, newest_at, target.url, window_seconds=span))
+                value = increase / span if rate else increase
+                out.append(SeriesValue(name, labels, value, newest_at, url, span))
         return out
 
     def health(self) -> list[TargetHealth]:

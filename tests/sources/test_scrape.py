@@ -144,3 +144,59 @@ async def test_nan_values_are_kept_as_nan_never_as_numbers(exporter):
     (value,) = source.read(GAUGE)
     assert math.isnan(value.value)
     await source.close()
+
+
+# --- windowed reads (pure: ingest + read) ----------------------------------------------------------------
+
+COUNTER = "nv_inference_request_success"
+
+
+def counter_page(**values: float) -> list:
+    """A Triton-like page: one request counter per model (model=value), plus a gauge."""
+    from gpuscale.metrics.exposition import parse_samples
+
+    lines = [f'{COUNTER}{{model="{m}",version="1"}} {v}' for m, v in values.items()]
+    return parse_samples("\n".join([*lines, "nv_inference_pending_request_count 3", ""]))
+
+
+def windowed_source() -> ScrapeSource:
+    return ScrapeSource([], series={COUNTER}, windowed_series={COUNTER}, history_seconds=300)
+
+
+def by_model(values) -> dict[str, tuple[float, float | None]]:
+    return {v.labels["model"]: (v.value, v.window_seconds) for v in values}
+
+
+def test_increase_and_rate_over_several_scrapes_count_a_reset_as_a_restart():
+    source = windowed_source()
+    for at, a in ((0, 100.0), (15, 160.0), (30, 10.0), (45, 40.0)):  # "a" restarts between 15 s and 30 s
+        source.ingest("http://t", counter_page(a=a), timestamp=1000.0 + at)
+    increase = TermQuery(series=(COUNTER,), input="increase", window_seconds=60)
+    rate = TermQuery(series=(COUNTER,), input="rate", window_seconds=60)
+    assert by_model(source.read(increase)) == {"a": (60.0 + 10.0 + 30.0, 45.0)}
+    assert by_model(source.read(rate)) == {"a": (pytest.approx(100.0 / 45.0), 45.0)}
+    # A 20 s window holds the last two scrapes only.
+    short = TermQuery(series=(COUNTER,), input="increase", window_seconds=20)
+    assert by_model(source.read(short)) == {"a": (30.0, 15.0)}
+
+
+def test_two_scrapes_give_one_value_per_series_present_in_both():
+    source = windowed_source()
+    source.ingest("http://t", counter_page(a=5.0, b=7.0), timestamp=1000.0)
+    source.ingest("http://t", counter_page(a=20.0, b=3.0, new=9.0), timestamp=1010.0)
+    increase = TermQuery(series=(COUNTER,), input="increase", window_seconds=60)
+    # b went down: a restart, its increase is its new value; "new" has one point: no value, not zero.
+    assert by_model(source.read(increase)) == {"a": (15.0, 10.0), "b": (3.0, 10.0)}
+    matched = TermQuery(series=(COUNTER,), input="increase", window_seconds=60, match=(("model", "b"),))
+    assert by_model(source.read(matched)) == {"b": (3.0, 10.0)}
+
+
+def test_a_series_missing_from_a_middle_scrape_spans_from_its_first_point():
+    source = windowed_source()
+    source.ingest("http://t", counter_page(a=1.0, b=100.0), timestamp=1000.0)
+    source.ingest("http://t", counter_page(a=2.0), timestamp=1010.0)
+    source.ingest("http://t", counter_page(a=4.0, b=130.0), timestamp=1020.0)
+    increase = TermQuery(series=(COUNTER,), input="increase", window_seconds=60)
+    assert by_model(source.read(increase)) == {"a": (3.0, 20.0), "b": (30.0, 20.0)}
+    source.ingest("http://t", counter_page(a=5.0), timestamp=1100.0)  # the window now holds one scrape of b
+    assert by_model(source.read(TermQuery(series=(COUNTER,), input="increase", window_seconds=60))) == {}
