@@ -141,14 +141,14 @@ def dcgm(gpu: str, **labels: str) -> dict[str, str]:
     ("term", "promql"),
     [
         (GAUGE, ["DCGM_FI_DEV_GPU_UTIL"]),
-        (FB, ['{__name__=~"DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE"}']),
+        (FB, ["DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"]),  # one query per series name, never a regex
         (
             TermQuery(series=("nv_inference_pending_request_count",), match=(("model", "bert"), ("version", "2"))),
             ['nv_inference_pending_request_count{model="bert",version="2"}'],
         ),
         (
             TermQuery(series=("A", "B"), match=(("model", 'we"ird\\'),)),
-            ['{__name__=~"A|B",model="we\\"ird\\\\"}'],
+            ['A{model="we\\"ird\\\\"}', 'B{model="we\\"ird\\\\"}'],
         ),
         (RATE, ["rate(nv_inference_request_success[60s])"]),
         (
@@ -177,8 +177,8 @@ def test_builtin_catalogue_is_thirteen_fixed_queries_without_any_pod_name(catalo
         "DCGM_FI_PROF_SM_OCCUPANCY",
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
         "DCGM_FI_PROF_DRAM_ACTIVE",
-        "DCGM_FI_DEV_FB_USED",
-        '{__name__=~"DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE"}',
+        "DCGM_FI_DEV_FB_USED",  # NB: also the memory ratio's numerator: fetched once for both terms
+        "DCGM_FI_DEV_FB_FREE",
         "DCGM_FI_DEV_POWER_USAGE",
         "nv_inference_pending_request_count",
         "rate(nv_inference_request_success[60s])",
@@ -226,6 +226,24 @@ async def test_a_query_shared_by_two_terms_is_sent_once(prom, catalogue):
     await source.close()
 
 
+async def test_a_series_named_by_several_terms_is_fetched_and_decoded_once(prom):
+    """FB_USED is a term of its own and the memory ratio's numerator: one query, one answer serves both."""
+    used = TermQuery(series=("DCGM_FI_DEV_FB_USED",))
+    prom.answers["DCGM_FI_DEV_FB_USED"] = [(dcgm("0", __name__="DCGM_FI_DEV_FB_USED"), "1024")]
+    prom.answers["DCGM_FI_DEV_FB_FREE"] = [(dcgm("0", __name__="DCGM_FI_DEV_FB_FREE"), "80000")]
+    source = source_for(prom.url, used, FB)
+    await source.refresh(now=T0)
+    assert sorted(prom.queries()) == ["DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED"]
+    (alone,) = source.read(used)
+    in_ratio = source.read(FB)
+    assert [(v.name, v.value) for v in in_ratio] == [("DCGM_FI_DEV_FB_USED", 1024), ("DCGM_FI_DEV_FB_FREE", 8e4)]
+    assert in_ratio[0] is alone  # the same decoded value, not a second copy
+    # One label set, one dict, even across the two answers (what attribution recognises by identity).
+    assert in_ratio[0].labels is in_ratio[1].labels
+    assert source.health()[0].series == 2
+    await source.close()
+
+
 # --- reading answers ----------------------------------------------------------------------------------------
 
 
@@ -238,10 +256,8 @@ async def test_vector_answers_become_series_values(prom):
     prom.answers["rate(nv_inference_request_success[60s])"] = [
         ({"model": "bert", "version": "2", "instance": "10.0.0.9:8002", "exported_pod": "p"}, "41.5"),
     ]
-    prom.answers['{__name__=~"DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE"}'] = [
-        ({"__name__": "DCGM_FI_DEV_FB_USED", "UUID": "GPU-0"}, "1024"),
-        ({"__name__": "DCGM_FI_DEV_FB_FREE", "UUID": "GPU-0"}, "80000"),
-    ]
+    prom.answers["DCGM_FI_DEV_FB_USED"] = [({"__name__": "DCGM_FI_DEV_FB_USED", "UUID": "GPU-0"}, "1024")]
+    prom.answers["DCGM_FI_DEV_FB_FREE"] = [({"__name__": "DCGM_FI_DEV_FB_FREE", "UUID": "GPU-0"}, "80000")]
     source = source_for(prom.url, GAUGE, RATE, FB)
     await source.refresh(now=T0)
     first, second = source.read(GAUGE)
@@ -256,7 +272,7 @@ async def test_vector_answers_become_series_values(prom):
     assert [(v.name, v.value) for v in source.read(FB)] == [("DCGM_FI_DEV_FB_USED", 1024), ("DCGM_FI_DEV_FB_FREE", 8e4)]
     (health,) = source.health()
     assert health.healthy and health.error is None and health.series == 5
-    assert health.last_success == T0 and health.extra["queries"] == "3"
+    assert health.last_success == T0 and health.extra["queries"] == "4"  # the two-series term: two queries
     await source.close()
 
 
@@ -348,13 +364,11 @@ def _answers_from_scrapes(catalogue, scrapes: dict[str, tuple[Path, Path | None]
     table: dict[str, list] = {}
     for term in queries(catalogue):
         for planned in plan(term):
-            rows = table.setdefault(planned.promql, [])
+            if planned.promql in table:
+                continue  # a series several terms name is one query (FB_USED: its own term and the ratio's)
+            rows = table[planned.promql] = []
             for instance, (now_path, before_path) in scrapes.items():
-                now = [
-                    s
-                    for s in parse_samples(now_path.read_text())
-                    if s.name == planned.name or (term.input == "gauge" and s.name in term.series)
-                ]
+                now = [s for s in parse_samples(now_path.read_text()) if s.name == planned.name]
                 extra = {"instance": instance, "job": "gpu"}
                 if term.input == "gauge":
                     rows += [({"__name__": s.name, **s.labels, **extra}, repr(s.value)) for s in now]
