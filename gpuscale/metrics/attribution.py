@@ -19,6 +19,7 @@ The rules, and the bugs they avoid (prometheus-adapter #456/#630, dcgm-exporter 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -48,14 +49,20 @@ class Device:
         return self.pod.namespace if self.pod else None
 
 
-def _device(key: tuple[str, ...], physical: tuple[str, ...], owner: ObjectRef | None, node_name: str | None,
-            labels: tuple[tuple[str, str], ...]) -> Device:
+@functools.lru_cache(maxsize=65536)
+def _objects(owner: ObjectRef | None, node_name: str | None) -> tuple[ObjectRef, ...]:
+    """What a device's values count towards; cached, since a pod's or node's devices all share it."""
     objects: list[ObjectRef] = []
     if owner is not None:
         objects += [owner, namespace(owner.namespace or "")]
     if node_name:
         objects.append(node(node_name))
-    return Device(key, physical, owner, node_name, labels, tuple(objects))
+    return tuple(objects)
+
+
+def _device(key: tuple[str, ...], physical: tuple[str, ...], owner: ObjectRef | None, node_name: str | None,
+            labels: tuple[tuple[str, str], ...]) -> Device:
+    return Device(key, physical, owner, node_name, labels, _objects(owner, node_name))
 
 
 # Label pairs (pod, namespace), in the order they win.
@@ -127,7 +134,8 @@ def attribute(name: str, labels: Mapping[str, str], target: Target) -> Device:
     get = labels.get
     node_name = target.node or get("Hostname") or get("hostname") or None
     # NB: sorting the pairs orders by key (keys are unique), the order selectors and the wire expect.
-    external = tuple(sorted([item for item in labels.items() if item[0] not in _PLACEMENT_LABELS]))
+    items = sorted(labels.items())
+    external = tuple([item for item in items if item[0] not in _PLACEMENT_LABELS])
     if _is_dcgm(name, labels):
         owner = _labelled_pod(labels)
         if owner is not None and owner == target.pod:
@@ -139,7 +147,7 @@ def attribute(name: str, labels: Mapping[str, str], target: Target) -> Device:
         return _device(key, physical, owner, node_name, external)
     owner = _labelled_pod(labels) if "pod" in labels or "exported_pod" in labels else None
     owner = owner or target.pod
-    key = ("series", target.url, *[f"{k}={v}" for k, v in sorted(labels.items())])
+    key = ("series", target.url, *[f"{k}={v}" for k, v in items])
     return _device(key, key, owner, node_name, external)
 
 

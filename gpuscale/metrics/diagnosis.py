@@ -138,7 +138,8 @@ class FindingCode(StrEnum):
 
 
 _FINDING_RANK = {c: i for i, c in enumerate(FindingCode)}
-_DECISIVE = frozenset(c.value for c in VerdictCode)
+# The findings that can decide a verdict, and the verdict each decides.
+_VERDICT_OF = {f: VerdictCode(f.value) for f in FindingCode if f.value in set(VerdictCode)}
 
 
 # --- signals ---------------------------------------------------------------------------------------
@@ -856,12 +857,13 @@ def diagnose(signals: GpuSignals, policy: DiagnosisPolicy) -> Verdict:
     findings = _health_findings(signals, policy.health) + _thermal_findings(signals, d)
     workload, missing, undecided = _workload(signals, d)
     for finding_code, text_ in workload:
-        text = d.verdicts[VerdictCode(finding_code.value)]
+        text = d.verdicts[_VERDICT_OF[finding_code]]
         findings.append(Finding(code=finding_code, severity=text.severity, explanation=text_, next_step=text.next_step))
-    # Priority order; within one code the worst first (e.g. Xid 94 "warning" before Xid 63 "info").
-    findings.sort(key=lambda f: (_FINDING_RANK[f.code], -f.severity.rank))
+    if len(findings) > 1:
+        # Priority order; within one code the worst first (e.g. Xid 94 "warning" before Xid 63 "info").
+        findings.sort(key=lambda f: (_FINDING_RANK[f.code], -_SEVERITY_RANK[f.severity]))
 
-    decisive = next((f for f in findings if f.code.value in _DECISIVE), None)
+    decisive = next((f for f in findings if f.code in _VERDICT_OF), None)
     code: VerdictCode
     if decisive is None:
         code = VerdictCode.UNKNOWN
@@ -869,12 +871,11 @@ def diagnose(signals: GpuSignals, policy: DiagnosisPolicy) -> Verdict:
         next_step = d.verdicts[code].next_step
         own = d.verdicts[code].severity
     else:
-        code = VerdictCode(decisive.code.value)
+        code = _VERDICT_OF[decisive.code]
         explanation, next_step, own = decisive.explanation, decisive.next_step, decisive.severity
-        workload_codes = {VerdictCode(c.value) for c, _ in workload}
-        if SM_ACTIVE in missing and code in workload_codes and SM_ACTIVE not in explanation:
+        if SM_ACTIVE in missing and any(c == decisive.code for c, _ in workload) and SM_ACTIVE not in explanation:
             explanation += " (SM_ACTIVE not reported: the under-filled and effective-use checks were skipped)"
-    severity = max([own, *(f.severity for f in findings)], key=lambda s: s.rank)
+    severity = max([own, *(f.severity for f in findings)], key=_SEVERITY_RANK.__getitem__)
     return Verdict(
         code=code,
         severity=severity,

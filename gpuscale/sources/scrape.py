@@ -38,17 +38,21 @@ Windowed = dict[str, dict[frozenset[tuple[str, str]], tuple[Mapping[str, str], f
 class _Target:
     url: str
     latest_at: float | None = None
-    latest: dict[str, list[tuple[Mapping[str, str], float]]] = field(default_factory=dict)
+    # NB: kept as the SeriesValues reads hand out (immutable, shared by every read until the next scrape):
+    # a gauge read is then one list extend per series name, not one tuple per series.
+    latest: dict[str, list[SeriesValue]] = field(default_factory=dict)
     history: deque[tuple[float, Windowed]] = field(default_factory=deque)
     health: TargetHealth | None = None
 
 
+def _delta(prev: float, cur: float) -> float:
+    """A counter's increase between two samples; a drop is a reset (the counter restarted at 0)."""
+    return cur - prev if cur >= prev else cur
+
+
 def _increase(points: list[float]) -> float:
-    """Counter increase across consecutive samples; a drop is a reset (the counter restarted at 0)."""
-    total = 0.0
-    for prev, cur in itertools.pairwise(points):
-        total += cur - prev if cur >= prev else cur
-    return total
+    """Counter increase across consecutive samples."""
+    return sum(itertools.starmap(_delta, itertools.pairwise(points)), 0.0)
 
 
 class ScrapeSource:
@@ -167,18 +171,18 @@ class ScrapeSource:
     def ingest(self, url: str, samples: Iterable, *, timestamp: float) -> None:
         """Record one successful scrape of ``url`` (also used by tests to feed fixtures)."""
         target = self._targets.setdefault(url, _Target(url))
-        latest: dict[str, list[tuple[Mapping[str, str], float]]] = {}
+        latest: dict[str, list[SeriesValue]] = {}
         windowed: Windowed = {}
         # NB: exposition text groups a family's samples together, and groupby skips the runs of series not
         # kept (most of a dcgm-exporter page) without a Python step per sample.
         for name, run in itertools.groupby(samples, _name_of):
             if name not in self._series:
                 continue
-            rows = [(s.labels, s.value) for s in run]
-            latest.setdefault(name, []).extend(rows)
+            values = [SeriesValue(name, s.labels, s.value, timestamp, url) for s in run]
+            latest.setdefault(name, []).extend(values)
             if name in self._windowed:
                 by_labels = windowed.setdefault(name, {})
-                for labels, value in rows:
+                for _, labels, value, *_ in values:
                     by_labels[frozenset(labels.items())] = (labels, value)
         target.latest = latest
         target.latest_at = timestamp
@@ -193,14 +197,12 @@ class ScrapeSource:
             if target.latest_at is None:
                 continue
             if query.input == "gauge":
-                at, url = target.latest_at, target.url
                 for name in query.series:
                     rows = target.latest.get(name)
-                    if not rows:
-                        continue
-                    if match:
-                        rows = [(labels, v) for labels, v in rows if all(labels.get(k) == m for k, m in match)]
-                    out += [SeriesValue(name, labels, value, at, url) for labels, value in rows]
+                    if rows and match:
+                        rows = [v for v in rows if all(v.labels.get(k) == m for k, m in match)]
+                    if rows:
+                        out += rows
             else:
                 out.extend(self._windowed_read(target, query))
         return out
@@ -231,7 +233,7 @@ class ScrapeSource:
                 for key, (labels, last) in current.items():
                     earlier = first.get(key)
                     if earlier is not None:
-                        increase = _increase([earlier[1], last])
+                        increase = _delta(earlier[1], last)
                         value = increase / span if rate else increase
                         out.append(SeriesValue(name, labels, value, newest_at, url, span))
                 continue
