@@ -170,15 +170,17 @@ class ScrapeSource:
 
     def ingest(self, url: str, samples: Iterable, *, timestamp: float) -> None:
         """Record one successful scrape of ``url`` (also used by tests to feed fixtures)."""
-        target = self._targets.setdefault(url, _Target(url))
+        target = self._targets.get(url) or self._targets.setdefault(url, _Target(url))
         latest: dict[str, list[SeriesValue]] = {}
         windowed: Windowed = {}
+        new = tuple.__new__
         # NB: exposition text groups a family's samples together, and groupby skips the runs of series not
         # kept (most of a dcgm-exporter page) without a Python step per sample.
         for name, run in itertools.groupby(samples, _name_of):
             if name not in self._series:
                 continue
-            values = [SeriesValue(name, s.labels, s.value, timestamp, url) for s in run]
+            # NB: tuple.__new__ skips SeriesValue's generated __new__, a Python frame per sample.
+            values = [new(SeriesValue, (name, s.labels, s.value, timestamp, url, None)) for s in run]
             latest.setdefault(name, []).extend(values)
             if name in self._windowed:
                 by_labels = windowed.setdefault(name, {})
