@@ -212,7 +212,12 @@ class GpuStatus(BaseModel):
 
 
 def _first(labels: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
-    return next((labels[k] for k in keys if labels.get(k)), None)
+    get = labels.get
+    for key in keys:
+        value = get(key)
+        if value:
+            return value
+    return None
 
 
 def gpu_status(reading: DeviceReading, policy: DiagnosisPolicy) -> GpuStatus:

@@ -28,6 +28,7 @@ but raise its ``severity``: a compute-bound GPU with a fresh Xid 13 is ``compute
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
@@ -204,14 +205,13 @@ _INT_FIELDS = frozenset(
 )
 _XID_WINDOW = "DCGM_EXP_XID_ERRORS_COUNT"
 KNOWN_DCGM_NAMES = frozenset(n for names in _DCGM_FIELDS.values() for n in names) | {_XID_WINDOW}
-# DCGM name, and the name prometheus_client gives it with ``_total``, → (GpuSignals field, alias rank).
-_FIELD_OF_NAME: dict[str, tuple[str, int]] = {
-    spelling: (field, rank)
+
+# GpuSignals field → the DCGM names to try, in order (each name, then prometheus_client's ``_total``
+# spelling of it), and whether the field is an integer.
+_FIELD_SPELLINGS: tuple[tuple[str, tuple[str, ...], bool], ...] = tuple(
+    (field, tuple(spelling for name in names for spelling in (name, f"{name}_total")), field in _INT_FIELDS)
     for field, names in _DCGM_FIELDS.items()
-    for rank, name in enumerate(names)
-    for spelling in (name, f"{name}_total")
-}
-_XID_WINDOW_NAMES = frozenset({_XID_WINDOW, f"{_XID_WINDOW}_total"})
+)
 
 
 def _reported(value: float | None) -> float | None:
@@ -238,22 +238,18 @@ def signals_from_dcgm(
     (Xid → count); a bare ``DCGM_EXP_XID_ERRORS_COUNT`` in ``values`` means "window reported, no Xid".
     ``mig_profile`` is the ``GPU_I_PROFILE`` label of a MIG instance.
     """
-    # NB: one pass over the values with a precomputed name → (field, alias rank) table: this runs per GPU.
+    # NB: a lookup per field in a precomputed order (newest name first, then its ``_total`` spelling, then
+    # older aliases) rather than a pass over the values: this runs per GPU.
+    get = values.get
     fields: dict[str, Any] = {}
-    ranks: dict[str, int] = {}
-    window_reported = False
-    for name, value in values.items():
-        known = _FIELD_OF_NAME.get(name)
-        if known is None:
-            window_reported = window_reported or name in _XID_WINDOW_NAMES
-            continue
-        if not -_DCGM_BLANK_FLOOR < value < _DCGM_BLANK_FLOOR:
-            continue  # NaN, ±Inf or a DCGM blank: not reported (the inline form of _reported)
-        field, rank = known
-        if field in fields and rank >= ranks[field]:
-            continue  # a newer name for this field was already taken (or the same name with/without _total)
-        fields[field] = int(value) if field in _INT_FIELDS else float(value)
-        ranks[field] = rank
+    for field, spellings, integer in _FIELD_SPELLINGS:
+        for name in spellings:
+            value = get(name)
+            # NB: the inline form of _reported: NaN, ±Inf and DCGM blanks are "not reported".
+            if value is not None and -_DCGM_BLANK_FLOOR < value < _DCGM_BLANK_FLOOR:
+                fields[field] = int(value) if integer else float(value)
+                break
+    window_reported = _XID_WINDOW in values or f"{_XID_WINDOW}_total" in values
     window: dict[int, int] | None = None
     if xid_counts is not None:
         window = {int(code): int(n) for code, n in xid_counts.items() if int(code) and (_reported(n) or 0) > 0}
@@ -529,6 +525,12 @@ def decode_clock_events(mask: int) -> list[str]:
 
     Bits DCGM does not define come back as hex (``"0x200"``) rather than being dropped.
     """
+    return list(_clock_event_names(mask))
+
+
+@functools.lru_cache(maxsize=1024)
+def _clock_event_names(mask: int) -> tuple[str, ...]:
+    # NB: cached: a cluster shows a handful of distinct masks, and every GPU's record and diagnosis decode one.
     names = [name for bit, name in CLOCK_EVENT_BITS if mask & bit]
     known = 0
     for bit, _ in CLOCK_EVENT_BITS:
@@ -539,7 +541,7 @@ def decode_clock_events(mask: int) -> list[str]:
         if rest & bit:
             names.append(f"0x{bit:X}")
         bit <<= 1
-    return names
+    return tuple(names)
 
 
 def xid_info(code: int, *, policy: DiagnosisPolicy) -> XidInfo:

@@ -409,6 +409,11 @@ def test_signals_from_dcgm_names_and_sentinels():
 def test_signals_from_dcgm_prefers_the_new_clock_events_name():
     signals = signals_from_dcgm({"DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 4, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 8})
     assert signals.clock_event_reasons == 4
+    # A blank or NaN under the new name is "not reported": the old name's value is used.
+    for blank in (float("nan"), float("inf"), 9.223372036854775794e18):
+        values = {"DCGM_FI_DEV_CLOCKS_EVENT_REASONS": blank, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 8}
+        assert signals_from_dcgm(values).clock_event_reasons == 8
+    assert signals_from_dcgm({"DCGM_FI_DEV_CLOCKS_EVENT_REASONS": float("nan")}).clock_event_reasons is None
 
 
 def test_signals_from_dcgm_xid_window():
