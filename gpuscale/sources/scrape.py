@@ -205,19 +205,18 @@ class ScrapeSource:
                         rows = [v for v in rows if all(v.labels.get(k) == m for k, m in match)]
                     if rows:
                         out += rows
-            else:
-                out.extend(self._windowed_read(target, query))
+            elif len(target.history) >= 2:  # a rate needs two scrapes; until then no value (not zero)
+                self._windowed_read(target, query, out)
         return out
 
-    def _windowed_read(self, target: _Target, query: TermQuery) -> list[SeriesValue]:
+    def _windowed_read(self, target: _Target, query: TermQuery, out: list[SeriesValue]) -> None:
+        """Append the target's rates or increases over the query's window to ``out``."""
         history = target.history
-        if len(history) < 2:
-            return []  # a rate needs two scrapes; until then the metric has no value (not zero)
         newest_at, newest = history[-1]
         # NB: 2 % slack so scrape jitter does not drop the point that opens the window.
         start = newest_at - query.window_seconds * 1.02
         rate, match, url = query.input == "rate", query.match, target.url
-        out: list[SeriesValue] = []
+        new = tuple.__new__  # NB: as in ingest
         for name in query.series:
             current = newest.get(name)
             if not current:
@@ -237,7 +236,7 @@ class ScrapeSource:
                     if earlier is not None:
                         increase = _delta(earlier[1], last)
                         value = increase / span if rate else increase
-                        out.append(SeriesValue(name, labels, value, newest_at, url, span))
+                        out.append(new(SeriesValue, (name, labels, value, newest_at, url, span)))
                 continue
             for key, (labels, _) in current.items():
                 points = [(ts, by_labels[key][1]) for ts, by_labels in scrapes if key in by_labels]
@@ -246,8 +245,7 @@ class ScrapeSource:
                 span = newest_at - points[0][0]
                 increase = _increase([v for _, v in points])
                 value = increase / span if rate else increase
-                out.append(SeriesValue(name, labels, value, newest_at, url, span))
-        return out
+                out.append(new(SeriesValue, (name, labels, value, newest_at, url, span)))
 
     def health(self) -> list[TargetHealth]:
         return [t.health or TargetHealth(t.url, False, error="not scraped yet") for t in self._targets.values()]
