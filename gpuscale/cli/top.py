@@ -47,6 +47,7 @@ from gpuscale.cli.render_top import (
 )
 from gpuscale.config import Seconds
 from gpuscale.errors import ConfigError, GpuscaleError, MetricNotFound, ObjectNotFound, SelectorError, SourceUnavailable
+from gpuscale.metrics.attribution import Device
 from gpuscale.metrics.devices import DEVICE_SERIES, GpuStatus, device_queries, gpu_statuses, read_devices
 from gpuscale.metrics.diagnosis import DiagnosisPolicy, GpuSignals, diagnose, load_policy
 from gpuscale.metrics.rollups import (
@@ -58,7 +59,7 @@ from gpuscale.metrics.rollups import (
     node_statuses,
     pod_statuses,
 )
-from gpuscale.model import ObjectRef, parse_quantity
+from gpuscale.model import parse_quantity
 from gpuscale.pipeline import cyclic_gc_paused
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import add_arguments
@@ -367,11 +368,13 @@ class SourcesCollector:
     def build(self, statuses: list[SourceStatus], *, now: float) -> GpuTopList:
         """Everything after "the data arrived": pure given the sources' current values."""
         self.attributor.begin_refresh()
-        readings = [r for r in read_devices(self.read, self.attributor) if now - r.sampled_at <= self.max_age_seconds]
         selection = self.selection
+        keep = None
         if selection.view == "pods" or selection.narrows_pods:
-            # NB: only GPUs held by pods in scope are diagnosed (idle GPUs are a quarter of a busy cluster).
-            readings = [r for r in readings if r.device.pod is not None and self._in_scope(r.device.pod)]
+            # NB: only GPUs held by pods in scope are read and diagnosed (idle GPUs are a quarter of a busy cluster).
+            keep = self._held_in_scope
+        readings = read_devices(self.read, self.attributor, keep=keep)
+        readings = [r for r in readings if now - r.sampled_at <= self.max_age_seconds]
         gpus = gpu_statuses(readings, self.policy)
         items: list[Any]
         if selection.view == "gpus":
@@ -385,8 +388,9 @@ class SourcesCollector:
             )
         return GpuTopList(view=selection.view, generated_at=now, scope=selection.scope, sources=statuses, items=items)
 
-    def _in_scope(self, owner: ObjectRef) -> bool:
-        return self.selection.pod_in_scope(owner.namespace or "", owner.name)
+    def _held_in_scope(self, device: Device) -> bool:
+        owner = device.pod
+        return owner is not None and self.selection.pod_in_scope(owner.namespace or "", owner.name)
 
     def _inference(self, now: float) -> dict[Any, InferenceStats]:
         if self.inference is None:

@@ -119,11 +119,19 @@ class DeviceReading:
     xid_counts: dict[int, float] | None = None
 
 
-def read_devices(read: Reader, attribute: Attribute, *, series: Iterable[str] = DEVICE_SERIES) -> list[DeviceReading]:
+def read_devices(
+    read: Reader,
+    attribute: Attribute,
+    *,
+    series: Iterable[str] = DEVICE_SERIES,
+    keep: Callable[[Device], bool] | None = None,
+) -> list[DeviceReading]:
     """Group the DCGM series a source holds into devices, in the order they were first seen.
 
-    Only series attribution places on a GPU are kept (``Device.key[0] == "gpu"``). When two targets
-    report the same device (one exporter scraped under two URLs) the values merge into one reading.
+    Only series attribution places on a GPU are kept (``Device.key[0] == "gpu"``), and of those only the
+    devices ``keep`` accepts (all when None): a caller that shows only some GPUs (the pods view: GPUs held
+    by pods in scope) skips the others' values as they come. When two targets report the same device
+    (one exporter scraped under two URLs) the values merge into one reading.
     """
     by_key: dict[tuple[str, ...], DeviceReading] = {}
     # NB: this runs once per series (25 fields × 10,000 GPUs), so it works in three tiers of cost. Fastest:
@@ -141,7 +149,7 @@ def read_devices(read: Reader, attribute: Attribute, *, series: Iterable[str] = 
         else:
             device = attribute(name, labels, target)
             reading = None
-            if device.key[0] == "gpu":
+            if device.key[0] == "gpu" and (keep is None or keep(device)):
                 reading = by_key.get(device.key)
                 if reading is None:
                     reading = by_key[device.key] = DeviceReading(device, labels, target, timestamp)

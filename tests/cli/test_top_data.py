@@ -109,6 +109,16 @@ def test_one_exporter_under_two_urls_is_one_set_of_devices():
 # --- rendering -----------------------------------------------------------------------------------------
 
 
+def test_keep_reads_only_the_devices_asked_for_with_the_same_values():
+    source = ScrapeSource([], series=DEVICE_SERIES)
+    source.ingest("http://10.0.0.1:9400/metrics", parse_samples(H100.read_text()), timestamp=T0)
+    every = read_devices(source.read, Attributor(Target))
+    held = read_devices(source.read, Attributor(Target), keep=lambda device: device.pod is not None)
+    assert 0 < len(held) < len(every)  # the fixture has idle GPUs without pod labels
+    expected = [(r.device.key, r.values, r.xid_counts, r.sampled_at) for r in every if r.device.pod is not None]
+    assert [(r.device.key, r.values, r.xid_counts, r.sampled_at) for r in held] == expected
+
+
 def test_table_fits_the_width_cutting_names_the_readable_way():
     columns = [
         Column("NODE", lambda r: r[0], cut="host", min_width=14, shrink_first=True),
