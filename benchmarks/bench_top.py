@@ -13,7 +13,8 @@ formatter at 120 columns. Stages, each timed with ``time.process_time`` (CPU) an
     render   sort + table formatter → the string printed
 
 "data arrived" = ingest + build + render (the goal: ≤ 1 s); with parse it is "scrape bodies in memory".
-Also timed: the next ``--watch`` frame over the same series (the attribution memo warm). Peers measured
+Each repeat runs in a fresh process forked from the one holding the generated text, as a one-shot
+``top`` starts from a fresh interpreter. Also timed: the next ``--watch`` frame over the same series (the attribution memo warm). Peers measured
 in the same run: the adapter's refresh (``build_snapshot`` over the whole catalogue, on the same source)
 and ``rich.table.Table`` rendering the same rows (``--no-rich-peer`` skips it: ~6 s). ``--no-triton``
 leaves out the inference endpoints (dcgm-exporters only).
