@@ -350,6 +350,7 @@ async def test_prometheus_url_plugs_in_through_the_source_protocol(prometheus):
     for gpu, verdict in FIXTURE_VERDICTS.items():
         assert by_gpu[gpu].verdict.code == verdict
     assert "DCGM_FI_PROF_SM_ACTIVE" in asked  # one plain query per DCGM field
+    assert not [q for q in asked if "=~" in q or "{" in q]  # never a regex of names or a matcher
     assert by_gpu["5"].source == "http://10.0.0.7:9400/metrics"
 
 

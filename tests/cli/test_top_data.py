@@ -29,6 +29,7 @@ from gpuscale.metrics.diagnosis import load_policy
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.rollups import node_statuses, pod_statuses
 from gpuscale.model import pod
+from gpuscale.sources.base import SeriesValue
 from gpuscale.sources.scrape import ScrapeSource
 from tests.helpers import H100, MIG, T0
 
@@ -117,6 +118,33 @@ def test_keep_reads_only_the_devices_asked_for_with_the_same_values():
     assert 0 < len(held) < len(every)  # the fixture has idle GPUs without pod labels
     expected = [(r.device.key, r.values, r.xid_counts, r.sampled_at) for r in every if r.device.pod is not None]
     assert [(r.device.key, r.values, r.xid_counts, r.sampled_at) for r in held] == expected
+
+
+@pytest.mark.parametrize("held_first", [True, False])
+def test_keep_judges_a_gpu_reported_twice_as_filtering_the_merged_reading_would(held_first):
+    # One GPU under two exporter URLs a scrape apart: one still labels the pod that held it, one has none.
+    gpu = {"gpu": "0", "UUID": "GPU-0", "Hostname": "node-1"}
+    held = gpu | {"pod": "infer-0", "namespace": "team-a"}
+    first, second = (held, gpu) if held_first else (gpu, held)
+    series = [
+        SeriesValue("DCGM_FI_DEV_GPU_UTIL", first, 90.0, T0, "http://10.0.0.1:9400/metrics"),
+        SeriesValue("DCGM_FI_DEV_XID_ERRORS", first, 0.0, T0, "http://10.0.0.1:9400/metrics"),
+        SeriesValue("DCGM_FI_DEV_GPU_UTIL", second, 0.0, T0 + 1, "http://10.0.0.2:9400/metrics"),
+        SeriesValue("DCGM_FI_DEV_XID_ERRORS", second, 79.0, T0 + 1, "http://10.0.0.2:9400/metrics"),
+    ]
+
+    def read(query):
+        return [v for v in series if v.name in query.series]
+
+    def in_scope(device):
+        return device.pod is not None and device.pod.namespace == "team-a"
+
+    def seen(readings):
+        return [(r.device.key, r.device.pod, r.values, r.sampled_at) for r in readings]
+
+    filtered_after = [r for r in read_devices(read, Attributor(Target)) if in_scope(r.device)]
+    assert seen(read_devices(read, Attributor(Target), keep=in_scope)) == seen(filtered_after)
+    assert len(filtered_after) == (1 if held_first else 0)  # the first placement decides, both ways
 
 
 def test_table_fits_the_width_cutting_names_the_readable_way():
