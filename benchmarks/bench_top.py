@@ -14,10 +14,10 @@ formatter at 120 columns. Stages, each timed with ``time.process_time`` (CPU) an
 
 "data arrived" = ingest + build + render (the goal: ≤ 1 s); with parse it is "scrape bodies in memory".
 Each repeat runs in a fresh process forked from the one holding the generated text, as a one-shot
-``top`` starts from a fresh interpreter. Also timed: the next ``--watch`` frame over the same series (the attribution memo warm). Peers measured
-in the same run: the adapter's refresh (``build_snapshot`` over the whole catalogue, on the same source)
-and ``rich.table.Table`` rendering the same rows (``--no-rich-peer`` skips it: ~6 s). ``--no-triton``
-leaves out the inference endpoints (dcgm-exporters only).
+``top`` starts from a fresh interpreter. Also timed: the next ``--watch`` frame over the same series (the
+attribution memo warm). Peers measured in the same run: the adapter's refresh (``build_snapshot`` over the
+whole catalogue, on the same source) and ``rich.table.Table`` rendering the same rows (``--no-rich-peer``
+skips it: ~4 s). ``--no-triton`` leaves out the inference endpoints (dcgm-exporters only).
 
     .venv/bin/python benchmarks/bench_top.py [--nodes 1250] [--repeats 5] [--no-rich-peer] [--no-triton]
 """

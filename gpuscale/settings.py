@@ -61,6 +61,9 @@ class AdapterSettings(_Settings):
     )
     tls_private_key_file: str | None = Field(None, description="serving private key (PEM)")
     cert_dir: str = Field("apiserver.local.config/certificates", description="where a self-signed certificate is kept")
+    tls_reload_interval: Seconds = Field(
+        10.0, ge=0, description="how often the serving certificate files are checked for a renewal (0: never)"
+    )
     client_ca_file: str | None = Field(None, description="CA for client certificates (default: from the cluster)")
     requestheader_client_ca_file: str | None = Field(
         None, description="CA of the front proxy (default: kube-system/extension-apiserver-authentication)"

@@ -12,7 +12,9 @@ change without a restart. Three pieces:
   way k8s.io/apiserver's ``MaybeDefaultWithSelfSignedCerts`` does.
 
 * **``ServerTLS``** — the ``ssl.SSLContext`` handed to aiohttp. Client certificates are requested but optional
-  (``CERT_OPTIONAL``) and verified during the handshake against the union of the two CA bundles.
+  (``CERT_OPTIONAL``) and verified during the handshake against the union of the two CA bundles. The serving
+  certificate is re-read when its files change (``reload_serving_cert``, every ``--tls-reload-interval``), so a
+  renewal needs no restart.
 
   Rotation design: Python cannot remove a CA from a live ``SSLContext`` (``load_verify_locations`` only adds), so
   ``set_client_cas`` builds a *new* context and the context given to aiohttp switches every new connection to it
@@ -291,6 +293,13 @@ class ServerTLS:
         self._cert_file = os.fspath(cert_file)
         self._key_file = os.fspath(key_file)
         self._client_ca_pem = client_ca_pem
+        # NB: the files' fingerprint before loading them: a change in between is then seen by the next reload.
+        try:
+            self._fingerprint = self._files_fingerprint()
+        except OSError as e:
+            files = f"{self._cert_file} / key {self._key_file}"
+            raise ConfigError(f"cannot read the serving certificate {files}: {e}") from e
+        self._refused: str | None = None  # the last pair that did not load, so that it is logged once
         self._current = self._build(client_ca_pem)
         self.context: ssl.SSLContext = self._current
         """The context aiohttp serves with; it stays the same object, its SNI callback picks the current one."""
@@ -305,6 +314,43 @@ class ServerTLS:
             return
         self._current = self._build(pem)
         self._client_ca_pem = pem
+
+    def reload_serving_cert(self) -> bool:
+        """Serve the certificate and key files' current contents from the next handshake on, if they changed.
+
+        For renewals (cert-manager rewriting a mounted Secret, a rotated ``--tls-cert-file``): the same SNI
+        switch as a client-CA rotation, so open connections keep their session and new ones get the new
+        certificate. A pair that does not load — a key written before its certificate, a half-written file —
+        is logged once and the previous pair keeps serving; the next call tries again. Returns whether the
+        certificate was switched.
+        """
+        try:
+            fingerprint = self._files_fingerprint()
+        except OSError as e:
+            self._refuse(str(e), f"unreadable: {e}")
+            return False
+        if fingerprint == self._fingerprint:
+            return False
+        try:
+            context = self._build(self._client_ca_pem)
+        except ConfigError as e:
+            self._refuse(fingerprint, str(e))
+            return False
+        self._current, self._fingerprint, self._refused = context, fingerprint, None
+        log.info("serving certificate reloaded from %s", self._cert_file)
+        return True
+
+    def _refuse(self, what: str, reason: str) -> None:
+        if what != self._refused:
+            log.warning("keeping the previous serving certificate: %s", reason)
+            self._refused = what
+
+    def _files_fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for path in (self._cert_file, self._key_file):
+            digest.update(Path(path).read_bytes())
+            digest.update(b"\0")
+        return digest.hexdigest()
 
     def _build(self, ca_pem: str) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -139,6 +139,7 @@ async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | Non
     runners: list[web.AppRunner] = []
     urls: list[str] = []
     auth: DelegatedAuth | None = None
+    server_tls: ServerTLS | None = None
     try:
         if settings.insecure_port is not None:
             # NB: plain HTTP is for local use: its own app, without authentication.
@@ -194,7 +195,18 @@ async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | Non
         settings, catalogue, store, pipeline, source, cluster, api, runners, urls[0], auth=auth, urls=urls
     )
     running.tasks.append(asyncio.create_task(pipeline.run(), name="refresh"))
+    if server_tls is not None and settings.tls_reload_interval > 0:
+        task = _reload_serving_cert(server_tls, settings.tls_reload_interval)
+        running.tasks.append(asyncio.create_task(task, name="serving-cert"))
     return running
+
+
+async def _reload_serving_cert(server_tls: ServerTLS, interval: float) -> None:
+    """Pick up a renewed serving certificate (cert-manager, a rotated Secret) without a restart."""
+    while True:
+        await asyncio.sleep(interval)
+        # NB: in the event loop, not a thread: two files of a few KB, read every few seconds.
+        server_tls.reload_serving_cert()
 
 
 def _host(bind_address: str) -> str:

@@ -595,6 +595,51 @@ def test_given_serving_files_are_used_as_they_are(tmp_path):
         ServerTLS(generated.cert_file, generated.cert_file)
 
 
+async def served_certificate(port: int) -> bytes:
+    """The DER of the leaf certificate a TLS server on 127.0.0.1:port presents now (not verified)."""
+    pem = await asyncio.to_thread(ssl.get_server_certificate, ("127.0.0.1", port))
+    return ssl.PEM_cert_to_DER_cert(pem)
+
+
+async def test_a_renewed_serving_certificate_is_served_without_a_restart(tmp_path, caplog):
+    ca = trustme.CA()
+    first, second = ca.issue_cert("127.0.0.1"), ca.issue_cert("127.0.0.1")
+    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
+    first.cert_chain_pems[0].write_to_path(cert_file)
+    first.private_key_pem.write_to_path(key_file)
+    server_tls = ServerTLS(cert_file, key_file)
+    runner = web.AppRunner(web.Application(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls.context).start()
+    port = runner.addresses[0][1]
+
+    def der(leaf: trustme.LeafCert) -> bytes:
+        return x509.load_pem_x509_certificate(leaf.cert_chain_pems[0].bytes()).public_bytes(serialization.Encoding.DER)
+
+    try:
+        assert await served_certificate(port) == der(first)
+        assert server_tls.reload_serving_cert() is False  # unchanged files: nothing to do
+        # Mid-renewal: the new certificate is written before its key. The old pair keeps serving, and the
+        # mismatch is logged once however often the files are checked.
+        second.cert_chain_pems[0].write_to_path(cert_file)
+        with caplog.at_level("WARNING", logger="gpuscale.adapter.tls"):
+            assert server_tls.reload_serving_cert() is False
+            assert server_tls.reload_serving_cert() is False
+        warnings = [r.getMessage() for r in caplog.records if "keeping the previous" in r.getMessage()]
+        assert len(warnings) == 1 and "cannot load the serving certificate" in warnings[0], warnings
+        assert await served_certificate(port) == der(first)
+        second.private_key_pem.write_to_path(key_file)
+        assert server_tls.reload_serving_cert() is True
+        assert await served_certificate(port) == der(second)
+        # A client that trusts the CA still verifies the renewed certificate.
+        client = ssl.create_default_context()
+        ca.configure_trust(client)
+        async with aiohttp.ClientSession() as session, session.get(f"https://127.0.0.1:{port}/", ssl=client) as resp:
+            assert resp.status == 404  # the empty app: the TLS handshake is what is tested
+    finally:
+        await runner.cleanup()
+
+
 # --- units: request attributes, messages, config ---------------------------------------------------------
 
 C1 = f"/apis/{CUSTOM}/v1beta1"

@@ -67,6 +67,8 @@ async def secure(tmp_path):
         str(cert_dir),
         "--refresh-interval",
         "1s",
+        "--tls-reload-interval",
+        "200ms",
         "--log-level",
         "warning",
     ]
@@ -92,7 +94,7 @@ async def secure(tmp_path):
         await asyncio.sleep(0.3)
     proxy_ctx = ssl.create_default_context(cafile=str(ca_file))
     proxy_cert.configure_cert(proxy_ctx)
-    yield {"server": server, "ca": str(ca_file), "cluster": cluster, "proxy_ctx": proxy_ctx}
+    yield {"server": server, "ca": str(ca_file), "cluster": cluster, "proxy_ctx": proxy_ctx, "cert_dir": cert_dir}
     proc.terminate()
     await asyncio.wait_for(proc.wait(), 10)
     await cluster.stop()
@@ -147,3 +149,28 @@ async def test_authorization_outage_fails_closed(secure):
         assert code != 0 and ("Unauthorized" in err or "Forbidden" in err)
     finally:
         secure["cluster"].api.fail_reviews(None)
+
+
+async def test_a_renewed_serving_certificate_is_picked_up_without_a_restart(secure, tmp_path):
+    # As cert-manager renews a mounted Secret: new files in place, here from a new CA, the key written first.
+    new_ca = trustme.CA()
+    renewed = new_ca.issue_cert("127.0.0.1", "localhost")
+    renewed.private_key_pem.write_to_path(secure["cert_dir"] / "apiserver.key")
+    renewed.cert_chain_pems[0].write_to_path(secure["cert_dir"] / "apiserver.crt")
+    new_ca_file = tmp_path / "new-ca.crt"
+    new_ca.cert_pem.write_to_path(new_ca_file)
+    deadline = time.monotonic() + 15
+    while True:
+        code, out, err = await run(
+            KUBECTL, f"--server={secure['server']}", f"--certificate-authority={new_ca_file}",
+            "--token=hpa-token", "get", "--raw", PATH,
+        )  # fmt: skip
+        if code == 0:
+            break
+        assert "certificate" in err, err  # until the reload, the old certificate fails verification
+        assert time.monotonic() < deadline, f"the renewed certificate was not served: {err}"
+        await asyncio.sleep(0.2)
+    assert len(hpa.pod_metrics(json.loads(out))) == 2
+    # Clients that still trust only the old CA now fail the handshake: the old certificate is gone.
+    code, _, err = await kubectl_raw(secure, "hpa-token")
+    assert code != 0 and "certificate" in err
