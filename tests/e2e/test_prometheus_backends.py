@@ -35,7 +35,7 @@ from gpuscale.metrics.aggregation import build_snapshot, queries
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import DEFAULT_CATALOGUE_PATH, Catalogue, parse_catalogue
 from gpuscale.metrics.store import Snapshot
-from gpuscale.model import POD
+from gpuscale.model import POD, pod
 from gpuscale.sim.cluster import SimCluster
 from gpuscale.sim.load import ConstantLoad
 from gpuscale.sim.scenario import Scenario, demo_scenario
@@ -275,6 +275,35 @@ async def test_gauges_equal_the_scrape_source_for_every_object(stack):
                 ], (name, metric, obj)
                 for (_, num, den, _), (_, want_num, want_den, _) in zip(have[obj], parts, strict=True):
                     assert (num, den) == (pytest.approx(want_num, rel=rel), pytest.approx(want_den, rel=rel))
+
+
+def _promql(url: str, query: str) -> list[dict]:
+    # NB: prometheus-api-client is synchronous (requests): the tests call it in a thread, the product never.
+    from prometheus_api_client import PrometheusConnect
+
+    # nocache: VictoriaMetrics otherwise leaves out the last 30 s (-search.latencyOffset); Prometheus ignores it.
+    return PrometheusConnect(url=url, disable_ssl=True).custom_query(query, params={"nocache": "1"})
+
+
+async def test_pod_gpu_utilisation_is_what_each_backend_computes_itself(stack):
+    """An oracle outside gpuscale: each backend's own ``avg by (pod)``, fetched with prometheus-api-client."""
+    frozen = stack.clock.freeze()
+    await asyncio.gather(stack.prometheus.wait_scraped_after(frozen), stack.victoria.wait_scraped_after(frozen))
+    snapshots = await stack.snapshots()
+    # VictoriaMetrics keeps the exporters' own labels; Prometheus, with a ServiceMonitor's target labels, keeps
+    # the workload's as exported_pod/exported_namespace (pod/namespace name the exporter there).
+    cases = {
+        "victoria-metrics": (stack.victoria.url, "namespace", "pod"),
+        "prometheus": (stack.prometheus.url, "exported_namespace", "exported_pod"),
+    }
+    for name, (url, ns_label, pod_label) in cases.items():
+        query = f'avg by ({ns_label}, {pod_label}) (DCGM_FI_DEV_GPU_UTIL{{{pod_label}!=""}})'
+        answer = await asyncio.to_thread(_promql, url, query)
+        oracle = {pod(r["metric"][ns_label], r["metric"][pod_label]): float(r["value"][1]) for r in answer}
+        served = {obj: p.value for obj, p in snapshots[name].values["gpu_utilization"].items() if obj.kind == POD}
+        assert len(oracle) >= 3 and served.keys() == oracle.keys(), (name, sorted(served), sorted(oracle))
+        for obj, value in oracle.items():
+            assert served[obj] == pytest.approx(value, rel=1e-9), (name, obj)
 
 
 @pytest.mark.parametrize("backend", ["prometheus", "victoria-metrics"])
