@@ -3,12 +3,14 @@
 A source fetches series values from the outside world (``refresh``, the only I/O) and answers term
 queries from what it fetched (``read``, pure and cheap). The pipeline asks for exactly the terms the
 catalogue needs: the embedded scrape source answers from its own window of scrapes, the Prometheus
-source with one PromQL query per term. Neither the adapter nor any other consumer sees a source.
+source with one PromQL query per series a term names. Neither the adapter nor any other consumer sees a source.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal, NamedTuple, Protocol
 
 
@@ -38,6 +40,13 @@ class SeriesValue(NamedTuple):
     timestamp: float
     target: str
     window_seconds: float | None = None
+
+
+# NB: a SeriesValue from a complete 6-tuple without the NamedTuple's generated __new__, a Python frame per
+# call: sources build one per series per refresh (100,000s), and this is the C-level tuple constructor.
+series_value: Callable[[tuple[str, Mapping[str, str], float, float, str, float | None]], SeriesValue] = partial(
+    tuple.__new__, SeriesValue
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,7 +109,7 @@ import aiohttp
 
 from gpuscale.errors import ConfigError, SourceUnavailable
 from gpuscale.metrics.exposition import is_dcgm_blank
-from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
+from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -258,7 +258,6 @@ def read_answer(body: Any, planned: PlannedQuery, *, source: str, label_sets: La
         if placed is None:
             placed = sets.by_length[len(result)] = [None] * len(result)
         append = values.append
-        new = tuple.__new__  # NB: SeriesValue's generated __new__ is a Python frame per series; this is not
         for i, item in enumerate(result):
             # NB: the well-formed path does no isinstance checks (100,000 series per refresh at 10,000 GPUs);
             # anything malformed raises inside and is reported with its index by _malformed.
@@ -282,7 +281,7 @@ def read_answer(body: Any, planned: PlannedQuery, *, source: str, label_sets: La
             known = placed[i]
             if known is None or known[0] != labels:
                 known = placed[i] = _label_set(index, labels, targets, i, source)
-            append(new(SeriesValue, (name, known[0], value, ts, known[1], window)))
+            append(series_value((name, known[0], value, ts, known[1], window)))
     else:
         raise SourceUnavailable(
             source, f"unexpected resultType {result_type!r} (the query must return an instant vector)"

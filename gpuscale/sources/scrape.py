@@ -22,7 +22,7 @@ import aiohttp
 
 from gpuscale.errors import ExpositionError, SourceUnavailable
 from gpuscale.metrics.exposition import parse_samples
-from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
+from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
 
 log = logging.getLogger(__name__)
 _name_of = operator.attrgetter("name")
@@ -173,14 +173,12 @@ class ScrapeSource:
         target = self._targets.get(url) or self._targets.setdefault(url, _Target(url))
         latest: dict[str, list[SeriesValue]] = {}
         windowed: Windowed = {}
-        new = tuple.__new__
         # NB: exposition text groups a family's samples together, and groupby skips the runs of series not
         # kept (most of a dcgm-exporter page) without a Python step per sample.
         for name, run in itertools.groupby(samples, _name_of):
             if name not in self._series:
                 continue
-            # NB: tuple.__new__ skips SeriesValue's generated __new__, a Python frame per sample.
-            values = [new(SeriesValue, (name, s.labels, s.value, timestamp, url, None)) for s in run]
+            values = [series_value((name, s.labels, s.value, timestamp, url, None)) for s in run]
             latest.setdefault(name, []).extend(values)
             if name in self._windowed:
                 by_labels = windowed.setdefault(name, {})
@@ -216,7 +214,6 @@ class ScrapeSource:
         # NB: 2 % slack so scrape jitter does not drop the point that opens the window.
         start = newest_at - query.window_seconds * 1.02
         rate, match, url = query.input == "rate", query.match, target.url
-        new = tuple.__new__  # NB: as in ingest
         for name in query.series:
             current = newest.get(name)
             if not current:
@@ -228,7 +225,8 @@ class ScrapeSource:
             if match:
                 current = {k: v for k, v in current.items() if all(v[0].get(m) == want for m, want in match)}
             if len(scrapes) == 2:
-                # The common case (a one-shot `top`, or a window of two scrapes): one earlier point per series.
+                # The common case (a one-shot `top`, or a window of two scrapes): one earlier point per series,
+                # without the general path's per-series lists (2,881 Triton pods: ~67 ms instead of ~103 ms).
                 first_at, first = scrapes[0]
                 span = newest_at - first_at
                 for key, (labels, last) in current.items():
@@ -236,7 +234,7 @@ class ScrapeSource:
                     if earlier is not None:
                         increase = _delta(earlier[1], last)
                         value = increase / span if rate else increase
-                        out.append(new(SeriesValue, (name, labels, value, newest_at, url, span)))
+                        out.append(series_value((name, labels, value, newest_at, url, span)))
                 continue
             for key, (labels, _) in current.items():
                 points = [(ts, by_labels[key][1]) for ts, by_labels in scrapes if key in by_labels]
@@ -245,7 +243,7 @@ class ScrapeSource:
                 span = newest_at - points[0][0]
                 increase = _increase([v for _, v in points])
                 value = increase / span if rate else increase
-                out.append(new(SeriesValue, (name, labels, value, newest_at, url, span)))
+                out.append(series_value((name, labels, value, newest_at, url, span)))
 
     def health(self) -> list[TargetHealth]:
         return [t.health or TargetHealth(t.url, False, error="not scraped yet") for t in self._targets.values()]

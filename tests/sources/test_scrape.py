@@ -200,3 +200,11 @@ def test_a_series_missing_from_a_middle_scrape_spans_from_its_first_point():
     assert by_model(source.read(increase)) == {"a": (3.0, 20.0), "b": (30.0, 20.0)}
     source.ingest("http://t", counter_page(a=5.0), timestamp=1100.0)  # the window now holds one scrape of b
     assert by_model(source.read(TermQuery(series=(COUNTER,), input="increase", window_seconds=60))) == {}
+
+
+def test_the_fast_series_value_constructor_builds_the_same_named_tuple():
+    from gpuscale.sources.base import SeriesValue, series_value
+
+    made = series_value(("DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, 42.0, 1000.0, "http://t", None))
+    assert type(made) is SeriesValue and made == SeriesValue("DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, 42.0, 1000.0, "http://t")
+    assert (made.labels, made.target, made.window_seconds) == ({"gpu": "0"}, "http://t", None)
