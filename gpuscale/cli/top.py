@@ -3,9 +3,10 @@
 The composition root of the command (the only place that wires sources, the Kubernetes cache and the
 pure layers together)::
 
-    --scrape-url / --prometheus-url ─▶ MetricsSource ─┐ read_devices → gpu_statuses ─┬─ gpus
-                                                      │ build_snapshot (Triton terms)─┼─ pod_statuses → pods
-    --kubeconfig ─▶ KubeCache (pod → node, labels) ───┘                              └─ node_statuses → nodes
+    --scrape-url / --prometheus-url ─▶ MetricsSource ─┐ read_devices ─┬─ gpu_statuses ──────────────── gpus
+                                                      │               ├─ gpu_statuses → node_statuses ─ nodes
+                                                      │               └─ pod_statuses_of_readings ───── pods
+    --kubeconfig ─▶ KubeCache (pod → node, labels) ───┘     build_snapshot (Triton terms) ─┘ (pods)
     --adapter-url ─▶ custom.metrics.k8s.io (pods, nodes; no per-GPU view) ─────────────── pods / nodes
                                      │
                           filter (-n/-A/-l) → sort (--sort-by) → render_top (table|wide|json|yaml)
@@ -57,7 +58,7 @@ from gpuscale.metrics.rollups import (
     PodStatus,
     inference_stats,
     node_statuses,
-    pod_statuses,
+    pod_statuses_of_readings,
 )
 from gpuscale.model import parse_quantity
 from gpuscale.pipeline import cyclic_gc_paused
@@ -375,17 +376,15 @@ class SourcesCollector:
             keep = self._held_in_scope
         readings = read_devices(self.read, self.attributor, keep=keep)
         readings = [r for r in readings if now - r.sampled_at <= self.max_age_seconds]
-        gpus = gpu_statuses(readings, self.policy)
         items: list[Any]
         if selection.view == "gpus":
-            items = _finish(selection, gpus)
+            items = _finish(selection, gpu_statuses(readings, self.policy))
         elif selection.view == "nodes":
-            items = _finish(selection, node_statuses(gpus, self.policy))
+            items = _finish(selection, node_statuses(gpu_statuses(readings, self.policy), self.policy))
         else:
-            items = _finish(
-                selection,
-                pod_statuses(gpus, self.policy, inference=self._inference(now), node_of=self._node_of),
-            )
+            inference = self._inference(now)
+            pods = pod_statuses_of_readings(readings, self.policy, inference=inference, node_of=self._node_of)
+            items = _finish(selection, pods)
         return GpuTopList(view=selection.view, generated_at=now, scope=selection.scope, sources=statuses, items=items)
 
     def _held_in_scope(self, device: Device) -> bool:

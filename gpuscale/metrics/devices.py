@@ -53,9 +53,13 @@ __all__ = [
     "DeviceReading",
     "GpuStatus",
     "Timestamp",
+    "clock_event_names",
+    "device_id",
     "device_queries",
+    "gpu_status",
     "gpu_statuses",
     "read_devices",
+    "reading_signals",
     "rfc3339",
 ]
 
@@ -235,29 +239,48 @@ def _first(labels: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
     return None
 
 
+def reading_signals(reading: DeviceReading) -> GpuSignals:
+    """The GpuSignals of one device reading (a MIG instance's profile from its ``GPU_I_PROFILE`` label)."""
+    mig_profile = reading.labels.get("GPU_I_PROFILE") or None
+    return signals_from_dcgm(reading.values, xid_counts=reading.xid_counts, mig_profile=mig_profile)
+
+
+def clock_event_names(signals: GpuSignals) -> list[str]:
+    return decode_clock_events(signals.clock_event_reasons) if signals.clock_event_reasons else []
+
+
+def device_id(labels: Mapping[str, str]) -> str:
+    """``GpuStatus.device_id`` from a reading's labels: ``<gpu>`` or ``<gpu>/<GPU_I_ID>``."""
+    gpu = labels.get("gpu", "") or "?"
+    instance = labels.get("GPU_I_ID")
+    return f"{gpu}/{instance}" if instance else gpu
+
+
 def gpu_status(reading: DeviceReading, policy: DiagnosisPolicy) -> GpuStatus:
     """Diagnose one device reading."""
     labels = reading.labels
-    mig_profile = labels.get("GPU_I_PROFILE") or None
-    signals = signals_from_dcgm(reading.values, xid_counts=reading.xid_counts, mig_profile=mig_profile)
+    signals = reading_signals(reading)
     device = reading.device
     owner = device.pod
-    return GpuStatus(
-        node=device.node,
-        gpu=labels.get("gpu", "") or "?",
-        uuid=_first(labels, _UUID_LABELS),
-        model=labels.get("modelName") or None,
-        mig_profile=mig_profile,
-        mig_instance=labels.get("GPU_I_ID") or None,
-        namespace=owner.namespace if owner else None,
-        pod=owner.name if owner else None,
-        container=_first(labels, _CONTAINER_LABELS) if owner else None,
-        signals=signals,
-        clock_events=decode_clock_events(signals.clock_event_reasons) if signals.clock_event_reasons else [],
-        verdict=diagnose(signals, policy),
-        sampled_at=reading.sampled_at,
-        source=reading.target,
-        physical=device.physical,
+    # NB: model_validate of a dict rather than keyword construction: a third cheaper, and this runs per GPU.
+    return GpuStatus.model_validate(
+        {
+            "node": device.node,
+            "gpu": labels.get("gpu", "") or "?",
+            "uuid": _first(labels, _UUID_LABELS),
+            "model": labels.get("modelName") or None,
+            "mig_profile": signals.mig_profile,
+            "mig_instance": labels.get("GPU_I_ID") or None,
+            "namespace": owner.namespace if owner else None,
+            "pod": owner.name if owner else None,
+            "container": _first(labels, _CONTAINER_LABELS) if owner else None,
+            "signals": signals,
+            "clock_events": clock_event_names(signals),
+            "verdict": diagnose(signals, policy),
+            "sampled_at": reading.sampled_at,
+            "source": reading.target,
+            "physical": device.physical,
+        }
     )
 
 
