@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
@@ -238,11 +238,17 @@ def signals_from_dcgm(
     (Xid → count); a bare ``DCGM_EXP_XID_ERRORS_COUNT`` in ``values`` means "window reported, no Xid".
     ``mig_profile`` is the ``GPU_I_PROFILE`` label of a MIG instance.
     """
-    fields: dict[str, Any] = {}
-    for field, names, integer in _read_plan(tuple(values)):
+    plan = _read_plan(tuple(values))
+    # NB: the inline form of _reported: NaN, ±Inf and DCGM blanks are "not reported". Most fields have one
+    # spelling in a device's values: those are read in two comprehensions, the rest in order of preference.
+    floor = _DCGM_BLANK_FLOOR
+    fields: dict[str, Any] = {
+        field: float(value) for field, name in plan.floats if -floor < (value := values[name]) < floor
+    }
+    fields.update((field, int(value)) for field, name in plan.integers if -floor < (value := values[name]) < floor)
+    for field, names, integer in plan.aliased:
         for name in names:
             value = values[name]
-            # NB: the inline form of _reported: NaN, ±Inf and DCGM blanks are "not reported".
             if -_DCGM_BLANK_FLOOR < value < _DCGM_BLANK_FLOOR:
                 fields[field] = int(value) if integer else float(value)
                 break
@@ -257,20 +263,28 @@ def signals_from_dcgm(
     return GpuSignals.model_validate(fields)
 
 
+class _ReadPlan(NamedTuple):
+    floats: tuple[tuple[str, str], ...]  # (GpuSignals field, the one spelling present)
+    integers: tuple[tuple[str, str], ...]
+    aliased: tuple[tuple[str, tuple[str, ...], bool], ...]  # several spellings present: the first reported wins
+
+
 @functools.lru_cache(maxsize=256)
-def _read_plan(names: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...], bool], ...]:
+def _read_plan(names: tuple[str, ...]) -> _ReadPlan:
     """Per GpuSignals field, the spellings ``names`` holds, in the order they are tried.
 
     NB: cached by the names a device reports: every GPU of a cluster's exporters reports the same few
     sets, so a device costs one lookup per field it has instead of one per spelling it might have.
     """
     present = set(names)
-    plan = []
+    floats, integers, aliased = [], [], []
     for field, spellings, integer in _FIELD_SPELLINGS:
         held = tuple(name for name in spellings if name in present)
-        if held:
-            plan.append((field, held, integer))
-    return tuple(plan)
+        if len(held) > 1:
+            aliased.append((field, held, integer))
+        elif held:
+            (integers if integer else floats).append((field, held[0]))
+    return _ReadPlan(tuple(floats), tuple(integers), tuple(aliased))
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
