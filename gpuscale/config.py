@@ -11,11 +11,13 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Sequence
+from importlib.abc import Traversable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic.fields import FieldInfo
 
 from gpuscale.errors import ConfigError
 from gpuscale.model import parse_duration
@@ -32,6 +34,14 @@ def _duration(value: Any) -> float:
 
 Seconds = Annotated[float, BeforeValidator(_duration)]
 """A duration field: accepts "250ms", "5s", "1m30s", "2h" or a number of seconds; holds seconds."""
+
+
+def is_duration(field: FieldInfo) -> bool:
+    """Whether a settings field is a ``Seconds`` duration (so --help can show its default as "5s")."""
+    metadata = [*field.metadata]
+    for arg in typing.get_args(field.annotation):
+        metadata.extend(getattr(arg, "__metadata__", ()))
+    return any(isinstance(m, BeforeValidator) and m.func is _duration for m in metadata)
 
 
 def _allowed_keys(model: type[BaseModel], loc: Sequence[int | str]) -> list[str] | None:
@@ -77,7 +87,7 @@ def describe(error: ValidationError, model: type[BaseModel], data: Any = None) -
     return "; ".join(out)
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path | Traversable) -> dict[str, Any]:
     """A YAML mapping from ``path``; ConfigError naming the file (and line/column) otherwise."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -94,7 +104,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def validate(model: type[_M], data: Any, path: Path | str) -> _M:
+def validate(model: type[_M], data: Any, path: Path | Traversable | str) -> _M:
     """``model`` from ``data`` or ConfigError naming ``path``, each field path and reason."""
     try:
         return model.model_validate(data)

@@ -131,6 +131,24 @@ def parse_duration(text: str | int | float) -> float:
     return total
 
 
+def format_duration(seconds: float) -> str:
+    """Seconds → the way durations are written on the command line: 5.0 → "5s", 90 → "1m30s", 0.25 → "250ms"."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    out = ""
+    rest = seconds
+    for unit, size in (("h", 3600.0), ("m", 60.0)):
+        if rest >= size:
+            whole = int(rest // size)
+            out += f"{whole}{unit}"
+            rest -= whole * size
+    if rest or not out:
+        out += f"{rest:g}s"
+    return out
+
+
 _QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([numkMGTPE]|[KMGTPE]i|[eE][+-]?[0-9]+)?$")
 _SUFFIX_VALUE = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 _SUFFIX_VALUE |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}

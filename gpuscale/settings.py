@@ -12,8 +12,9 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpuscale.config import Seconds
+from gpuscale.config import Seconds, is_duration
 from gpuscale.errors import ConfigError
+from gpuscale.model import format_duration
 
 
 class _Settings(BaseModel):
@@ -43,7 +44,12 @@ class AdapterSettings(_Settings):
     prometheus_insecure_skip_verify: bool = Field(False, description="do not verify the Prometheus TLS certificate")
     prometheus_timeout: Seconds = Field(10.0, gt=0, description="timeout of one Prometheus query")
     kubeconfig: str | None = Field(None, description="kubeconfig for pod labels (default: in-cluster config if any)")
-    config: str | None = Field(None, description="metric catalogue YAML (default: policies/metrics.yaml)")
+    config: str | None = Field(
+        None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"
+    )
+    policies: str | None = Field(
+        None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
+    )
     refresh_interval: Seconds = Field(5.0, gt=0, description="how often to scrape and refresh the store")
     scrape_timeout: Seconds = Field(3.0, gt=0, description="per-exporter scrape timeout")
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
@@ -117,6 +123,12 @@ class DemoSettings(_Settings):
     port: int = Field(8443, ge=0, le=65535, description="adapter port on 127.0.0.1 (0 = pick a free port)")
     duration: Seconds | None = Field(None, description="stop after this long (default: run until Ctrl-C)")
     refresh_interval: Seconds = Field(2.0, gt=0, description="adapter refresh interval")
+    config: str | None = Field(
+        None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"
+    )
+    policies: str | None = Field(
+        None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
+    )
     log_level: str = Field("warning", description="debug, info, warning or error")
 
 
@@ -125,6 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> No
         flag = "--" + name.replace("_", "-")
         origin = get_origin(field.annotation)
         default = None if field.is_required() else field.get_default(call_default_factory=True)
+        if default not in (None, [], "") and is_duration(field):
+            default = format_duration(default)
         shown = f" (default: {default})" if default not in (None, [], "") else ""
         if field.annotation is bool:
             parser.add_argument(

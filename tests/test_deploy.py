@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from gpuscale.settings import AdapterSettings, add_arguments, from_arguments
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 CATALOGUE = ROOT / "policies" / "metrics.yaml"
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 KUBECTL = shutil.which("kubectl")
 if KUBECTL is None:  # NB: .ci/setup --test installs it; a missing kubectl is a broken setup, not a skip
@@ -282,7 +284,9 @@ def test_deployment_is_highly_available_and_locked_down(render, variant):
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
     container = adapter_container(objects)
-    assert container["image"] == "ghcr.io/gpuscale/gpuscale:0.1.0"
+    # The base names the image by its logical name and the release's version; every overlay says where it is.
+    expected = f"gpuscale:{VERSION}" if variant.startswith("base") else f"localhost/gpuscale:{VERSION}"
+    assert container["image"] == expected
     assert container["command"] == ["gpuscale", "adapter"]
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
@@ -293,6 +297,23 @@ def test_deployment_is_highly_available_and_locked_down(render, variant):
 
     assert {"cpu", "memory"} <= container["resources"]["requests"].keys()
     assert {"cpu", "memory"} <= container["resources"]["limits"].keys()
+
+
+@pytest.mark.parametrize("overlay", ["overlays/prometheus", "overlays/embedded-scrape", "overlays/dev"])
+def test_a_user_sets_their_registry_in_one_line(tmp_path, overlay):
+    """What a user does: copy deploy/, change the overlay's `newName:` line, render."""
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy)
+    path = copy / overlay / "kustomization.yaml"
+    text = path.read_text()
+    assert text.count("newName: localhost/gpuscale\n") == 1
+    path.write_text(text.replace("newName: localhost/gpuscale\n", "newName: registry.example.com/platform/gpuscale\n"))
+    objects = _kustomize(copy / overlay)
+    assert adapter_container(objects)["image"] == f"registry.example.com/platform/gpuscale:{VERSION}"
+    images = {
+        c["image"] for o in objects if o["kind"] == "Deployment" for c in o["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {f"registry.example.com/platform/gpuscale:{VERSION}"}
 
 
 @pytest.mark.parametrize("variant", ADAPTER_VARIANTS)

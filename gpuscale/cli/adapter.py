@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -20,10 +22,12 @@ from gpuscale.errors import ConfigError
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue, load_catalogue
 from gpuscale.metrics.store import MetricsStore
+from gpuscale.model import format_duration
 from gpuscale.pipeline import Pipeline
+from gpuscale.policy_files import check_policies_dir
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import AdapterSettings
-from gpuscale.sources.base import MetricsSource
+from gpuscale.sources.base import MetricsSource, TargetHealth
 from gpuscale.sources.discovery import DiscoveryRules, discover
 from gpuscale.sources.kube import KubeCache, load_api_client
 from gpuscale.sources.scrape import ScrapeSource
@@ -64,8 +68,15 @@ class RunningAdapter:
             await self.api_client.close()  # type: ignore[attr-defined]
 
 
-async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | None = None) -> RunningAdapter:
-    catalogue = catalogue or load_catalogue(settings.config)
+async def start_adapter(
+    settings: AdapterSettings, *, catalogue: Catalogue | None = None, port_flags: dict[str, str] | None = None
+) -> RunningAdapter:
+    """Start serving. ``port_flags`` names the flags a caller set the ports with, for a port already in use."""
+    flags = {"insecure": "--insecure-port", "secure": "--secure-port", **(port_flags or {})}
+    if settings.policies:
+        check_policies_dir(settings.policies)
+    catalogue = catalogue or load_catalogue(settings.config, policies=settings.policies)
+    started = time.time()
     explicit = parse_scrape_targets(settings.scrape_url)
     if not explicit and not settings.discover_exporters and not settings.prometheus_url:
         raise ConfigError(
@@ -122,18 +133,14 @@ async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | Non
     max_age = catalogue.defaults.max_age
 
     def ready() -> tuple[bool, str]:
-        if not store.ready:
-            return False, "first refresh has not completed"
-        if cluster is not None and not cluster.synced:
-            return False, "Kubernetes watch cache not synced"
-        health = source.health()
-        now = time.time()
-        # NB: not ready only when nothing fresh can be served: a failing source keeps serving its last
-        # values until they reach max-age, and readiness must not take a replica away before then.
-        if health and all(h.last_success is None or now - h.last_success > max_age for h in health):
-            failing = "; ".join(f"{h.target}: {h.error or 'no data'}" for h in health[:3])
-            return False, f"no source answered within {max_age:g}s ({failing})"
-        return True, ""
+        return readiness(
+            store_ready=store.ready,
+            cluster_synced=None if cluster is None else cluster.synced,
+            health=source.health(),
+            max_age=max_age,
+            started=started,
+            now=time.time(),
+        )
 
     discovery = Discovery(catalogue, serve_custom=settings.serve_custom, serve_external=settings.serve_external)
     runners: list[web.AppRunner] = []
@@ -147,7 +154,7 @@ async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | Non
             await plain.setup()
             runners.append(plain)
             site = web.TCPSite(plain, settings.bind_address, settings.insecure_port)
-            await site.start()
+            await _listen(site, flags["insecure"], settings.bind_address, settings.insecure_port)
             urls.append(f"http://{_host(settings.bind_address)}:{_bound_port(site)}")
         if settings.https_port is not None:
             if api is None:
@@ -183,13 +190,18 @@ async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | Non
             await secure.setup()
             runners.append(secure)
             site = web.TCPSite(secure, settings.bind_address, settings.https_port, ssl_context=server_tls.context)
-            await site.start()
+            await _listen(site, flags["secure"], settings.bind_address, settings.https_port)
             urls.append(f"https://{_host(settings.bind_address)}:{_bound_port(site)}")
     except BaseException:
         for runner in runners:
             await runner.cleanup()
         if auth is not None:
             await auth.stop()
+        await source.close()
+        if cluster is not None:
+            await cluster.stop()
+        if api is not None:
+            await api.close()
         raise
     running = RunningAdapter(
         settings, catalogue, store, pipeline, source, cluster, api, runners, urls[0], auth=auth, urls=urls
@@ -201,12 +213,51 @@ async def start_adapter(settings: AdapterSettings, *, catalogue: Catalogue | Non
     return running
 
 
+def readiness(
+    *,
+    store_ready: bool,
+    cluster_synced: bool | None,
+    health: Sequence[TargetHealth],
+    max_age: float,
+    started: float,
+    now: float,
+) -> tuple[bool, str]:
+    """/readyz: ready, or not with what actually happened (how long, which source, why)."""
+    since_start = format_duration(round(now - started))
+    if not store_ready:
+        return False, f"first refresh has not completed ({since_start} since the start)"
+    if cluster_synced is False:
+        return False, f"Kubernetes watch cache not synced ({since_start} since the start)"
+    # NB: not ready only when nothing fresh can be served: a failing source keeps serving its last
+    # values until they reach max-age, and readiness must not take a replica away before then.
+    if health and all(h.last_success is None or now - h.last_success > max_age for h in health):
+        failing = "; ".join(f"{h.target}: {h.error or 'no data'}" for h in health[:3])
+        more = f"; and {len(health) - 3} more" if len(health) > 3 else ""
+        answered = [h.last_success for h in health if h.last_success is not None]
+        if not answered:
+            return False, f"no source has answered since the start {since_start} ago ({failing}{more})"
+        return False, (
+            f"no source has answered for {format_duration(round(now - max(answered)))}, longer than the "
+            f"max-age of {format_duration(max_age)} ({failing}{more})"
+        )
+    return True, ""
+
+
 async def _reload_serving_cert(server_tls: ServerTLS, interval: float) -> None:
     """Pick up a renewed serving certificate (cert-manager, a rotated Secret) without a restart."""
     while True:
         await asyncio.sleep(interval)
         # NB: in the event loop, not a thread: two files of a few KB, read every few seconds.
         server_tls.reload_serving_cert()
+
+
+async def _listen(site: web.TCPSite, flag: str, address: str, port: int) -> None:
+    try:
+        await site.start()
+    except OSError as e:
+        reason = e.strerror or str(e)
+        hint = " (another process is listening there; choose another port)" if e.errno == errno.EADDRINUSE else ""
+        raise ConfigError(f"{flag}: cannot listen on {address}:{port}: {reason}{hint}") from None
 
 
 def _host(bind_address: str) -> str:

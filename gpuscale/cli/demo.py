@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shlex
+import sys
 import time
+from pathlib import Path
 
 import aiohttp
 from rich.console import Console
@@ -33,7 +36,18 @@ _COLUMNS = [
 ]
 
 
-def _commands(server: str, kubeconfig: str) -> list[tuple[str, str]]:
+def gpuscale_command() -> str:
+    """How to run this gpuscale from a new terminal: the absolute path of the running executable, not a bare
+    ``gpuscale`` that the new terminal's PATH may not find (a virtualenv that is not activated)."""
+    argv0 = Path(sys.argv[0])
+    if argv0.name in ("gpuscale", "kubectl-gpu") and argv0.is_file():
+        sibling = argv0.absolute().with_name("gpuscale")
+        if sibling.is_file():
+            return shlex.quote(str(sibling))
+    return shlex.join([sys.executable, "-m", "gpuscale"])
+
+
+def _commands(server: str, kubeconfig: str, top: str) -> list[tuple[str, str]]:
     raw = f"kubectl --server={server} get --raw"
     base = "/apis/custom.metrics.k8s.io/v1beta2"
     return [
@@ -52,8 +66,16 @@ def _commands(server: str, kubeconfig: str) -> list[tuple[str, str]]:
             f"{raw} '{base}/namespaces/inference/deployments.apps/triton-bert/inference_queue_compute_ratio'",
         ),
         (
-            "the LLM server's util trap: util vs SM active",
+            "the LLM server's util trap: GPU util reads 100 %…",
             f"{raw} '/apis/custom.metrics.k8s.io/v1beta1/namespaces/nim/pods/*/gpu_utilization'",
+        ),
+        (
+            "…while its SMs are less than half busy",
+            f"{raw} '/apis/custom.metrics.k8s.io/v1beta1/namespaces/nim/pods/*/gpu_sm_active'",
+        ),
+        (
+            "the util trap side by side: GPU util, SM active and the verdict per pod",
+            f"{top} -n nim --adapter-url {server}",
         ),
         ("power per node", f"{raw} '/apis/custom.metrics.k8s.io/v1beta1/nodes/*/gpu_power_watts'"),
         (
@@ -61,8 +83,7 @@ def _commands(server: str, kubeconfig: str) -> list[tuple[str, str]]:
             f"{raw} '/apis/external.metrics.k8s.io/v1beta1/namespaces/inference/inference_queue_depth"
             "?labelSelector=model%3Dbert_qa_onnx'",
         ),
-        ("what each GPU pod is really doing (verdicts from the same API)",
-         f"gpuscale top pods -A --adapter-url {server}"),
+        ("what each GPU pod is really doing (verdicts from the same API)", f"{top} -A --adapter-url {server}"),
         ("the simulated cluster itself", f"kubectl --kubeconfig={kubeconfig} get pods -A -o wide"),
     ]
 
@@ -111,7 +132,10 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
                 bind_address="127.0.0.1",
                 refresh_interval=settings.refresh_interval,
                 log_level=settings.log_level,
-            )
+                config=settings.config,
+                policies=settings.policies,
+            ),
+            port_flags={"insecure": "--port"},
         )
         try:
             await wait_ready(adapter)
@@ -123,7 +147,10 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
                 f"simulated cluster: {len(cluster.scenario.nodes)} GPU nodes, kubeconfig {cluster.kubeconfig}"
             )
             console.print("Paste these in another terminal to see exactly what the HPA sees:\n")
-            for what, cmd in _commands(adapter.url, cluster.kubeconfig):
+            top = f"{gpuscale_command()} top pods"
+            if settings.policies:
+                top += f" --policies {shlex.quote(str(Path(settings.policies).absolute()))}"
+            for what, cmd in _commands(adapter.url, cluster.kubeconfig, top):
                 console.print(f"  [dim]# {what}[/]\n  {cmd}", soft_wrap=True, highlight=False)
             console.print()
             example = f"{adapter.url}/apis/custom.metrics.k8s.io/v1beta2/namespaces/inference/pods/*/gpu_utilization"

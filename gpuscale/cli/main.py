@@ -15,8 +15,9 @@ from gpuscale.errors import GpuscaleError
 from gpuscale.settings import AdapterSettings, DemoSettings, add_arguments, from_arguments
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuscale", description="GPU and inference metrics for the HPA.")
+def _parser(prog: str = "gpuscale") -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser and each subcommand's own (whose usage an error in that subcommand's flags prints)."""
+    parser = argparse.ArgumentParser(prog=prog, description="GPU and inference metrics for the HPA.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     adapter = sub.add_parser("adapter", help="serve custom.metrics.k8s.io / external.metrics.k8s.io")
     add_arguments(adapter, AdapterSettings)
@@ -24,7 +25,17 @@ def _parser() -> argparse.ArgumentParser:
     add_arguments(demo, DemoSettings)
     top = sub.add_parser("top", help="kubectl top for GPUs: nodes, pods or gpus, and what each GPU really does")
     add_top_arguments(top)
-    return parser
+    return parser, {"adapter": adapter, "demo": demo, "top": top}
+
+
+def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
+    parser, commands = _parser(prog)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # NB: argparse reports a subcommand's unknown flag from the top-level parser, with the top-level
+        # usage; the user needs the usage of the subcommand they typed.
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 async def _until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
@@ -47,8 +58,8 @@ async def _run_adapter(settings: AdapterSettings, stop: asyncio.Event) -> None:
         await adapter.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = "gpuscale") -> int:
+    args = _parse(argv, prog)
     try:
         if args.command == "adapter":
             settings = from_arguments(AdapterSettings, args)
@@ -65,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             _logging(top_settings.log_level)
             asyncio.run(_until_signal(lambda stop: run_top(top_settings, stop)))
     except GpuscaleError as e:
-        print(f"gpuscale {args.command}: {e}", file=sys.stderr)
+        print(f"{prog} {args.command}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -74,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def kubectl_plugin() -> int:
     """`kubectl gpu …` runs `gpuscale …` (kubectl finds plugins as executables named kubectl-<name>)."""
-    return main(sys.argv[1:])
+    return main(sys.argv[1:], prog="kubectl gpu")
 
 
 def _logging(level: str) -> None:

@@ -62,6 +62,7 @@ from gpuscale.metrics.rollups import (
 )
 from gpuscale.model import parse_quantity
 from gpuscale.pipeline import cyclic_gc_paused
+from gpuscale.policy_files import check_policies_dir
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import add_arguments
 from gpuscale.sources.base import MetricsSource, SeriesValue, TargetHealth, TermQuery
@@ -131,9 +132,13 @@ class TopOptions(BaseModel):
         "request rates and the queue:compute ratio have a value (0 = one scrape)",
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
-    config: str | None = Field(None, description="metric catalogue YAML (default: policies/metrics.yaml)")
+    config: str | None = Field(
+        None,
+        description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped); validated with "
+        "--adapter-url too, where the adapter's own catalogue names the metrics",
+    )
     policies: str | None = Field(
-        None, description="directory with diagnosis.yaml and health.yaml (default: the shipped policies/)"
+        None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
     )
     log_level: str = Field("error", description="debug, info, warning or error (logs go to stderr)")
 
@@ -659,7 +664,7 @@ async def _open(settings: TopSettings, policy: DiagnosisPolicy) -> _Opened:
         from gpuscale.metrics.catalogue import load_catalogue
         from gpuscale.sources.targets import target_resolver
 
-        catalogue = load_catalogue(settings.config)
+        catalogue = load_catalogue(settings.config, policies=settings.policies)
         inference = inference_catalogue(catalogue)
         sources, explicit = _metrics_sources(settings, inference)
         closers.extend(s.close for s in sources)
@@ -789,7 +794,13 @@ async def run_top(settings: TopSettings, stop: asyncio.Event) -> None:
 
 
 async def _run_top(settings: TopSettings, stop: asyncio.Event) -> None:
-    policy = load_policy(settings.policies) if settings.policies else load_policy()
+    if settings.policies:
+        check_policies_dir(settings.policies)
+    policy = load_policy(settings.policies)
+    if settings.adapter_url and (settings.config or settings.policies):
+        from gpuscale.metrics.catalogue import load_catalogue
+
+        load_catalogue(settings.config, policies=settings.policies)  # NB: a given file is never ignored
     finished, opened = await _unless_stopped(_open(settings, policy), stop)
     if not finished or opened is None:
         return

@@ -14,12 +14,18 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuscale.config import Seconds, read_yaml, validate
+from gpuscale.policy_files import CATALOGUE_FILE, policy_file, shipped
 
-DEFAULT_POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
-DEFAULT_CATALOGUE_PATH = DEFAULT_POLICIES_DIR / "metrics.yaml"
+DEFAULT_CATALOGUE_PATH = shipped(CATALOGUE_FILE)
+
+# Units a catalogue entry may name (what its values are measured in; consumers format values by it).
+UNITS = (
+    "percent", "ratio", "bytes", "watts", "joules", "seconds", "celsius", "hertz",
+    "requests", "requests/s", "tokens", "tokens/s", "count",
+)
 
 # Resources a custom metric can be requested for (GroupResource strings, as the HPA sends them).
 RESOURCES = ("pods", "nodes", "namespaces", "deployments.apps", "statefulsets.apps")
@@ -69,6 +75,13 @@ class MetricDefinition(_Strict):
     external: bool = False
     max_age: Seconds | None = None
     window: Seconds | None = None
+
+    @field_validator("unit")
+    @classmethod
+    def _known_unit(cls, unit: str) -> str:
+        if unit and unit not in UNITS:
+            raise ValueError(f"unknown unit {unit!r}; valid: {', '.join(UNITS)}")
+        return unit
 
     @model_validator(mode="after")
     def _check(self) -> MetricDefinition:
@@ -159,7 +172,8 @@ def parse_catalogue(data: Any, *, path: str = "<catalogue>") -> Catalogue:
     return validate(Catalogue, data, path)
 
 
-def load_catalogue(path: str | Path | None = None) -> Catalogue:
-    """Load and validate a catalogue file (default: policies/metrics.yaml of this checkout)."""
-    p = Path(path) if path else DEFAULT_CATALOGUE_PATH
+def load_catalogue(path: str | Path | None = None, *, policies: str | Path | None = None) -> Catalogue:
+    """Load and validate a catalogue: ``path`` if given, else ``metrics.yaml`` of the ``policies`` directory
+    if it holds one, else the shipped catalogue."""
+    p = Path(path) if path else policy_file(CATALOGUE_FILE, policies)
     return parse_catalogue(read_yaml(p), path=str(p))

@@ -39,10 +39,7 @@ from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from gpuscale.config import read_yaml, validate
-
-DEFAULT_POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
-DIAGNOSIS_FILE = "diagnosis.yaml"
-HEALTH_FILE = "health.yaml"
+from gpuscale.policy_files import DIAGNOSIS_FILE, HEALTH_FILE, policy_file
 
 # --- DCGM facts (not thresholds) -------------------------------------------------------------------
 
@@ -532,14 +529,13 @@ class DiagnosisPolicy(_Section):
     health: HealthPolicy
 
 
-def load_policy(path_dir: str | Path = DEFAULT_POLICIES_DIR) -> DiagnosisPolicy:
-    """Load ``diagnosis.yaml`` and ``health.yaml`` from ``path_dir`` (default: this checkout's policies/).
+def load_policy(path_dir: str | Path | None = None) -> DiagnosisPolicy:
+    """Load ``diagnosis.yaml`` and ``health.yaml``: each from ``path_dir`` when it holds the file, else shipped.
 
     Raises ConfigError naming the file, the field path (e.g. ``sm_active.effective``, ``xids[3].severity``)
     and the reason; unknown keys are rejected.
     """
-    base = Path(path_dir)
-    diagnosis_path, health_path = base / DIAGNOSIS_FILE, base / HEALTH_FILE
+    diagnosis_path, health_path = policy_file(DIAGNOSIS_FILE, path_dir), policy_file(HEALTH_FILE, path_dir)
     return DiagnosisPolicy(
         diagnosis=validate(DiagnosisThresholds, read_yaml(diagnosis_path), diagnosis_path),
         health=validate(HealthPolicy, read_yaml(health_path), health_path),

@@ -24,7 +24,7 @@ async def test_demo_prints_working_kubectl_commands_and_live_values():
         "--port",
         "0",
         "--duration",
-        "6s",
+        "12s",
         "--refresh-interval",
         "1s",
         stdout=asyncio.subprocess.PIPE,
@@ -32,6 +32,7 @@ async def test_demo_prints_working_kubectl_commands_and_live_values():
     )
     lines: list[str] = []
     commands: list[str] = []
+    tops: list[str] = []
     deadline = time.monotonic() + 30
     try:
         while time.monotonic() < deadline:
@@ -40,6 +41,8 @@ async def test_demo_prints_working_kubectl_commands_and_live_values():
             lines.append(line)
             if line.strip().startswith("kubectl --server=") and "get --raw" in line:
                 commands.append(line.strip())
+            if " top pods " in line and not line.strip().startswith("#"):
+                tops.append(line.strip())
             if "What the HPA sees" in line:
                 break
         assert len(commands) >= 5, "".join(lines)
@@ -53,6 +56,16 @@ async def test_demo_prints_working_kubectl_commands_and_live_values():
                 or '"kind":"ExternalMetricValueList"' in out
                 or ('"kind":"APIResourceList"' in out)
             ), out[:200]
+        # The util trap is shown side by side: the LLM pods' GPU util and SM active, then top with both columns.
+        nim = [c for c in commands if "/namespaces/nim/pods/*/" in c]
+        assert [c.rsplit("/", 1)[1].rstrip("'") for c in nim] == ["gpu_utilization", "gpu_sm_active"], nim
+        assert any(" -n nim " in t for t in tops), tops
+        for command in tops:
+            code, out, err = await run(*shlex.split(command))
+            assert code == 0, (command, err)
+            header = out.splitlines()[0].split()
+            assert {"UTIL", "SM", "VERDICT"} <= set(header), out[:300]
+            assert "under-filled" in out, out
         rest = (await asyncio.wait_for(proc.stdout.read(), 40)).decode()
         table = "".join(lines[-3:]) + rest
         # The util trap is on screen: the LLM pods at 100 % GPU util.

@@ -7,7 +7,6 @@ Values of fixture GPUs are read from the fixture files, never copied into the te
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuscale.config import read_yaml
 from gpuscale.errors import ConfigError
 from gpuscale.metrics.diagnosis import (
-    DEFAULT_POLICIES_DIR,
     FindingCode,
     GpuSignals,
     Severity,
@@ -30,6 +29,7 @@ from gpuscale.metrics.diagnosis import (
     signals_from_dcgm,
     xid_info,
 )
+from gpuscale.policy_files import shipped
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm"
 H100 = FIXTURES / "dcgm-exporter-h100-8gpu.prom"
@@ -76,7 +76,7 @@ def policy():
 def policy_dir(tmp_path: Path) -> Path:
     """A writable copy of the shipped policies."""
     for name in ("diagnosis.yaml", "health.yaml"):
-        shutil.copy(DEFAULT_POLICIES_DIR / name, tmp_path / name)
+        (tmp_path / name).write_text(shipped(name).read_text(encoding="utf-8"), encoding="utf-8")
     return tmp_path
 
 
@@ -532,9 +532,11 @@ def test_policy_yaml_syntax_and_missing_file(policy_dir):
     (policy_dir / "health.yaml").write_text("xids: [\n")
     with pytest.raises(ConfigError, match=r"health\.yaml: line \d+, column \d+: invalid YAML"):
         load_policy(policy_dir)
-    (policy_dir / "health.yaml").unlink()
     with pytest.raises(ConfigError, match=r"health\.yaml: cannot read file"):
-        load_policy(policy_dir)
+        read_yaml(policy_dir / "missing" / "health.yaml")
+    # A policies directory overrides the files it holds; one it does not hold stays the shipped one.
+    (policy_dir / "health.yaml").unlink()
+    assert load_policy(policy_dir).health == load_policy().health
 
 
 def test_shipped_policy_loads_and_covers_the_reference_xid_table(policy):

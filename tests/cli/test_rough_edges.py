@@ -1,0 +1,143 @@
+"""What a new user hits first: help text, usage errors, a port in use, a given config file, /readyz wording."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import yaml
+
+from gpuscale.cli.adapter import readiness
+from gpuscale.cli.main import main
+from gpuscale.errors import ConfigError
+from gpuscale.metrics.catalogue import UNITS, load_catalogue
+from gpuscale.metrics.diagnosis import load_policy
+from gpuscale.policy_files import POLICY_FILES, check_policies_dir, policy_file, shipped
+from gpuscale.sources.base import TargetHealth
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())  # argparse wraps help lines
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["adapter"], "how often to scrape and refresh the store (default: 5s)"),
+        (["adapter"], "timeout of one Prometheus query (default: 10s)"),
+        (["demo"], "adapter refresh interval (default: 2s)"),
+        (["top"], "time between refreshes with --watch (default: 2s)"),
+    ],
+)
+def test_help_shows_durations_as_they_are_written(capsys, args, shown):
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--help"])
+    assert exit_.value.code == 0
+    out = _words(capsys.readouterr().out)
+    assert shown in out
+    assert "(default: 5.0)" not in out and "(default: 2.0)" not in out
+
+
+@pytest.mark.parametrize(("command", "args"), [("adapter", []), ("demo", []), ("top", ["pods"])])
+def test_a_mistyped_flag_prints_that_subcommands_usage(capsys, command, args):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, *args, "--refesh-interval"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: gpuscale {command} ")
+    assert err.strip().endswith(f"gpuscale {command}: error: unrecognized arguments: --refesh-interval")
+
+
+def test_kubectl_gpu_help_says_kubectl_gpu(capsys):
+    with pytest.raises(SystemExit):
+        main(["top", "--help"], prog="kubectl gpu")
+    assert capsys.readouterr().out.startswith("usage: kubectl gpu top ")
+
+
+def test_a_port_in_use_is_one_line_naming_the_flag(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        flags = ["--insecure-port", str(port), "--bind-address", "127.0.0.1", "--log-level", "error"]
+        code = main(["adapter", *flags, "--scrape-url", "http://127.0.0.1:9/metrics"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpuscale adapter: --insecure-port: cannot listen on 127.0.0.1:{port}: ")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_top_never_ignores_a_given_config(capsys, tmp_path):
+    bad = tmp_path / "metrics.yaml"
+    bad.write_text(
+        "metrics:\n  - name: gpu_x\n    unit: precent\n    aggregate: mean\n    series: [DCGM_FI_DEV_GPU_UTIL]\n"
+    )
+    # NB: with --adapter-url the catalogue is not read to collect: it must still be validated.
+    code = main(["top", "pods", "--adapter-url", "http://127.0.0.1:9", "--config", str(bad)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "metrics[0] (gpu_x).unit: unknown unit 'precent'" in err, err
+
+
+def test_catalogue_units_are_checked_and_the_shipped_ones_are_known():
+    shipped_units = {m.unit for m in load_catalogue().metrics}
+    assert shipped_units and shipped_units <= set(UNITS)
+
+
+def test_a_policies_directory_overrides_only_the_files_it_holds(tmp_path):
+    diagnosis = yaml.safe_load(shipped("diagnosis.yaml").read_text(encoding="utf-8"))
+    diagnosis["sm_active"]["effective"] = 0.92
+    (tmp_path / "diagnosis.yaml").write_text(yaml.safe_dump(diagnosis))
+    assert policy_file("diagnosis.yaml", tmp_path) == tmp_path / "diagnosis.yaml"
+    assert policy_file("health.yaml", tmp_path) == shipped("health.yaml")
+    policy = load_policy(tmp_path)
+    assert policy.diagnosis.sm_active.effective == 0.92
+    assert policy.health == load_policy().health
+    assert check_policies_dir(tmp_path) == tmp_path
+
+
+def test_a_policies_directory_that_holds_nothing_is_rejected(tmp_path):
+    with pytest.raises(ConfigError, match="holds none of " + ", ".join(POLICY_FILES)):
+        check_policies_dir(tmp_path)
+    with pytest.raises(ConfigError, match="not a directory"):
+        check_policies_dir(tmp_path / "missing")
+
+
+def test_the_shipped_policies_are_package_data_not_the_checkout():
+    for name in POLICY_FILES:
+        path = shipped(name)
+        assert path.is_file() and "gpuscale" in str(path).split("/policies/")[0], path
+
+
+def _health(last_success: float | None, error: str | None = "connection refused") -> TargetHealth:
+    return TargetHealth(target="http://10.0.0.1:9400/metrics", healthy=False, last_success=last_success, error=error)
+
+
+def test_readyz_says_how_long_nothing_answered_since_the_start():
+    ok, message = readiness(
+        store_ready=True, cluster_synced=True, health=[_health(None)], max_age=60.0, started=1000.0, now=1015.0
+    )
+    assert not ok
+    assert (
+        message == "no source has answered since the start 15s ago (http://10.0.0.1:9400/metrics: connection refused)"
+    )
+
+
+def test_readyz_says_how_long_since_the_last_answer_and_the_max_age():
+    ok, message = readiness(
+        store_ready=True, cluster_synced=None, health=[_health(1000.0)], max_age=60.0, started=900.0, now=1090.0
+    )
+    assert not ok
+    assert message.startswith("no source has answered for 1m30s, longer than the max-age of 1m ")
+
+
+def test_readyz_is_ready_while_one_source_is_fresh():
+    health = [_health(None), _health(1080.0, None)]
+    assert readiness(store_ready=True, cluster_synced=True, health=health, max_age=60.0, started=900.0, now=1090.0) == (
+        True,
+        "",
+    )
+    ok, message = readiness(
+        store_ready=False, cluster_synced=True, health=health, max_age=60, started=1085.0, now=1090.0
+    )
+    assert not ok and message == "first refresh has not completed (5s since the start)"

@@ -1,0 +1,213 @@
+"""The install a user does: the built wheel in a fresh virtualenv without extras, run from outside the checkout.
+
+The development virtualenv has the test extra and an editable install, which once hid a run-time import
+listed only under `test` and a policies/ directory the wheel did not carry. Here nothing of the checkout
+is importable: the commands run from a temporary directory, with a PATH holding only the fresh venv's
+bin/ and the system's, exactly as a user would after `pip install gpuscale-*.whl`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gpuscale.sim.cluster import SimCluster
+from tests.e2e.test_kubectl import C1, C2, KUBECTL, free_port
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Installed:
+    def __init__(self, venv: Path, workdir: Path) -> None:
+        self.venv, self.workdir = venv, workdir
+        self.bin = venv / "bin"
+        # NB: a new terminal: the venv is not activated, the checkout is not on any path.
+        self.env = {
+            "PATH": f"{self.bin}:{Path(KUBECTL).parent}:/usr/bin:/bin",
+            "HOME": str(workdir),
+            "KUBECONFIG": "/dev/null",
+            "LANG": "C.UTF-8",
+        }
+
+    def run(self, *args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            args, cwd=self.workdir, env=env or self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+    async def start(self, *args: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *args,
+            cwd=self.workdir,
+            env=self.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    root = tmp_path_factory.mktemp("installed")
+    wheels = root / "wheels"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check", "-w", wheels, REPO],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr
+    (wheel,) = wheels.glob("gpuscale-*.whl")
+    venv = root / "venv"
+    # NB: the base interpreter, not this test venv's: a virtualenv made from a virtualenv shares nothing with it.
+    subprocess.run([sys._base_executable, "-m", "venv", venv], check=True, timeout=120)
+    pip = subprocess.run(
+        [venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", wheel],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert pip.returncode == 0, pip.stderr
+    workdir = root / "elsewhere"
+    workdir.mkdir()
+    return Installed(venv, workdir)
+
+
+def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
+    done = installed.run(str(installed.bin / "python"), "-c", "import gpuscale, sys; print(gpuscale.__file__)")
+    assert done.returncode == 0, done.stderr
+    assert str(installed.venv) in done.stdout and str(REPO) not in done.stdout
+    # Test-only tools are not installed with the package.
+    for module in ("pytest", "trustme", "prometheus_api_client", "pandas"):
+        probe = installed.run(str(installed.bin / "python"), "-c", f"import {module}")
+        assert probe.returncode != 0, f"{module} is installed without extras"
+
+
+def test_help_of_every_command(installed):
+    for args in (["gpuscale", "--help"], ["gpuscale", "adapter", "--help"], ["gpuscale", "top", "--help"]):
+        done = installed.run(*args)
+        assert done.returncode == 0 and "usage: gpuscale" in done.stdout, (args, done.stderr)
+    done = installed.run("gpuscale", "adapter", "--help")
+    # --refresh-interval, written as the README writes it (argparse wraps lines: compare words)
+    assert "store (default: 5s)" in " ".join(done.stdout.split())
+    plugin = installed.run(KUBECTL, "gpu", "--help")
+    assert plugin.returncode == 0, plugin.stderr
+    assert plugin.stdout.startswith("usage: kubectl gpu"), plugin.stdout[:200]
+
+
+async def test_adapter_serves_the_shipped_catalogue(installed):
+    async with SimCluster() as cluster:
+        port = free_port()
+        args = ["gpuscale", "adapter", "--kubeconfig", cluster.kubeconfig, "--insecure-port", str(port)]
+        args += ["--bind-address", "127.0.0.1", "--refresh-interval", "1s"]
+        for url in cluster.scrape_urls:
+            args += ["--scrape-url", url]
+        proc = await installed.start(*args)
+        server = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            async with aiohttp.ClientSession() as session:
+                while True:
+                    if proc.returncode is not None:
+                        pytest.fail((await proc.stdout.read()).decode())
+                    try:
+                        async with session.get(f"{server}/readyz") as resp:
+                            if resp.status == 200:
+                                break
+                    except aiohttp.ClientError:
+                        pass
+                    assert time.monotonic() < deadline, "the installed adapter did not become ready"
+                    await asyncio.sleep(0.2)
+            done = await asyncio.to_thread(
+                installed.run,
+                KUBECTL,
+                f"--server={server}",
+                "get",
+                "--raw",
+                f"{C2}/namespaces/nim/pods/*/gpu_sm_active",
+            )
+            assert done.returncode == 0, done.stderr
+            body = json.loads(done.stdout)
+            assert body["kind"] == "MetricValueList" and body["items"], body
+            discovery = await asyncio.to_thread(installed.run, KUBECTL, f"--server={server}", "get", "--raw", C1)
+            names = {r["name"].split("/")[-1] for r in json.loads(discovery.stdout)["resources"]}
+            assert "inference_queue_compute_ratio" in names  # the whole shipped catalogue, found in the wheel
+        finally:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 20)
+
+
+async def test_top_and_the_kubectl_plugin(installed):
+    async with SimCluster() as cluster:
+        source = ["--kubeconfig", cluster.kubeconfig]
+        for url in cluster.scrape_urls:
+            source += ["--scrape-url", url]
+        for command in (["gpuscale"], ["kubectl-gpu"], [KUBECTL, "gpu"]):
+            done = await asyncio.to_thread(installed.run, *command, "top", "pods", "-A", *source)
+            assert done.returncode == 0, (command, done.stderr)
+            assert re.search(r"nim\s+llama3-8b-\S+ .* under-filled", done.stdout), done.stdout
+
+
+async def test_demo_runs_and_its_printed_commands_work_in_a_new_terminal(installed):
+    proc = await installed.start("gpuscale", "demo", "--duration", "10s", "--port", "0")
+    lines: list[str] = []
+    try:
+        while not any("What the HPA sees" in line for line in lines):
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            assert line, "demo exited early:\n" + "".join(lines)
+            lines.append(line)
+        printed = [line.strip() for line in lines if " top pods " in line and not line.strip().startswith("#")]
+        assert printed, "".join(lines)
+        # NB: pasted into a new terminal: neither the venv nor anything else of gpuscale is on PATH.
+        bare = {**installed.env, "PATH": f"{Path(KUBECTL).parent}:/usr/bin:/bin"}
+        for command in printed:
+            assert shlex.split(command)[0] == str(installed.bin / "gpuscale"), command
+            done = await asyncio.to_thread(installed.run, "/bin/sh", "-c", command, env=bare)
+            assert done.returncode == 0, (command, done.stderr)
+            assert "under-filled" in done.stdout, done.stdout
+        rest = (await asyncio.wait_for(proc.stdout.read(), 60)).decode()
+        assert await asyncio.wait_for(proc.wait(), 30) == 0, rest[-2000:]
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+
+
+def test_a_port_in_use_is_one_line_naming_the_flag(installed):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = installed.run("gpuscale", "demo", "--port", str(port), "--duration", "5s")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuscale demo: --port: cannot listen on 127.0.0.1:"), lines
+
+
+def test_policies_override_a_shipped_file(installed):
+    policies = installed.workdir / "policies"
+    policies.mkdir(exist_ok=True)
+    (policies / "metrics.yaml").write_text(
+        "metrics:\n  - name: gpu_x\n    unit: precent\n    aggregate: mean\n    series: [DCGM_FI_DEV_GPU_UTIL]\n"
+    )
+    done = installed.run("gpuscale", "adapter", "--policies", str(policies), "--scrape-url", "http://127.0.0.1:1/")
+    assert done.returncode == 2, done.stderr
+    assert str(policies / "metrics.yaml") in done.stderr and "unknown unit 'precent'" in done.stderr, done.stderr
+    empty = installed.workdir / "empty"
+    empty.mkdir(exist_ok=True)
+    done = installed.run("gpuscale", "demo", "--policies", str(empty), "--duration", "1s")
+    assert done.returncode == 2 and "holds none of metrics.yaml" in done.stderr, done.stderr
+    assert os.listdir(empty) == []
