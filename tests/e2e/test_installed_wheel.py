@@ -143,7 +143,8 @@ async def test_adapter_serves_the_shipped_catalogue(installed):
             names = {r["name"].split("/")[-1] for r in json.loads(discovery.stdout)["resources"]}
             assert "inference_queue_compute_ratio" in names  # the whole shipped catalogue, found in the wheel
         finally:
-            proc.terminate()
+            if proc.returncode is None:
+                proc.terminate()
             await asyncio.wait_for(proc.wait(), 20)
 
 
