@@ -51,12 +51,25 @@ class SelectorError(GpuscaleError):
 
 
 class SourceUnavailable(GpuscaleError):
-    """A source could not be read; the message says which and why (never a traceback)."""
+    """A source could not be read; the message says which and why (never a traceback).
 
-    def __init__(self, source: str, reason: str) -> None:
+    ``kind`` is one of a fixed set of words (``timeout``, ``http_status``, ``connection``, ``too_large``…)
+    so it can be a metric label; ``reason`` is the human sentence.
+    """
+
+    def __init__(self, source: str, reason: str, *, kind: str = "unavailable") -> None:
         self.source = source
         self.reason = reason
+        self.kind = kind
         super().__init__(f"{source}: {reason}")
+
+
+def one_line(text: str, limit: int = 160) -> str:
+    """``text`` safe to show an operator: control characters replaced, whitespace collapsed, at most ``limit``
+    characters (an exporter's or a client's bytes end up in /readyz, /metrics and logs)."""
+    cleaned = "".join(c if c.isprintable() else " " for c in text)
+    cleaned = " ".join(cleaned.split())
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 1] + "…"
 
 
 class MetricsError(GpuscaleError):

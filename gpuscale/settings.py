@@ -42,7 +42,9 @@ class AdapterSettings(_Settings):
     prometheus_client_cert: str | None = Field(None, description="client certificate for --prometheus-url")
     prometheus_client_key: str | None = Field(None, description="client key for --prometheus-url")
     prometheus_insecure_skip_verify: bool = Field(False, description="do not verify the Prometheus TLS certificate")
-    prometheus_timeout: Seconds = Field(10.0, gt=0, description="timeout of one Prometheus query")
+    prometheus_timeout: Seconds = Field(
+        10.0, gt=0, description="timeout of one Prometheus query (at most --refresh-interval)"
+    )
     kubeconfig: str | None = Field(None, description="kubeconfig for pod labels (default: in-cluster config if any)")
     config: str | None = Field(
         None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"
@@ -51,11 +53,14 @@ class AdapterSettings(_Settings):
         None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
     )
     refresh_interval: Seconds = Field(5.0, gt=0, description="how often to scrape and refresh the store")
-    scrape_timeout: Seconds = Field(3.0, gt=0, description="per-exporter scrape timeout")
+    scrape_timeout: Seconds = Field(3.0, gt=0, description="per-exporter scrape timeout (at most --refresh-interval)")
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
     # --- what is served, where ---
     apis: str = Field("custom,external", description="metrics APIs to serve: custom, external or custom,external")
-    bind_address: str = Field("0.0.0.0", description="address to listen on")
+    bind_address: str = Field("0.0.0.0", description="address the HTTPS port listens on")
+    insecure_bind_address: str = Field(
+        "127.0.0.1", description="address the plain-HTTP --insecure-port listens on (no authentication: loopback)"
+    )
     secure_port: int | None = Field(
         None, ge=0, le=65535, description="HTTPS port (default 6443 unless --insecure-port alone is given)"
     )

@@ -186,7 +186,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     ready, reason = request.app[READY]()  # type: ignore[operator]
-    return web.Response(text="ok" if ready else f"not ready: {reason}", status=200 if ready else 503)
+    # NB: ready can still carry a warning (a target failing while its last values are served).
+    text = ("ok" + (f" ({reason})" if reason else "")) if ready else f"not ready: {reason}"
+    return web.Response(text=text, status=200 if ready else 503)
 
 
 async def openapi(request: web.Request) -> web.Response:

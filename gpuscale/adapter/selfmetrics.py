@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpuscale.errors import one_line
 from gpuscale.metrics.store import MetricsStore, Snapshot
 from gpuscale.sources.base import MetricsSource
 
@@ -40,6 +41,16 @@ class _SourceCollector(Collector):
         errors = CounterMetricFamily(
             "gpuscale_source_errors", "Failed reads of the target.", labels=["source", "target"]
         )
+        degraded = GaugeMetricFamily(
+            "gpuscale_source_target_degraded",
+            "1 if the target answers but its data is suspect (e.g. a GPU missing from its exporter).",
+            labels=["source", "target"],
+        )
+        last_error = GaugeMetricFamily(
+            "gpuscale_source_target_last_error_timestamp_seconds",
+            "When the target's last problem was seen; kind is one word from a fixed set, message the reason.",
+            labels=["source", "target", "kind", "message"],
+        )
         now = self._clock()
         for source in self._sources():
             for h in source.health():
@@ -51,7 +62,11 @@ class _SourceCollector(Collector):
                     duration.add_metric(labels, h.last_duration_seconds)
                 series.add_metric(labels, float(h.series))
                 errors.add_metric(labels, float(h.failures_total))
-        yield from (up, age, duration, series, errors)
+                degraded.add_metric(labels, 1.0 if h.degraded else 0.0)
+                if h.last_error is not None and h.last_error_at is not None:
+                    kind, message = h.last_error_kind or "error", one_line(h.last_error, 120)
+                    last_error.add_metric([*labels, kind, message], h.last_error_at)
+        yield from (up, age, duration, series, errors, degraded, last_error)
 
 
 class AdapterMetrics:
@@ -68,6 +83,12 @@ class AdapterMetrics:
             "Metrics API request latency.",
             ["group"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=self.registry,
+        )
+        self.rejected_requests = Counter(
+            "gpuscale_adapter_rejected_requests",
+            "Requests the HTTP layer rejected before the API saw them (malformed), by reason.",
+            ["reason"],
             registry=self.registry,
         )
         self.refresh_seconds = Histogram(

@@ -18,7 +18,8 @@ from gpuscale.adapter.discovery import Discovery
 from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.adapter.tls import ServerTLS, serving_cert_files
-from gpuscale.errors import ConfigError
+from gpuscale.adapter.transport import AdapterRunner, RejectionLog
+from gpuscale.errors import ConfigError, one_line
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue, load_catalogue
 from gpuscale.metrics.store import MetricsStore
@@ -49,6 +50,7 @@ class RunningAdapter:
     url: str
     auth: DelegatedAuth | None = None
     urls: list[str] = field(default_factory=list)
+    listening: list[str] = field(default_factory=list)  # what was really bound, for the log
     tasks: list[asyncio.Task] = field(default_factory=list)
 
     async def stop(self) -> None:
@@ -101,7 +103,7 @@ async def start_adapter(
             series=catalogue.series_names,
             windowed_series=catalogue.windowed_series,
             history_seconds=catalogue.longest_window + 2 * settings.refresh_interval,
-            timeout_seconds=min(settings.scrape_timeout, settings.refresh_interval),
+            timeout_seconds=_capped("--scrape-timeout", settings.scrape_timeout, settings),
             max_body_bytes=settings.max_body_bytes,
         )
         source = scrape
@@ -119,7 +121,8 @@ async def start_adapter(
                 scrape.set_targets(targets)
 
             before_refresh = rediscover
-    selfmetrics = AdapterMetrics(lambda: [source])
+    # NB: the watch cache reports per kind like a source per target: an API outage shows on /metrics.
+    selfmetrics = AdapterMetrics(lambda: [source] if cluster is None else [source, cluster])  # type: ignore[list-item]
     pipeline = Pipeline(
         catalogue,
         source,
@@ -137,6 +140,7 @@ async def start_adapter(
             store_ready=store.ready,
             cluster_synced=None if cluster is None else cluster.synced,
             health=source.health(),
+            kubernetes=cluster.health() if cluster is not None else (),
             max_age=max_age,
             started=started,
             now=time.time(),
@@ -145,17 +149,22 @@ async def start_adapter(
     discovery = Discovery(catalogue, serve_custom=settings.serve_custom, serve_external=settings.serve_external)
     runners: list[web.AppRunner] = []
     urls: list[str] = []
+    listening: list[str] = []
+    rejections = RejectionLog(count=lambda reason: selfmetrics.rejected_requests.labels(reason).inc())
     auth: DelegatedAuth | None = None
     server_tls: ServerTLS | None = None
     try:
         if settings.insecure_port is not None:
             # NB: plain HTTP is for local use: its own app, without authentication.
-            plain = web.AppRunner(make_app(provider, discovery, selfmetrics, ready=ready), access_log=None)
+            plain = AdapterRunner(
+                make_app(provider, discovery, selfmetrics, ready=ready), rejections=rejections, access_log=None
+            )
             await plain.setup()
             runners.append(plain)
-            site = web.TCPSite(plain, settings.bind_address, settings.insecure_port)
-            await _listen(site, flags["insecure"], settings.bind_address, settings.insecure_port)
-            urls.append(f"http://{_host(settings.bind_address)}:{_bound_port(site)}")
+            site = web.TCPSite(plain, settings.insecure_bind_address, settings.insecure_port)
+            await _listen(site, flags["insecure"], settings.insecure_bind_address, settings.insecure_port)
+            urls.append(f"http://{_host(settings.insecure_bind_address)}:{_bound_port(site)}")
+            listening.append(f"http://{_bound_address(site)} (plain HTTP, no authentication)")
         if settings.https_port is not None:
             if api is None:
                 raise ConfigError(
@@ -183,8 +192,9 @@ async def start_adapter(
             )
             server_tls = ServerTLS(files.cert_file, files.key_file)
             auth.serve_tls(server_tls)
-            secure = web.AppRunner(
+            secure = AdapterRunner(
                 make_app(provider, discovery, selfmetrics, ready=ready, middlewares=[auth.middleware()]),
+                rejections=rejections,
                 access_log=None,
             )
             await secure.setup()
@@ -192,6 +202,7 @@ async def start_adapter(
             site = web.TCPSite(secure, settings.bind_address, settings.https_port, ssl_context=server_tls.context)
             await _listen(site, flags["secure"], settings.bind_address, settings.https_port)
             urls.append(f"https://{_host(settings.bind_address)}:{_bound_port(site)}")
+            listening.append(f"https://{_bound_address(site)} (delegated authentication)")
     except BaseException:
         for runner in runners:
             await runner.cleanup()
@@ -204,7 +215,18 @@ async def start_adapter(
             await api.close()
         raise
     running = RunningAdapter(
-        settings, catalogue, store, pipeline, source, cluster, api, runners, urls[0], auth=auth, urls=urls
+        settings,
+        catalogue,
+        store,
+        pipeline,
+        source,
+        cluster,
+        api,
+        runners,
+        urls[0],
+        auth=auth,
+        urls=urls,
+        listening=listening,
     )
     running.tasks.append(asyncio.create_task(pipeline.run(), name="refresh"))
     if server_tls is not None and settings.tls_reload_interval > 0:
@@ -217,6 +239,7 @@ def readiness(
     *,
     store_ready: bool,
     cluster_synced: bool | None,
+    kubernetes: Sequence[TargetHealth] = (),
     health: Sequence[TargetHealth],
     max_age: float,
     started: float,
@@ -228,11 +251,15 @@ def readiness(
         return False, f"first refresh has not completed ({since_start} since the start)"
     if cluster_synced is False:
         return False, f"Kubernetes watch cache not synced ({since_start} since the start)"
+
     # NB: not ready only when nothing fresh can be served: a failing source keeps serving its last
     # values until they reach max-age, and readiness must not take a replica away before then.
+    def summary(problems: Sequence[TargetHealth]) -> str:
+        shown = "; ".join(f"{h.target}: {one_line(h.error or h.degraded or 'no data', 120)}" for h in problems[:3])
+        return shown + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+
     if health and all(h.last_success is None or now - h.last_success > max_age for h in health):
-        failing = "; ".join(f"{h.target}: {h.error or 'no data'}" for h in health[:3])
-        more = f"; and {len(health) - 3} more" if len(health) > 3 else ""
+        failing, more = summary(health), ""
         answered = [h.last_success for h in health if h.last_success is not None]
         if not answered:
             return False, f"no source has answered since the start {since_start} ago ({failing}{more})"
@@ -240,7 +267,17 @@ def readiness(
             f"no source has answered for {format_duration(round(now - max(answered)))}, longer than the "
             f"max-age of {format_duration(max_age)} ({failing}{more})"
         )
-    return True, ""
+    notes = []
+    problems = [h for h in health if not h.healthy or h.degraded]
+    if problems:
+        # Ready (the last good values are still served) — but say what is wrong, before it turns stale.
+        notes.append(f"{len(problems)} of {len(health)} targets failing or degraded: {summary(problems)}")
+    api_down = [h for h in kubernetes if not h.healthy]
+    if api_down:
+        # NB: pods, labels and workloads are served from the watch cache as last seen.
+        shown = "; ".join(f"{h.target}: {one_line(h.error or 'no answer', 100)}" for h in api_down[:3])
+        notes.append(f"Kubernetes API not answering, serving pods and workloads from the cache ({shown})")
+    return True, "; ".join(notes)
 
 
 async def _reload_serving_cert(server_tls: ServerTLS, interval: float) -> None:
@@ -258,6 +295,13 @@ async def _listen(site: web.TCPSite, flag: str, address: str, port: int) -> None
         reason = e.strerror or str(e)
         hint = " (another process is listening there; choose another port)" if e.errno == errno.EADDRINUSE else ""
         raise ConfigError(f"{flag}: cannot listen on {address}:{port}: {reason}{hint}") from None
+
+
+def _bound_address(site: web.TCPSite) -> str:
+    server = site._server  # NB: see _bound_port
+    assert server is not None
+    host, port = server.sockets[0].getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _host(bind_address: str) -> str:
@@ -283,8 +327,23 @@ def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> Metri
         client_cert=settings.prometheus_client_cert,
         client_key=settings.prometheus_client_key,
         insecure_skip_verify=settings.prometheus_insecure_skip_verify,
-        timeout_seconds=min(settings.prometheus_timeout, settings.refresh_interval),
+        timeout_seconds=_capped("--prometheus-timeout", settings.prometheus_timeout, settings),
+        fresh_within_seconds=max(catalogue.max_age(m) for m in catalogue.metrics),
     )
+
+
+def _capped(flag: str, timeout: float, settings: AdapterSettings) -> float:
+    """A read may not outlast the refresh it belongs to; say so when a timeout the user gave is cut."""
+    interval = settings.refresh_interval
+    if timeout > interval and flag.removeprefix("--").replace("-", "_") in settings.model_fields_set:
+        log.warning(
+            "%s %s is longer than --refresh-interval %s: reads time out after %s",
+            flag,
+            format_duration(timeout),
+            format_duration(interval),
+            format_duration(interval),
+        )
+    return min(timeout, interval)
 
 
 def _in_cluster() -> bool:

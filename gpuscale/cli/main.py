@@ -51,7 +51,7 @@ async def _run_adapter(settings: AdapterSettings, stop: asyncio.Event) -> None:
     from gpuscale.cli.adapter import start_adapter
 
     adapter = await start_adapter(settings)
-    logging.getLogger("gpuscale").info("serving the metrics APIs on %s", adapter.url)
+    logging.getLogger("gpuscale").info("serving the metrics APIs on %s", ", ".join(adapter.listening))
     try:
         await stop.wait()
     finally:

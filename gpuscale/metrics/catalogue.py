@@ -23,8 +23,19 @@ DEFAULT_CATALOGUE_PATH = shipped(CATALOGUE_FILE)
 
 # Units a catalogue entry may name (what its values are measured in; consumers format values by it).
 UNITS = (
-    "percent", "ratio", "bytes", "watts", "joules", "seconds", "celsius", "hertz",
-    "requests", "requests/s", "tokens", "tokens/s", "count",
+    "percent",
+    "ratio",
+    "bytes",
+    "watts",
+    "joules",
+    "seconds",
+    "celsius",
+    "hertz",
+    "requests",
+    "requests/s",
+    "tokens",
+    "tokens/s",
+    "count",
 )
 
 # Resources a custom metric can be requested for (GroupResource strings, as the HPA sends them).

@@ -49,6 +49,11 @@ What is faithful (the things clients and controllers depend on):
   ``system:masters`` group everything. Both validate like kube-apiserver (400/422), answer 201, are recorded in
   ``token_reviews``/``access_reviews``, and can be made to fail (``fail_reviews``) or to be slow
   (``review_delay_seconds``).
+* Fault injection, in kube-apiserver's own shapes: ``fail_next`` plans failures for the next N requests of a
+  verb on a resource (410 on a watch as an ERROR event with an ``Expired`` Status, 409 ``Conflict``, 429
+  ``TooManyRequests`` with ``Retry-After``, 500 ``InternalError``, 503/504); ``drop_watches`` cuts open watch
+  connections mid-stream; ``go_away``/``come_back`` (or ``outage(seconds)``) close the listening socket and every
+  connection and reopen on the same port, storage kept. ``faults_served`` records what was answered.
 
 Limitations (on purpose): no controllers (a Deployment creates no pods, nothing updates status unless you do),
 no kubelet (pods are deleted at once, without a grace period), no garbage collector (ownerReferences do not
@@ -91,7 +96,16 @@ from aiohttp import web
 from gpuscale.errors import SelectorError
 from gpuscale.selectors import FieldSelector, LabelSelector, field_value, label_key_problem, label_value_problem
 
-__all__ = ["RESOURCES", "AccessRule", "ApiStatusError", "RecordedRequest", "ResourceType", "ReviewUser", "SimKubeApi"]
+__all__ = [
+    "RESOURCES",
+    "AccessRule",
+    "ApiStatusError",
+    "RecordedRequest",
+    "ResourceType",
+    "ReviewUser",
+    "ServedFault",
+    "SimKubeApi",
+]
 
 log = logging.getLogger(__name__)
 
@@ -348,12 +362,15 @@ class ApiStatusError(Exception):
         message: str,
         *,
         details: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(f"{code} {reason}: {message}")
         self.code = code
         self.reason = reason
         self.message = message
         self.details = dict(details or {})
+        self.headers = dict(headers or {})
+        """HTTP headers sent with the Status (``Retry-After`` on 429 and 5xx that ask clients to come back)."""
 
     @property
     def status(self) -> dict[str, Any]:
@@ -1406,6 +1423,8 @@ class _Filter:
 class _Watcher:
     filter: _Filter
     queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = field(default_factory=asyncio.Queue)
+    transport: asyncio.BaseTransport | None = None
+    dropped: bool = False  # cut by drop_watches: end without a final BOOKMARK
 
 
 @dataclass(slots=True)
@@ -1495,6 +1514,31 @@ def _verb_matches(verbs: frozenset[str], verb: str) -> bool:
 
 
 _REVIEW_FAILURE_REASONS = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
+_FAULT_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "*")
+
+
+@dataclass(slots=True)
+class _PlannedFailure:
+    """One entry of the fault plan (see ``SimKubeApi.fail_next``)."""
+
+    code: int
+    verb: str
+    resource: str | None  # group_resource ("pods", "deployments.apps"); None = any
+    remaining: int
+    retry_after_seconds: int
+
+    def matches(self, verb: str, rt: ResourceType) -> bool:
+        return self.verb in ("*", verb) and self.resource in (None, rt.group_resource, rt.plural)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedFault:
+    """A request the fault plan answered: what it asked for and the status it got."""
+
+    verb: str
+    resource: str
+    code: int
+    path_qs: str
 
 
 # --- the server -------------------------------------------------------------------------------------
@@ -1543,6 +1587,12 @@ class SimKubeApi:
         self.review_delay_seconds = 0.0
         """How long each review takes to answer (to exercise clients' timeouts and request coalescing)."""
         self._review_failure: int | None = None
+        self._fault_plan: builtins.list[_PlannedFailure] = []
+        self.faults_served: builtins.list[ServedFault] = []
+        """Every request answered by the fault plan (``fail_next``), in order."""
+        self.watches_dropped = 0
+        """How many open watch connections ``drop_watches`` and ``go_away`` cut."""
+        self._address: tuple[str, int] | None = None
         for name in namespaces:
             self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
@@ -1561,6 +1611,7 @@ class SimKubeApi:
         self._runner = runner
         self._stopping = False
         bound = runner.addresses[0]
+        self._address = (host, bound[1])
         self.url = f"http://{host}:{bound[1]}"
         return self.url
 
@@ -1757,6 +1808,147 @@ class SimKubeApi:
     def fail_reviews(self, status: int | None = 503) -> None:
         """Answer every TokenReview and SubjectAccessReview with this HTTP status (None: answer normally)."""
         self._review_failure = status
+
+    # -- fault injection: what a real control plane does to its clients now and then
+
+    def fail_next(
+        self,
+        code: int,
+        *,
+        verb: str = "list",
+        resource: str | None = None,
+        times: int = 1,
+        retry_after_seconds: int = 1,
+    ) -> None:
+        """Answer the next ``times`` requests of ``verb`` on ``resource`` with ``code``, as kube-apiserver would.
+
+        ``verb`` is a Kubernetes verb (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``, ``delete``,
+        ``deletecollection``, or ``*``); ``resource`` a plural with its group (``pods``, ``deployments.apps``) or
+        None for any. Entries queue up in order; a request takes the first entry it matches. The answers:
+
+        * 410 on a watch: HTTP 200 and one ERROR event carrying an ``Expired`` Status ("too old resource
+          version"), exactly what the watch cache sends; 410 on anything else: an HTTP 410 ``Expired`` Status.
+        * 409: ``Conflict`` ("Operation cannot be fulfilled on pods ...: the object has been modified ...").
+        * 429: ``TooManyRequests`` with ``Retry-After`` and ``details.retryAfterSeconds`` (the shape of
+          apierrors.NewTooManyRequests; note that API Priority and Fairness itself answers 429 in plain text).
+        * 500: ``InternalError`` ("Internal error occurred: etcdserver: leader changed", with the cause).
+        * 503/504: ``ServiceUnavailable`` / ``Timeout``, with ``Retry-After``. Any other code: a Status with it.
+        """
+        if verb not in _FAULT_VERBS:
+            raise ValueError(f"verb must be one of {', '.join(_FAULT_VERBS)}, not {verb!r}")
+        if times < 1:
+            raise ValueError("times must be at least 1")
+        if not 400 <= code <= 599:
+            raise ValueError(f"code must be an HTTP error status (4xx/5xx), not {code}")
+        self._fault_plan.append(_PlannedFailure(code, verb, resource, times, retry_after_seconds))
+
+    def clear_faults(self) -> None:
+        """Forget every planned failure not yet served."""
+        self._fault_plan.clear()
+
+    @property
+    def pending_faults(self) -> int:
+        """How many planned failures are still to be served."""
+        return sum(f.remaining for f in self._fault_plan)
+
+    def drop_watches(self, resource: str | None = None) -> int:
+        """Cut every open watch (of ``resource``, or all) mid-stream, as a restarting apiserver or a load
+        balancer's idle timeout does: the connection is aborted, with no final chunk and no BOOKMARK.
+        Returns how many were cut."""
+        dropped = 0
+        for watchers in self._watchers.values():
+            for watcher in builtins.list(watchers):
+                if resource is not None and resource not in (
+                    watcher.filter.rt.group_resource,
+                    watcher.filter.rt.plural,
+                ):
+                    continue
+                watcher.dropped = True
+                if watcher.transport is not None:
+                    watcher.transport.abort()
+                watcher.queue.put_nowait(None)
+                dropped += 1
+        self.watches_dropped += dropped
+        return dropped
+
+    @property
+    def available(self) -> bool:
+        """False between ``go_away`` and ``come_back``."""
+        return self._runner is not None
+
+    async def go_away(self) -> None:
+        """Stop answering entirely: cut every watch, close the listening socket and every connection (clients
+        get connection refused). Storage stays, and in-process writes keep working (as other apiservers
+        behind the same etcd would take them), so ``come_back`` serves what changed meanwhile."""
+        if self._runner is None:
+            raise RuntimeError("SimKubeApi is not serving")
+        self.drop_watches()
+        runner, self._runner = self._runner, None
+        await runner.cleanup()
+
+    async def come_back(self) -> str:
+        """Listen again on the same address as before ``go_away``; returns the (unchanged) URL."""
+        if self._address is None:
+            raise RuntimeError("SimKubeApi was never started")
+        host, port = self._address
+        return await self.start(host, port)
+
+    async def outage(self, seconds: float) -> None:
+        """``go_away``, wait ``seconds``, ``come_back``."""
+        await self.go_away()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            await self.come_back()
+
+    def _take_fault(self, verb: str, rt: ResourceType) -> _PlannedFailure | None:
+        for i, planned in enumerate(self._fault_plan):
+            if planned.matches(verb, rt):
+                planned.remaining -= 1
+                if planned.remaining == 0:
+                    del self._fault_plan[i]
+                return planned
+        return None
+
+    def _planned_status(self, planned: _PlannedFailure, rt: ResourceType, name: str | None) -> ApiStatusError:
+        code, retry = planned.code, planned.retry_after_seconds
+        if code == 409:
+            why = "the object has been modified; please apply your changes to the latest version and try again"
+            return _conflict(rt, name or "", why)
+        if code == 410:
+            return ApiStatusError(410, "Expired", f"too old resource version: {self._floor} ({self._rv})")
+        if code == 429:
+            return ApiStatusError(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+                details={"retryAfterSeconds": retry},
+                headers={"Retry-After": str(retry)},
+            )
+        if code == 500:
+            cause = "etcdserver: leader changed"
+            return ApiStatusError(
+                500, "InternalError", f"Internal error occurred: {cause}", details={"causes": [{"message": cause}]}
+            )
+        if code == 503:
+            return ApiStatusError(
+                503,
+                "ServiceUnavailable",
+                "the server is currently unable to handle the request",
+                details={"retryAfterSeconds": retry},
+                headers={"Retry-After": str(retry)},
+            )
+        if code == 504:
+            return ApiStatusError(
+                504,
+                "Timeout",
+                "the server was unable to return a response in the time allotted, but may still be processing "
+                "the request",
+                details={"retryAfterSeconds": retry},
+                headers={"Retry-After": str(retry)},
+            )
+        reason = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(code, "Unknown")
+        return ApiStatusError(code, reason, f"simulated failure: HTTP {code}")
 
     # -- storage core
 
@@ -2094,7 +2286,9 @@ class SimKubeApi:
                 raise ApiStatusError(401, "Unauthorized", "Unauthorized")
             return await handler(request)
         except ApiStatusError as e:
-            return _json(e.status, status=e.code)
+            response = _json(e.status, status=e.code)
+            response.headers.update(e.headers)
+            return response
         except web.HTTPException:
             raise
         except Exception as e:  # the server must answer with a Status, as kube-apiserver does
@@ -2277,6 +2471,13 @@ class SimKubeApi:
     ) -> web.StreamResponse:
         query = request.query
         method = request.method
+        planned = self._take_fault(_verb_of(method, name, subresource, query), rt)
+        if planned is not None:
+            verb = _verb_of(method, name, subresource, query)
+            self.faults_served.append(ServedFault(verb, rt.group_resource, planned.code, request.path_qs))
+            if not (verb == "watch" and planned.code == 410):
+                raise self._planned_status(planned, rt, name)
+            return await self._watch(request, rt, namespace if rt.namespaced else None, expire=True)
         if name is None:
             if method == "GET":
                 if _truthy(query.get("watch")):
@@ -2421,7 +2622,9 @@ class SimKubeApi:
 
     # -- HTTP: watch
 
-    async def _watch(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.StreamResponse:
+    async def _watch(
+        self, request: web.Request, rt: ResourceType, namespace: str | None, *, expire: bool = False
+    ) -> web.StreamResponse:
         query = request.query
         labels, fields = self._selectors(rt, query)
         try:
@@ -2438,12 +2641,14 @@ class SimKubeApi:
                 since = int(rv_text)
             except ValueError as e:
                 raise _bad_request(f"invalid resource version {rv_text!r}") from e
-        watcher = _Watcher(_Filter(rt, namespace, labels, fields))
+        watcher = _Watcher(_Filter(rt, namespace, labels, fields), transport=request.transport)
         initial: builtins.list[tuple[str, dict[str, Any]]] = []
-        expired = False
+        expired = expire
         # NB: everything from here to registering the watcher runs without an await, so no change can fall
         # between the replayed history (or the synthetic ADDED snapshot) and the live queue.
-        if rv_text in ("", "0"):
+        if expired:
+            pass
+        elif rv_text in ("", "0"):
             initial = [("ADDED", o) for o in self._select(rt, namespace, labels, fields)]
         elif since < self._floor:
             expired = True
@@ -2480,7 +2685,9 @@ class SimKubeApi:
         try:
             await response.prepare(request)
             if expired:
-                gone = ApiStatusError(410, "Expired", f"too old resource version: {rv_text} ({self._floor})").status
+                # NB: a planned 410 (``fail_next``) names the current resourceVersion as the oldest one kept.
+                oldest = self._rv if expire else self._floor
+                gone = ApiStatusError(410, "Expired", f"too old resource version: {rv_text} ({oldest})").status
                 await send("ERROR", gone)
                 return response
             loop = asyncio.get_running_loop()
@@ -2513,7 +2720,7 @@ class SimKubeApi:
                 kind, obj = item
                 last_rv = int(obj["metadata"]["resourceVersion"])
                 await send(kind, obj)
-            if bookmarks and not self._stopping and watcher.queue.empty():
+            if bookmarks and not self._stopping and not watcher.dropped and watcher.queue.empty():
                 # NB: like the watch cache, end a timed-out watch with a bookmark so the client resumes from here.
                 last_rv = self._rv
                 await send("BOOKMARK", bookmark())
@@ -2522,6 +2729,23 @@ class SimKubeApi:
         finally:
             self._watchers.get(rt.storage, set()).discard(watcher)
         return response
+
+
+def _verb_of(method: str, name: str | None, subresource: str | None, query: Mapping[str, str]) -> str:
+    """The Kubernetes verb of a resource request (what RBAC and the fault plan match on)."""
+    if method == "GET":
+        if name is not None:
+            return "get"
+        return "watch" if _truthy(query.get("watch")) else "list"
+    if method == "POST":
+        return "create"
+    if method == "PUT":
+        return "update"
+    if method == "PATCH":
+        return "patch"
+    if method == "DELETE":
+        return "delete" if name is not None else "deletecollection"
+    return method.lower()
 
 
 def _spec_of(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -62,6 +62,14 @@ class TargetHealth:
     series: int = 0
     failures_total: int = 0
     extra: dict[str, str] = field(default_factory=dict)
+    # What is wrong, in one word from a fixed set (a metric label): why the last read failed, or why a read
+    # that succeeded is suspect (``degraded``, e.g. a GPU missing from its exporter).
+    error_kind: str | None = None
+    degraded: str | None = None
+    # The last problem seen, kept after recovery so an operator can still tell what happened and when.
+    last_error: str | None = None
+    last_error_kind: str | None = None
+    last_error_at: float | None = None
 
 
 class MetricsSource(Protocol):

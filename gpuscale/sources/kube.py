@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -36,6 +37,7 @@ from kubernetes_asyncio import client, config
 
 from gpuscale.errors import SelectorError, SourceUnavailable
 from gpuscale.selectors import LabelSelector
+from gpuscale.sources.base import TargetHealth
 
 __all__ = [
     "ClusterObjects",
@@ -461,6 +463,36 @@ class KubeCache(_IndexedClusterObjects):
         self._tasks: list[asyncio.Task[None]] = []
         self.last_errors: dict[str, str] = {}
         """kind → the last error its loop met (cleared by the next successful list); for readiness messages."""
+        self._answered_at: dict[str, float] = {}  # kind → when the API last answered its list or watch
+        self._failures: dict[str, int] = {}
+        self._last_problem: dict[str, tuple[str, float]] = {}  # kind → (reason, when), kept after recovery
+
+    name = SOURCE
+
+    def health(self) -> list[TargetHealth]:
+        """One entry per kind, as sources report targets: /metrics and /readyz show an API outage with them."""
+        out = []
+        for kind in self._kinds:
+            error = self.last_errors.get(kind.name)
+            problem, problem_at = self._last_problem.get(kind.name, (None, None))
+            out.append(
+                TargetHealth(
+                    kind.name,
+                    error is None and kind.name in self._listed,
+                    last_success=self._answered_at.get(kind.name),
+                    error=error if error is not None else (None if kind.name in self._listed else "not listed yet"),
+                    failures_total=self._failures.get(kind.name, 0),
+                    error_kind="api_error" if error is not None else None,
+                    last_error=problem,
+                    last_error_kind="api_error" if problem is not None else None,
+                    last_error_at=problem_at,
+                )
+            )
+        return out
+
+    def _answered(self, kind: str) -> None:
+        self._answered_at[kind] = time.time()
+        self.last_errors.pop(kind, None)
 
     def _workload_kind(self, name: str, kind: str, list_call: Callable[..., Awaitable[Any]]) -> _Kind:
         index = self._index
@@ -524,7 +556,7 @@ class KubeCache(_IndexedClusterObjects):
                 loop = asyncio.get_running_loop()
                 started = loop.time()
                 resource_version, events = await self._watch(kind, resource_version)
-                self.last_errors.pop(kind.name, None)
+                self._answered(kind.name)
                 if events == 0 and loop.time() - started < 1.0:
                     # NB: a server that ends watches at once would otherwise have us spinning.
                     await asyncio.sleep(self._jitter(backoff))
@@ -549,8 +581,12 @@ class KubeCache(_IndexedClusterObjects):
             ) as e:
                 error = api_unavailable(kind.name, e)
                 self.last_errors[kind.name] = error.reason
-                log.warning("%s; retrying in %.1fs", error, backoff)
-                await asyncio.sleep(self._jitter(backoff))
+                self._failures[kind.name] = self._failures.get(kind.name, 0) + 1
+                self._last_problem[kind.name] = (error.reason, time.time())
+                # NB: a 429 or 503 says when to come back; never sooner than it asks.
+                delay = max(self._jitter(backoff), _retry_after(e))
+                log.warning("%s; retrying in %.1fs", error, delay)
+                await asyncio.sleep(delay)
                 backoff = min(backoff * 2, self._backoff_max)
 
     @staticmethod
@@ -581,7 +617,7 @@ class KubeCache(_IndexedClusterObjects):
                 break
         kind.replace(items)
         self._listed.add(kind.name)
-        self.last_errors.pop(kind.name, None)
+        self._answered(kind.name)
         if len(self._listed) == len(self._kinds):
             self._synced_event.set()
         log.debug("listed %d %s at resourceVersion %s", len(items), kind.name, resource_version)
@@ -594,6 +630,7 @@ class KubeCache(_IndexedClusterObjects):
             kind.list_call, resource_version=resource_version, timeout_seconds=self._watch_timeout
         ):
             events += 1
+            self._answered_at[kind.name] = time.time()
             resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
             if event_type in ("ADDED", "MODIFIED"):
                 kind.put(obj)
@@ -601,6 +638,16 @@ class KubeCache(_IndexedClusterObjects):
                 kind.remove(obj)
             # BOOKMARK: only the resourceVersion moves.
         return resource_version, events
+
+
+def _retry_after(error: BaseException) -> float:
+    """Seconds a 429/503 answer's Retry-After asks for (0 when none)."""
+    if isinstance(error, client.ApiException) and error.status in (429, 503):
+        try:
+            return min(float((error.headers or {}).get("Retry-After", 0)), 60.0)
+        except (TypeError, ValueError):
+            return 0.0
+    return 0.0
 
 
 async def watch_events(

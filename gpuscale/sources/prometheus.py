@@ -107,7 +107,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from gpuscale.errors import ConfigError, SourceUnavailable
+from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.metrics.exposition import is_dcgm_blank
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
 
@@ -170,8 +170,15 @@ def _selector(name: str, match: Iterable[tuple[str, str]]) -> str:
     return f"{name}{{{matchers}}}" if matchers else name
 
 
-def plan(query: TermQuery) -> tuple[PlannedQuery, ...]:
-    """The PromQL for one term: one query per series it names (module docstring), or its override."""
+def plan(query: TermQuery, *, fresh_within: float | None = None) -> tuple[PlannedQuery, ...]:
+    """The PromQL for one term: one query per series it names (module docstring), or its override.
+
+    ``fresh_within`` (seconds) drops series whose newest sample is older than that. An instant query's answer
+    is stamped with the evaluation time, and Prometheus looks back up to 5 minutes for a sample: a restarted
+    Prometheus (or one whose exporter died before a staleness marker) answers old samples as if they were
+    taken now. ``X unless time() - timestamp(X) > N`` keeps the answer's size and lets the server judge each
+    series' age (set operators match on the labels without ``__name__``). Overrides are sent as written.
+    """
     window = None if query.input == "gauge" else query.window_seconds
     if query.promql is not None:
         text = query.promql.replace("{window}", duration(query.window_seconds))
@@ -180,6 +187,8 @@ def plan(query: TermQuery) -> tuple[PlannedQuery, ...]:
     for name in query.series:
         selector = _selector(name, query.match)
         text = selector if window is None else f"{query.input}({selector}[{duration(window)}])"
+        if fresh_within is not None:
+            text = f"{text} unless time() - timestamp({selector}) > {fresh_within:g}"
         planned.append(PlannedQuery(text, name, query.input, window, query.match))
     return tuple(planned)
 
@@ -441,6 +450,8 @@ class PrometheusSource:
     ``bearer_token_file`` (read again whenever it changes) authenticate; ``ca_file`` verifies the server,
     ``client_cert``/``client_key`` authenticate with a certificate (both files re-read when they change);
     ``insecure_skip_verify`` is for development only. ``timeout_seconds`` bounds a whole refresh.
+    ``fresh_within_seconds`` leaves out series whose newest sample is older (``plan``): the adapter passes
+    the catalogue's longest max-age, so an old sample is never answered as a fresh one.
     Unreadable credential files raise ConfigError here, so a bad flag fails at start.
     """
 
@@ -461,6 +472,7 @@ class PrometheusSource:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
+        fresh_within_seconds: float | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -491,7 +503,10 @@ class PrometheusSource:
         self._session = session
         self._own_session = session is None
         self._clock = clock
-        self._plans: dict[TermQuery, tuple[PlannedQuery, ...]] = {q: plan(q) for q in queries}
+        self._fresh_within = fresh_within_seconds
+        self._plans: dict[TermQuery, tuple[PlannedQuery, ...]] = {
+            q: plan(q, fresh_within=fresh_within_seconds) for q in queries
+        }
         # NB: terms that plan to the same query (one gauge read over two windows) send it once.
         self._kept: dict[PlannedQuery, list[SeriesValue]] = {p: [] for ps in self._plans.values() for p in ps}
         self._health = TargetHealth(self.display_url, False, error="not queried yet")
@@ -652,6 +667,10 @@ class PrometheusSource:
             series=sum(len(v) for v in self._kept.values()),
             failures_total=prev.failures_total + (1 if problems else 0),
             extra=extra,
+            error_kind=("failed" if failed else "partial") if problems else None,
+            last_error=one_line(error) if error else prev.last_error,
+            last_error_kind=("failed" if failed else "partial") if problems else prev.last_error_kind,
+            last_error_at=finished if problems else prev.last_error_at,
         )
         # NB: log when the set of problems changes, not on every refresh of a long outage.
         signature = frozenset(problems.values())
@@ -667,7 +686,7 @@ class PrometheusSource:
     def read(self, query: TermQuery) -> list[SeriesValue]:
         """Values of ``query`` from the last answers (a term the source was not built for has none)."""
         out: list[SeriesValue] = []
-        for p in self._plans.get(query) or plan(query):
+        for p in self._plans.get(query) or plan(query, fresh_within=self._fresh_within):
             out.extend(self._kept.get(p, ()))
         return out
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import operator
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import aiohttp
 
-from gpuscale.errors import ExpositionError, SourceUnavailable
+from gpuscale.errors import ExpositionError, SourceUnavailable, one_line
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
 
@@ -58,6 +60,17 @@ class _Target:
     latest: dict[str, list[SeriesValue]] = field(default_factory=dict)
     history: deque[tuple[float, Windowed]] = field(default_factory=deque)
     health: TargetHealth | None = None
+    peak_devices: int = 0  # the most GPUs (MIG instances) its scrapes have held
+
+
+class _Reading(NamedTuple):
+    """One scrape's kept values, before they replace the target's."""
+
+    latest: dict[str, list[SeriesValue]]
+    windowed: Windowed
+    kept: int
+    finite: bool  # any value that is a number (not NaN or ±Inf)
+    devices: int
 
 
 def _delta(prev: float, cur: float) -> float:
@@ -129,22 +142,24 @@ class ScrapeSource:
         try:
             async with self._session.get(url, timeout=self._timeout) as resp:
                 if resp.status != 200:
-                    raise SourceUnavailable(url, f"HTTP {resp.status} {resp.reason or ''}".strip())
+                    raise SourceUnavailable(url, f"HTTP {resp.status} {resp.reason or ''}".strip(), kind="http_status")
                 if resp.content_length is not None and resp.content_length > self._max_body:
-                    raise SourceUnavailable(url, f"body of {resp.content_length} bytes exceeds {self._max_body}")
+                    raise SourceUnavailable(
+                        url, f"body of {resp.content_length} bytes exceeds {self._max_body}", kind="too_large"
+                    )
                 chunks: list[bytes] = []
                 size = 0
                 async for chunk in resp.content.iter_chunked(256 * 1024):
                     size += len(chunk)
                     if size > self._max_body:
-                        raise SourceUnavailable(url, f"body exceeds the {self._max_body} byte limit")
+                        raise SourceUnavailable(url, f"body exceeds the {self._max_body} byte limit", kind="too_large")
                     chunks.append(chunk)
                 openmetrics = "openmetrics" in resp.headers.get("Content-Type", "")
                 return b"".join(chunks).decode("utf-8", errors="replace"), openmetrics
         except TimeoutError as e:
-            raise SourceUnavailable(url, f"timed out after {self._timeout.total:g}s") from e
+            raise SourceUnavailable(url, f"timed out after {self._timeout.total:g}s", kind="timeout") from e
         except aiohttp.ClientError as e:
-            raise SourceUnavailable(url, f"{type(e).__name__}: {e}") from e
+            raise SourceUnavailable(url, f"{type(e).__name__}: {e}", kind="connection") from e
 
     async def _scrape(self, target: _Target) -> None:
         started = self._clock()
@@ -152,33 +167,77 @@ class ScrapeSource:
             try:
                 text, openmetrics = await self._fetch(target.url)
                 samples = parse_samples(text, source=target.url, openmetrics=openmetrics or None)
-            except (SourceUnavailable, ExpositionError) as e:
-                reason = e.reason if isinstance(e, SourceUnavailable) else str(e)
-                log.warning("scrape %s failed: %s", target.url, reason)
-                prev = target.health
-                target.health = TargetHealth(
-                    target.url,
-                    False,
-                    last_success=prev.last_success if prev else None,
-                    last_attempt=started,
-                    last_duration_seconds=self._clock() - started,
-                    error=reason,
-                    series=prev.series if prev else 0,
-                    failures_total=(prev.failures_total if prev else 0) + 1,
-                )
+            except SourceUnavailable as e:
+                self._failed(target, started, e.kind, e.reason)
                 return
+            except ExpositionError as e:
+                self._failed(target, started, "malformed", str(e))
+                return
+        if not samples:
+            self._failed(target, started, "empty", "the exporter answered with no samples")
+            return
         # NB: samples are stamped with the request's start, as Prometheus does; stamping after reading and
         # parsing let a busy event loop skew rate windows (up to 15 % on a loaded machine).
         scraped_at = started
-        self.ingest(target.url, samples, timestamp=scraped_at)
+        reading = self._collect(samples, url=target.url, timestamp=scraped_at)
+        if not reading.latest:
+            self._failed(
+                target,
+                started,
+                "no_series",
+                f"none of the {len(self._series)} series gpuscale reads is in the exporter's {len(samples)} samples",
+            )
+            return
+        if not reading.finite:
+            self._failed(target, started, "all_nan", f"every one of the {reading.kept} values gpuscale reads is NaN")
+            return
+        self._commit(target, reading, timestamp=scraped_at)
+        prev = target.health
+        target.peak_devices = max(target.peak_devices, reading.devices)
+        degraded = None
+        if reading.devices < target.peak_devices:
+            degraded = (
+                f"exports {reading.devices} GPUs, {target.peak_devices} earlier: a GPU is missing from its exporter"
+            )
+        if prev is not None and not prev.healthy:
+            log.info("scrape %s recovered", target.url)
+        if degraded and (prev is None or prev.degraded != degraded):
+            log.warning("scrape %s degraded: %s", target.url, degraded)
         target.health = TargetHealth(
             target.url,
             True,
-            failures_total=target.health.failures_total if target.health else 0,
+            failures_total=prev.failures_total if prev else 0,
             last_success=scraped_at,
             last_attempt=started,
             last_duration_seconds=self._clock() - started,
             series=sum(len(v) for v in target.latest.values()),
+            error_kind="gpus_missing" if degraded else None,
+            degraded=degraded,
+            last_error=degraded or (prev.last_error if prev else None),
+            last_error_kind="gpus_missing" if degraded else (prev.last_error_kind if prev else None),
+            last_error_at=scraped_at if degraded else (prev.last_error_at if prev else None),
+        )
+
+    def _failed(self, target: _Target, started: float, kind: str, reason: str) -> None:
+        """Mark a failed or useless read; the target's previous values stay, ageing with their own timestamps."""
+        reason = one_line(reason)
+        prev = target.health
+        if prev is None or prev.error != reason:
+            # NB: once per change of reason, not every refresh: a dead exporter would repeat it every 5 s.
+            log.warning("scrape %s failed: %s", target.url, reason)
+        target.health = TargetHealth(
+            target.url,
+            False,
+            last_success=prev.last_success if prev else None,
+            last_attempt=started,
+            last_duration_seconds=self._clock() - started,
+            error=reason,
+            series=prev.series if prev else 0,
+            failures_total=(prev.failures_total if prev else 0) + 1,
+            error_kind=kind,
+            last_error=reason,
+            last_error_kind=kind,
+            last_error_at=started,
         )
 
     # --- pure --------------------------------------------------------------------------------------
@@ -186,6 +245,9 @@ class ScrapeSource:
     def ingest(self, url: str, samples: Iterable, *, timestamp: float) -> None:
         """Record one successful scrape of ``url`` (also used by tests to feed fixtures)."""
         target = self._targets.get(url) or self._targets.setdefault(url, _Target(url))
+        self._commit(target, self._collect(samples, url=url, timestamp=timestamp), timestamp=timestamp)
+
+    def _collect(self, samples: Iterable, *, url: str, timestamp: float) -> _Reading:
         latest: dict[str, list[SeriesValue]] = {}
         windowed: Windowed = {}
         # NB: exposition text groups a family's samples together, and groupby skips the runs of series not
@@ -199,9 +261,17 @@ class ScrapeSource:
                 by_labels = windowed.setdefault(name, {})
                 for _, labels, value, *_ in values:
                     by_labels[_series_key(labels)] = (labels, value)
-        target.latest = latest
+        kept = sum(map(len, latest.values()))
+        finite = any(math.isfinite(v.value) for values in latest.values() for v in values)  # NB: stops at the first
+        # A GPU that falls off the bus vanishes from every family: count the devices of the largest one only.
+        largest = max(latest.values(), key=len, default=[])
+        devices = len({(v.labels.get("UUID"), v.labels.get("GPU_I_ID")) for v in largest if "UUID" in v.labels})
+        return _Reading(latest, windowed, kept, finite, devices)
+
+    def _commit(self, target: _Target, reading: _Reading, *, timestamp: float) -> None:
+        target.latest = reading.latest
         target.latest_at = timestamp
-        target.history.append((timestamp, windowed))
+        target.history.append((timestamp, reading.windowed))
         while target.history and target.history[0][0] < timestamp - self._history_seconds:
             target.history.popleft()
 

@@ -60,3 +60,49 @@ async def test_promtool_rejects_what_it_should():
     # The check is real: a counter without the _total suffix is reported.
     code, out = await promtool_check(b"# HELP x_count a counter\n# TYPE x_count counter\nx_count 1\n")
     assert code != 0 and 'counter metrics should have "_total" suffix' in out
+
+
+class TroubledSource:
+    name = "scrape"
+
+    def health(self):
+        return [
+            TargetHealth(
+                "http://10.0.0.3:9400/metrics",
+                False,
+                last_success=40.0,
+                error="line 3: bad value",
+                error_kind="malformed",
+                last_error='line 3: bad "value" \x1b[31m\n' + "x" * 300,
+                last_error_kind="malformed",
+                last_error_at=90.0,
+            ),
+            TargetHealth(
+                "http://10.0.0.4:9400/metrics",
+                True,
+                last_success=95.0,
+                degraded="exports 7 GPUs, 8 earlier: a GPU is missing from its exporter",
+                error_kind="gpus_missing",
+                last_error="exports 7 GPUs, 8 earlier: a GPU is missing from its exporter",
+                last_error_kind="gpus_missing",
+                last_error_at=95.0,
+            ),
+        ]
+
+
+async def test_each_targets_last_problem_is_exposed_bounded_and_escaped():
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    metrics = AdapterMetrics(lambda: [TroubledSource()], clock=lambda: 100.0)
+    text = generate_latest(metrics.registry)
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    (bad, missing) = families["gpuscale_source_target_last_error_timestamp_seconds"].samples
+    assert bad.labels["kind"] == "malformed" and bad.value == 90.0
+    assert bad.labels["message"].startswith('line 3: bad "value"') and bad.labels["message"].isprintable()
+    assert len(bad.labels["message"]) <= 120
+    assert missing.labels["kind"] == "gpus_missing"
+    degraded = {s.labels["target"]: s.value for s in families["gpuscale_source_target_degraded"].samples}
+    assert degraded == {"http://10.0.0.3:9400/metrics": 0.0, "http://10.0.0.4:9400/metrics": 1.0}
+    code, out = await promtool_check(text)
+    assert code == 0, out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import pytest
@@ -24,12 +25,13 @@ def _words(text: str) -> str:
     ("args", "shown"),
     [
         (["adapter"], "how often to scrape and refresh the store (default: 5s)"),
-        (["adapter"], "timeout of one Prometheus query (default: 10s)"),
+        (["adapter"], "timeout of one Prometheus query (at most --refresh-interval) (default: 10s)"),
         (["demo"], "adapter refresh interval (default: 2s)"),
         (["top"], "time between refreshes with --watch (default: 2s)"),
     ],
 )
-def test_help_shows_durations_as_they_are_written(capsys, args, shown):
+def test_help_shows_durations_as_they_are_written(capsys, monkeypatch, args, shown):
+    monkeypatch.setenv("COLUMNS", "400")  # NB: argparse wraps help at hyphens otherwise
     with pytest.raises(SystemExit) as exit_:
         main([*args, "--help"])
     assert exit_.value.code == 0
@@ -59,7 +61,7 @@ def test_a_port_in_use_is_one_line_naming_the_flag(capsys):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        flags = ["--insecure-port", str(port), "--bind-address", "127.0.0.1", "--log-level", "error"]
+        flags = ["--insecure-port", str(port), "--log-level", "error"]  # NB: loopback without --bind-address
         code = main(["adapter", *flags, "--scrape-url", "http://127.0.0.1:9/metrics"])
     assert code == 2
     err = capsys.readouterr().err
@@ -110,7 +112,9 @@ def test_the_shipped_policies_are_package_data_not_the_checkout():
 
 
 def _health(last_success: float | None, error: str | None = "connection refused") -> TargetHealth:
-    return TargetHealth(target="http://10.0.0.1:9400/metrics", healthy=False, last_success=last_success, error=error)
+    return TargetHealth(
+        target="http://10.0.0.1:9400/metrics", healthy=error is None, last_success=last_success, error=error
+    )
 
 
 def test_readyz_says_how_long_nothing_answered_since_the_start():
@@ -131,13 +135,48 @@ def test_readyz_says_how_long_since_the_last_answer_and_the_max_age():
     assert message.startswith("no source has answered for 1m30s, longer than the max-age of 1m ")
 
 
-def test_readyz_is_ready_while_one_source_is_fresh():
+def test_readyz_is_ready_while_one_source_is_fresh_and_says_what_fails():
     health = [_health(None), _health(1080.0, None)]
-    assert readiness(store_ready=True, cluster_synced=True, health=health, max_age=60.0, started=900.0, now=1090.0) == (
-        True,
-        "",
+    ok, message = readiness(
+        store_ready=True, cluster_synced=True, health=health, max_age=60.0, started=900.0, now=1090.0
     )
+    assert ok
+    assert message == "1 of 2 targets failing or degraded: http://10.0.0.1:9400/metrics: connection refused"
+    assert readiness(
+        store_ready=True, cluster_synced=True, health=health[1:], max_age=60.0, started=900.0, now=1090.0
+    ) == (True, "")
     ok, message = readiness(
         store_ready=False, cluster_synced=True, health=health, max_age=60, started=1085.0, now=1090.0
     )
     assert not ok and message == "first refresh has not completed (5s since the start)"
+
+
+def test_readyz_never_echoes_an_exporters_raw_bytes():
+    raw = "line 3: bad value 'x\x1b[31m\x00" + "y" * 400 + "'"
+    ok, message = readiness(
+        store_ready=True, cluster_synced=True, health=[_health(None, raw)], max_age=60.0, started=0.0, now=10.0
+    )
+    assert not ok and message.isprintable() and len(message) < 260, message
+
+
+async def test_the_unauthenticated_port_binds_loopback_and_the_log_says_what_was_bound(caplog):
+    from gpuscale.cli.adapter import start_adapter
+    from gpuscale.settings import AdapterSettings
+
+    caplog.set_level(logging.WARNING)
+    settings = AdapterSettings(
+        scrape_url=["http://127.0.0.1:9/metrics"], insecure_port=0, scrape_timeout=30, refresh_interval=5
+    )
+    assert settings.bind_address == "0.0.0.0" and settings.insecure_bind_address == "127.0.0.1"
+    adapter = await start_adapter(settings)
+    try:
+        (listening,) = adapter.listening
+        assert listening.startswith("http://127.0.0.1:") and listening.endswith("(plain HTTP, no authentication)")
+        assert adapter.url == listening.split(" ")[0]
+    finally:
+        await adapter.stop()
+    # --scrape-timeout longer than the refresh is cut to it, and the log says so.
+    assert any(
+        "--scrape-timeout 30s is longer than --refresh-interval 5s: reads time out after 5s" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]

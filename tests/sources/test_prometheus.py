@@ -713,3 +713,16 @@ async def test_injected_session_is_used_and_left_open(prom):
         await source.refresh(now=T0)
         await source.close()
         assert not session.closed and len(prom.seen) == 1
+
+
+def test_fresh_within_lets_the_server_drop_series_older_than_max_age():
+    # An instant query's answer is stamped with the evaluation time; Prometheus looks back 5 minutes, so a
+    # restarted server answers old samples as if taken now. The server judges each series' own sample age.
+    assert [p.promql for p in plan(GAUGE, fresh_within=60)] == [
+        "DCGM_FI_DEV_GPU_UTIL unless time() - timestamp(DCGM_FI_DEV_GPU_UTIL) > 60"
+    ]
+    assert [p.promql for p in plan(RATE, fresh_within=90)] == [
+        "rate(nv_inference_request_success[60s]) unless time() - timestamp(nv_inference_request_success) > 90"
+    ]
+    override = TermQuery(series=("x",), input="rate", window_seconds=30, promql="sum by (pod) (rate(x[{window}]))")
+    assert [p.promql for p in plan(override, fresh_within=60)] == ["sum by (pod) (rate(x[30s]))"]

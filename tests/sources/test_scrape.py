@@ -139,10 +139,76 @@ async def test_connection_refused_is_a_clear_error():
 async def test_nan_values_are_kept_as_nan_never_as_numbers(exporter):
     clock = [1000.0]
     source = make_source(exporter.url, clock)
-    exporter.body = b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1",Hostname="n1"} NaN\n'
+    exporter.body = (
+        b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1",Hostname="n1"} NaN\n'
+        b'DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-2",Hostname="n1"} 40\n'
+    )
     await source.refresh(now=clock[0])
-    (value,) = source.read(GAUGE)
-    assert math.isnan(value.value)
+    values = {v.labels["gpu"]: v.value for v in source.read(GAUGE)}
+    assert math.isnan(values["0"]) and values["1"] == 40
+    await source.close()
+
+
+USELESS_PAGES = [
+    # (what the exporter answers with status 200, health.error_kind, words of the reason)
+    (b"", "empty", "no samples"),
+    (b"# HELP go_goroutines x\n# TYPE go_goroutines gauge\ngo_goroutines 12\n", "no_series", "none of the"),
+    (
+        b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1"} NaN\nDCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-2"} NaN\n',
+        "all_nan",
+        "NaN",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "kind", "words"), USELESS_PAGES, ids=[k for _, k, _ in USELESS_PAGES])
+async def test_a_200_with_nothing_usable_is_a_failed_read_not_a_healthy_one(exporter, body, kind, words):
+    clock = [1000.0]
+    source = make_source(exporter.url, clock)
+    await source.refresh(now=clock[0])  # a good scrape first
+    clock[0] = 1005.0
+    exporter.body = body
+    await source.refresh(now=clock[0])
+    (health,) = source.health()
+    assert not health.healthy and health.error_kind == kind and words in health.error, health
+    assert health.last_success == 1000.0 and health.last_error_at == 1005.0
+    # The good values stay, with their old timestamp, to age into 503s; nothing NaN or empty replaces them.
+    values = source.read(GAUGE)
+    assert len(values) == 8 and {v.timestamp for v in values} == {1000.0}
+    await source.close()
+
+
+async def test_a_gpu_missing_from_its_exporter_marks_the_target_degraded(exporter):
+    clock = [1000.0]
+    source = make_source(exporter.url, clock)
+    full = exporter.body
+    await source.refresh(now=clock[0])
+    assert source.health()[0].degraded is None
+    gone = b"\n".join(line for line in full.split(b"\n") if b'gpu="3"' not in line)
+    assert gone != full
+    exporter.body = gone
+    clock[0] = 1005.0
+    await source.refresh(now=clock[0])
+    (health,) = source.health()
+    assert health.healthy and health.error_kind == "gpus_missing"
+    assert health.degraded == "exports 7 GPUs, 8 earlier: a GPU is missing from its exporter"
+    assert len(source.read(GAUGE)) == 7  # the read itself is served: the other GPUs are real
+    exporter.body = full
+    clock[0] = 1010.0
+    await source.refresh(now=clock[0])
+    (health,) = source.health()
+    assert health.degraded is None and health.last_error_kind == "gpus_missing"  # what happened stays visible
+    await source.close()
+
+
+async def test_an_exporters_bytes_never_reach_the_reason_raw(exporter):
+    clock = [1000.0]
+    source = make_source(exporter.url, clock)
+    exporter.body = b'DCGM_FI_DEV_GPU_UTIL{gpu="0\x1b[31m\x07' + b"x" * 500 + b"\n"
+    await source.refresh(now=clock[0])
+    (health,) = source.health()
+    assert not health.healthy and health.error_kind == "malformed"
+    assert health.error.isprintable() and len(health.error) <= 160, health.error
     await source.close()
 
 
@@ -206,5 +272,7 @@ def test_the_fast_series_value_constructor_builds_the_same_named_tuple():
     from gpuscale.sources.base import SeriesValue, series_value
 
     made = series_value(("DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, 42.0, 1000.0, "http://t", None))
-    assert type(made) is SeriesValue and made == SeriesValue("DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, 42.0, 1000.0, "http://t")
+    assert type(made) is SeriesValue and made == SeriesValue(
+        "DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, 42.0, 1000.0, "http://t"
+    )
     assert (made.labels, made.target, made.window_seconds) == ({"gpu": "0"}, "http://t", None)
