@@ -149,7 +149,7 @@ def one_run(cluster: Cluster, repeat: int) -> tuple[Stages, str, int]:
     triton_targets = cluster.triton_targets
     bodies = {**cluster.dcgm, **dict.fromkeys(triton_targets, cluster.t1_text)}
     now = 1_790_000_000.0 + 100 * repeat
-    sources, explicit = _metrics_sources(cluster.settings, inference)
+    sources, explicit = _metrics_sources(cluster.settings, inference, max_age=60.0)
     (source,) = sources
     assert isinstance(source, ScrapeSource)
     t0_samples = parse_samples(cluster.t0_text)

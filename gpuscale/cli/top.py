@@ -616,7 +616,9 @@ async def _open_cluster(settings: TopSettings, closers: list[Callable[[], Awaita
     return cache
 
 
-def _metrics_sources(settings: TopSettings, inference: Catalogue | None) -> tuple[list[MetricsSource], Any]:
+def _metrics_sources(
+    settings: TopSettings, inference: Catalogue | None, *, max_age: float
+) -> tuple[list[MetricsSource], Any]:
     """The sources and the url → pod map of explicit ``NAMESPACE/POD=URL`` targets."""
     from gpuscale.sources.targets import parse_scrape_targets
 
@@ -631,6 +633,7 @@ def _metrics_sources(settings: TopSettings, inference: Catalogue | None) -> tupl
             bearer_token_file=settings.prometheus_token_file,
             timeout_seconds=settings.scrape_timeout,
             max_body_bytes=settings.max_body_bytes * 4,
+            fresh_within_seconds=max_age,  # NB: a restarted Prometheus's old samples are not today's numbers
         )
         return [source], {}
     from gpuscale.sources.scrape import ScrapeSource
@@ -666,7 +669,7 @@ async def _open(settings: TopSettings, policy: DiagnosisPolicy) -> _Opened:
 
         catalogue = load_catalogue(settings.config, policies=settings.policies)
         inference = inference_catalogue(catalogue)
-        sources, explicit = _metrics_sources(settings, inference)
+        sources, explicit = _metrics_sources(settings, inference, max_age=catalogue.defaults.max_age)
         closers.extend(s.close for s in sources)
         collector = SourcesCollector(
             sources,
