@@ -105,6 +105,7 @@ async def start_adapter(
             history_seconds=catalogue.longest_window + 2 * settings.refresh_interval,
             timeout_seconds=_capped("--scrape-timeout", settings.scrape_timeout, settings),
             max_body_bytes=settings.max_body_bytes,
+            publish_early=True,
         )
         source = scrape
         if settings.discover_exporters:

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 _name_of = operator.attrgetter("name")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+_STRAGGLER_GRACE_SECONDS = 0.25
 _ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 
 # One scrape's windowed series: name → label set (_series_key) → (the sample's labels, value).
@@ -61,6 +62,7 @@ class _Target:
     history: deque[tuple[float, Windowed]] = field(default_factory=deque)
     health: TargetHealth | None = None
     peak_devices: int = 0  # the most GPUs (MIG instances) its scrapes have held
+    inflight: asyncio.Task[None] | None = None
 
 
 class _Reading(NamedTuple):
@@ -100,7 +102,13 @@ class ScrapeSource:
         concurrency: int = 64,
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
+        publish_early: bool = False,
     ) -> None:
+        """``publish_early``: a refresh returns once half the targets have answered and the others had twice
+        that long again; a slower target's scrape goes on (until its timeout) and lands in the next refresh.
+        The adapter uses it so one hung exporter never delays every other pod's values; a one-shot ``top``
+        waits for every target."""
+        self._publish_early = publish_early
         self._targets = {u: _Target(u) for u in dict.fromkeys(urls)}
         self._series = frozenset(series)
         self._windowed = frozenset(windowed_series)
@@ -126,6 +134,10 @@ class ScrapeSource:
             self._targets.setdefault(url, _Target(url))
 
     async def close(self) -> None:
+        inflight = [t.inflight for t in self._targets.values() if t.inflight is not None and not t.inflight.done()]
+        for task in inflight:
+            task.cancel()
+        await asyncio.gather(*inflight, return_exceptions=True)
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
@@ -133,9 +145,27 @@ class ScrapeSource:
     # --- I/O ---------------------------------------------------------------------------------------
 
     async def refresh(self, *, now: float) -> None:
+        """Scrape every target. With ``publish_early``, return once the bulk has answered (see __init__)."""
         if self._session is None:
             self._session = aiohttp.ClientSession(headers={"Accept": _ACCEPT, "User-Agent": "gpuscale"})
-        await asyncio.gather(*(self._scrape(t) for t in self._targets.values()))
+        if not self._publish_early:
+            await asyncio.gather(*(self._scrape(t) for t in self._targets.values()))
+            return
+        started = asyncio.get_running_loop().time()
+        for target in self._targets.values():
+            if target.inflight is None or target.inflight.done():  # NB: never two scrapes of one target at once
+                target.inflight = asyncio.create_task(self._scrape(target), name=f"scrape {target.url}")
+        pending = {t.inflight for t in self._targets.values() if t.inflight is not None and not t.inflight.done()}
+        total = len(pending)
+        while pending:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if len(pending) * 2 <= total:
+                break
+        if pending:
+            # Half the targets have answered: give the rest twice that long, then publish without the stragglers
+            # (a hung exporter must not hold back everyone's values); they land in the next refresh.
+            elapsed = asyncio.get_running_loop().time() - started
+            await asyncio.wait(pending, timeout=max(_STRAGGLER_GRACE_SECONDS, 2 * elapsed))
 
     async def _fetch(self, url: str) -> tuple[str, bool]:
         assert self._session is not None

@@ -512,9 +512,10 @@ async def test_a_slow_exporter_never_delays_the_others(tmp_path, request):
                 # Every refresh (every 2 s; timestamps are whole seconds) brought a newer timestamp for each other pod.
                 assert all(len(stamps) >= 5 for stamps in others.values()), others
                 assert max(gaps) <= refresh + 1.0, gaps
-                # The slow target can hold a refresh back by at most --scrape-timeout (the refresh publishes once
-                # every scrape has answered or timed out), never by its own delay.
-                assert lag_during - lag_before <= scrape_timeout + 0.5, (lag_before, lag_during)
+                # The refresh publishes once the answering targets are in, without waiting for the slow one's
+                # --scrape-timeout (1 s here): the others' values come no later than without it (whole-second
+                # timestamps: half a second of slack).
+                assert lag_during - lag_before <= 0.5, (lag_before, lag_during)
                 # … and the slow pod's value aged: its newest timestamp is from before the fault.
                 assert seen[slow[1]][-1][0] <= faulted + 1
                 _, metrics, _ = await get(session, adapter.url + "/metrics")

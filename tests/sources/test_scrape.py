@@ -276,3 +276,45 @@ def test_the_fast_series_value_constructor_builds_the_same_named_tuple():
         "DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, 42.0, 1000.0, "http://t"
     )
     assert (made.labels, made.target, made.window_seconds) == ({"gpu": "0"}, "http://t", None)
+
+
+async def test_a_hung_exporter_does_not_hold_back_the_others(aiohttp_server):
+    """publish_early (the adapter's mode): the refresh returns with the answering targets' values; the hung
+    target's scrape goes on until its own timeout and is then reported, its values never replaced by nothing."""
+    exporters = []
+    for _ in range(3):
+        e = Exporter()
+        app = web.Application()
+        app.router.add_get("/metrics", e.handle)
+        e.url = str((await aiohttp_server(app)).make_url("/metrics"))
+        exporters.append(e)
+    clock = [1000.0]
+    catalogue = load_catalogue()
+    source = ScrapeSource(
+        [e.url for e in exporters],
+        series=catalogue.series_names,
+        windowed_series=catalogue.windowed_series,
+        timeout_seconds=2.0,
+        clock=lambda: clock[0],
+        publish_early=True,
+    )
+    await source.refresh(now=clock[0])
+    assert len(source.read(GAUGE)) == 24  # 3 × 8 GPUs
+    exporters[0].hang = True
+    clock[0] = 1005.0
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await source.refresh(now=clock[0])
+    took = loop.time() - started
+    assert took < 1.5, f"the refresh waited {took:.2f}s for a hung exporter (timeout 2s)"
+    by_target = {}
+    for v in source.read(GAUGE):
+        by_target.setdefault(v.target, set()).add(v.timestamp)
+    assert by_target[exporters[1].url] == {1005.0} and by_target[exporters[2].url] == {1005.0}
+    assert by_target[exporters[0].url] == {1000.0}  # its last values, ageing
+    # The next refresh does not start a second scrape of it; once its timeout passes it is reported.
+    await source.refresh(now=clock[0])
+    await asyncio.sleep(2.2)
+    hung = next(h for h in source.health() if h.target == exporters[0].url)
+    assert not hung.healthy and hung.error_kind == "timeout" and hung.failures_total == 1
+    await source.close()
