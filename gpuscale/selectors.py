@@ -124,6 +124,9 @@ def _is_int64(text: str) -> bool:
     # NB: strconv.ParseInt(s, 10, 64): an optional sign and decimal digits only, within int64.
     if not re.fullmatch(r"[+-]?[0-9]+", text):
         return False
+    # NB: int() refuses more than 4,300 digits (ValueError, not a selector error); int64 has at most 19.
+    if len(text.lstrip("+-").lstrip("0")) > 19:
+        return False
     return -(2**63) <= int(text) < 2**63
 
 

@@ -161,6 +161,7 @@ _LABEL_PAIR_RE: Final = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\
 _BLANKS_RE: Final = re.compile(r"[ \t]+")
 _ESCAPE_RE: Final = re.compile(r"\\(.)")
 _LABEL_ESCAPES: Final = {"\\": "\\", '"': '"', "n": "\n"}
+_HELP_TEXT: Final = re.compile(r"#[ \t]+HELP[ \t]+[^ \t]+[ \t]+(.*)", re.S)
 _HELP_ESCAPES_TEXT: Final = {"\\": "\\", "n": "\n"}
 _HELP_ESCAPES_OPENMETRICS: Final = _LABEL_ESCAPES
 
@@ -342,6 +343,10 @@ class _Parser:
             family = self.families.get(name) or self._new_family(name, what="HELP")
             self.helped.add(name)
             text = parts[3] if count == 4 else ""
+            if not line.isprintable():
+                # NB: str.split() also splits on \v, \f, NBSP…; the format separates tokens by blank and tab only.
+                exact = _HELP_TEXT.match(line.rstrip(" \t\r"))
+                text = exact.group(1) if exact else text
             if "\\" in text:
                 text = _unescape(text, _HELP_ESCAPES_OPENMETRICS if self.om else _HELP_ESCAPES_TEXT)
             family.help = text
