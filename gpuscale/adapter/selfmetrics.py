@@ -15,11 +15,11 @@ from prometheus_client.registry import Collector
 
 from gpuscale.errors import one_line
 from gpuscale.metrics.store import MetricsStore, Snapshot
-from gpuscale.sources.base import MetricsSource
+from gpuscale.sources.base import HealthReporter
 
 
 class _SourceCollector(Collector):
-    def __init__(self, sources: Callable[[], Iterable[MetricsSource]], clock: Callable[[], float]) -> None:
+    def __init__(self, sources: Callable[[], Iterable[HealthReporter]], clock: Callable[[], float]) -> None:
         self._sources = sources
         self._clock = clock
 
@@ -70,7 +70,7 @@ class _SourceCollector(Collector):
 
 
 class AdapterMetrics:
-    def __init__(self, sources: Callable[[], Iterable[MetricsSource]], *, clock: Callable[[], float] = time.time):
+    def __init__(self, sources: Callable[[], Iterable[HealthReporter]], *, clock: Callable[[], float] = time.time):
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "gpuscale_adapter_requests",

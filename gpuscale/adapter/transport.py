@@ -9,7 +9,7 @@ bytes — so any client can fill the adapter's log. Here every such rejection is
   whose message names the kind of problem and never echoes the request;
 - counted in ``gpuscale_adapter_rejected_requests_total{reason}`` (a fixed set of reasons);
 - logged as one WARNING line without a traceback, at most once per client address per ``interval``
-  (with the number of rejections held back since), and for at most ``max_clients`` addresses per interval.
+  (with the number of rejections held back since), and at most ``max_lines`` lines per interval in all.
 
 The request line may be up to ``MAX_REQUEST_LINE`` bytes (aiohttp's default is 8190): kube-apiserver
 passes on label selectors far longer than 8 KB, and a long but valid selector must not be refused.

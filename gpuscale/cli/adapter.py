@@ -123,7 +123,7 @@ async def start_adapter(
 
             before_refresh = rediscover
     # NB: the watch cache reports per kind like a source per target: an API outage shows on /metrics.
-    selfmetrics = AdapterMetrics(lambda: [source] if cluster is None else [source, cluster])  # type: ignore[list-item]
+    selfmetrics = AdapterMetrics(lambda: [source] if cluster is None else [source, cluster])
     pipeline = Pipeline(
         catalogue,
         source,

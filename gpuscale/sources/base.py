@@ -72,6 +72,14 @@ class TargetHealth:
     last_error_at: float | None = None
 
 
+class HealthReporter(Protocol):
+    """Anything that reports the health of what it reads, per target: sources, and the Kubernetes watch cache."""
+
+    name: str
+
+    def health(self) -> list[TargetHealth]: ...
+
+
 class MetricsSource(Protocol):
     name: str
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from pathlib import Path
 
 import pytest
 import yaml
@@ -105,10 +106,14 @@ def test_a_policies_directory_that_holds_nothing_is_rejected(tmp_path):
         check_policies_dir(tmp_path / "missing")
 
 
-def test_the_shipped_policies_are_package_data_not_the_checkout():
+def test_the_shipped_policies_are_found_beside_the_imported_package():
+    import gpuscale
+
     for name in POLICY_FILES:
-        path = shipped(name)
-        assert path.is_file() and "gpuscale" in str(path).split("/policies/")[0], path
+        # NB: relative to wherever gpuscale was imported from (site-packages for a wheel), never a source tree
+        # path computed from this file; tests/e2e/test_installed_wheel.py runs the installed wheel itself.
+        assert Path(str(shipped(name))) == Path(gpuscale.__file__).parent / "policies" / name
+        assert shipped(name).read_text(encoding="utf-8").strip()
 
 
 def _health(last_success: float | None, error: str | None = "connection refused") -> TargetHealth:
