@@ -1,0 +1,160 @@
+"""The seam between the controller's planners (pure) and its actuator (the only Kubernetes writer).
+
+A planner returns ``Write`` values; it never calls the API. Every write carries ``why``: one line for the log
+and, where the write is an action on a node or pod, the text recorded in the annotation or Event. Writes are
+*desired state*: a planner only emits one when what it wants differs from what the ``ClusterView`` shows, so an
+unchanged cluster yields no writes (idempotent reconcile).
+
+``ClusterView`` is what planners read: raw objects as the API serves them (dicts with ``apiVersion``/``kind``
+set), from the controller's list+watch caches or, in tests, ``StaticClusterView``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+__all__ = [
+    "ClusterView",
+    "Create",
+    "Delete",
+    "Emit",
+    "Evict",
+    "ObjectKey",
+    "Patch",
+    "StaticClusterView",
+    "Write",
+    "WriteOutcome",
+    "Actuator",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectKey:
+    """Names one object: ``ObjectKey("v1", "Node", "gpu-1")`` or with a namespace."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None = None
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> ObjectKey:
+        meta = obj.get("metadata") or {}
+        return cls(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
+
+    def __str__(self) -> str:
+        where = f"{self.namespace}/" if self.namespace else ""
+        return f"{self.kind}/{where}{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Create ``obj`` (a full manifest). An AlreadyExists answer counts as done: restarts create no duplicates."""
+
+    obj: Mapping[str, Any]
+    why: str
+
+    @property
+    def key(self) -> ObjectKey:
+        return ObjectKey.of(self.obj)
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """Patch one object. ``patch_type`` is the Content-Type family; ``subresource`` e.g. ``"status"``.
+
+    ``resource_version`` (optional) makes the write conditional: the API answers 409 if the object changed,
+    and the actuator then leaves it to the next reconcile, which plans again from the new state.
+    """
+
+    key: ObjectKey
+    patch: Any
+    why: str
+    patch_type: Literal["merge", "strategic", "json"] = "merge"
+    subresource: str | None = None
+    resource_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Delete one object (a NotFound answer counts as done)."""
+
+    key: ObjectKey
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Evict one pod through the Eviction API (``pods/eviction``), so PodDisruptionBudgets are respected.
+
+    A 429 answer (a PDB forbids it now) is not an error: the pod stays, and a later reconcile tries again.
+    """
+
+    namespace: str
+    name: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """Record a core v1 Event about ``regarding``; the actuator aggregates repeats (count, lastTimestamp)."""
+
+    regarding: ObjectKey
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+    @property
+    def why(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+Write = Create | Patch | Delete | Evict | Emit
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOutcome:
+    """What became of one write: ``applied`` (or validated only, under dry-run), or why not."""
+
+    write: Write
+    result: Literal["applied", "dry-run", "already-done", "refused", "failed"]
+    detail: str = ""
+
+
+class Actuator(Protocol):
+    """The only Kubernetes writer. Applies writes in order; never raises for an API answer, reports it."""
+
+    async def apply(self, writes: Sequence[Write]) -> list[WriteOutcome]: ...
+
+
+class ClusterView(Protocol):
+    """Raw objects by kind, as last seen by the caches. Lists are in a stable order (namespace, name)."""
+
+    def objects(self, api_version: str, kind: str, namespace: str | None = None) -> list[Mapping[str, Any]]: ...
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Mapping[str, Any] | None:
+        ...
+
+
+@dataclass
+class StaticClusterView:
+    """A fixed set of objects: for unit tests of planners and for one-shot tools."""
+
+    items: Iterable[Mapping[str, Any]] = ()
+    _by_kind: dict[tuple[str, str], dict[tuple[str, str], Mapping[str, Any]]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_kind = {}
+        for obj in self.items:
+            meta = obj.get("metadata") or {}
+            bucket = self._by_kind.setdefault((obj["apiVersion"], obj["kind"]), {})
+            bucket[(meta.get("namespace") or "", meta["name"])] = obj
+
+    def objects(self, api_version: str, kind: str, namespace: str | None = None) -> list[Mapping[str, Any]]:
+        bucket = self._by_kind.get((api_version, kind), {})
+        return [bucket[k] for k in sorted(bucket) if namespace is None or k[0] == namespace]
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Mapping[str, Any] | None:
+        return self._by_kind.get((api_version, kind), {}).get((namespace or "", name))
