@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 __all__ = [
+    "Actuator",
     "ClusterView",
     "Create",
     "Delete",
@@ -26,7 +27,6 @@ __all__ = [
     "StaticClusterView",
     "Write",
     "WriteOutcome",
-    "Actuator",
 ]
 
 
@@ -134,8 +134,7 @@ class ClusterView(Protocol):
 
     def objects(self, api_version: str, kind: str, namespace: str | None = None) -> list[Mapping[str, Any]]: ...
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Mapping[str, Any] | None:
-        ...
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Mapping[str, Any] | None: ...
 
 
 @dataclass
