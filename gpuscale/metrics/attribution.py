@@ -11,6 +11,10 @@ The rules, and the bugs they avoid (prometheus-adapter #456/#630, dcgm-exporter 
 * Every other series (Triton) belongs to the pod that serves it: the scrape target. Triton's own
   ``namespace`` label is *model* namespacing, so it is never read as a Kubernetes namespace unless the
   series also carries a ``pod`` label (a Prometheus target label).
+* A router's per-backend series (the vLLM production-stack router's ``vllm:num_requests_waiting{server=
+  "http://10.42.1.17:8000"}``) belong to the backend pod that URL resolves to, when it resolves to one;
+  otherwise to the router. A server behind a sidecar (KServe's queue-proxy, a metrics-merging sidecar) needs
+  nothing special: the scrape URL's port is one of the pod's containerPorts, so the target is the pod.
 * A device is one physical GPU, or one MIG instance (``GPU_I_ID``); ``physical`` keys the parent GPU so
   parent-level values repeated on every MIG instance (power) can be counted once.
 * Node: the scrape target's node when the Kubernetes API knows it (the legacy exporter's ``Hostname`` is
@@ -98,8 +102,11 @@ _PLACEMENT_LABELS = frozenset(
         "job",
         "endpoint",
         "service",
+        "server",
     }
 )
+# Labels naming the backend URL a router's series describe.
+_BACKEND_LABELS = ("server",)
 
 
 def _is_dcgm(name: str, labels: Mapping[str, str]) -> bool:
@@ -135,9 +142,26 @@ def dcgm_placement(labels: Mapping[str, str]) -> tuple[str | None, ...]:
     return tuple(map(labels.get, _DCGM_PLACEMENT_LABELS))
 
 
-def attribute(name: str, labels: Mapping[str, str], target: Target) -> Device:
-    """Place one series. Pure; the caller memoises per (target, labels) if it needs speed."""
+def backend_url(labels: Mapping[str, str]) -> str | None:
+    """The backend URL a router's series names (``server="http://host:port"``), if any."""
+    for key in _BACKEND_LABELS:
+        value = labels.get(key)
+        if value and value.startswith(("http://", "https://")):
+            return value
+    return None
+
+
+def attribute(name: str, labels: Mapping[str, str], target: Target, *, backend: Target | None = None) -> Device:
+    """Place one series. Pure; the caller memoises per (target, labels) if it needs speed.
+
+    ``backend``: what the series' backend URL (``backend_url``) resolves to, for a router's series.
+    """
     get = labels.get
+    if backend is not None and backend.pod is not None and not _is_dcgm(name, labels):
+        items = sorted(labels.items())
+        external = tuple([item for item in items if item[0] not in _PLACEMENT_LABELS])
+        key = ("series", target.url, *[f"{k}={v}" for k, v in items])
+        return _device(key, key, backend.pod, backend.node, external)
     node_name = target.node or get("Hostname") or get("hostname") or None
     # NB: sorting the pairs orders by key (keys are unique), the order selectors and the wire expect.
     items = sorted(labels.items())
@@ -207,6 +231,10 @@ class Attributor:
         bucket = self._buckets.get(target_url)
         if bucket is None or target_url not in self._resolved:
             bucket = self._bucket(target_url)
+        backend = None if dcgm else backend_url(labels)
+        if backend is not None:
+            # NB: not memoised with the router's target: the backend's pod may move while the router stays.
+            return attribute(name, labels, bucket[0], backend=self._bucket(backend)[0])
         # NB: the keys and the values as two flat tuples, not a frozenset of pairs: exporters write labels in
         # a stable order, and this runs once per series per refresh. A reordered label set only costs one
         # extra attribution.
