@@ -84,6 +84,7 @@ def test_nim_unprefixed_names():
     assert value(store, "inference_queue_depth") == 2 and value(store, "inference_batch_size") == 6
     assert value(store, "inference_kv_cache_usage") == pytest.approx(41.0)
     assert value(store, "inference_ttft_p95_seconds") == pytest.approx(0.25 + 0.25 * 1.5 / 2)
+    assert value(store, "inference_itl_p95_seconds") == pytest.approx(0.025 + 0.025 * 1840.5 / 1990)
     assert value(store, "inference_prompt_tokens_per_second") == pytest.approx(100)
     assert value(store, "inference_requests_per_second") == pytest.approx(10 / 60)
 
