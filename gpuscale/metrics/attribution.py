@@ -17,6 +17,11 @@ The rules, and the bugs they avoid (prometheus-adapter #456/#630, dcgm-exporter 
   nothing special: the scrape URL's port is one of the pod's containerPorts, so the target is the pod.
 * A device is one physical GPU, or one MIG instance (``GPU_I_ID``); ``physical`` keys the parent GPU so
   parent-level values repeated on every MIG instance (power) can be counted once.
+* DRA (dcgm-exporter with ``KUBERNETES_ENABLE_DRA``, the GPU Operator's default): a GPU allocated through a
+  ResourceClaim carries ``dra_claim_namespace``/``dra_claim_name`` (and driver, pool, device) beside
+  ``pod``/``namespace``; its values count towards the pod *and* the claim. A MIG instance allocated through a
+  claim is identified by ``dra_mig_device_uuid`` as well as ``GPU_I_ID``; its parent stays the physical GPU.
+  A claim shared by several pods repeats the GPU's series per pod: they are kept apart, as virtual GPUs are.
 * Node: the scrape target's node when the Kubernetes API knows it (the legacy exporter's ``Hostname`` is
   its pod name), else the ``Hostname``/``hostname`` label.
 """
@@ -28,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gpuscale.model import ObjectRef, namespace, node, pod
+from gpuscale.model import RESOURCE_CLAIM, ObjectRef, namespace, node, pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +57,8 @@ class Device(NamedTuple):
     pod: ObjectRef | None
     node: str | None
     labels: tuple[tuple[str, str], ...]  # the series' metric labels, for external-metric selectors
-    objects: tuple[ObjectRef, ...] = ()  # what its values count towards: its pod, namespace and node
+    objects: tuple[ObjectRef, ...] = ()  # what its values count towards: its pod, namespace, node (and claim)
+    claim: ObjectRef | None = None  # the DRA ResourceClaim the GPU is allocated through
 
     @property
     def namespace(self) -> str | None:
@@ -60,19 +66,21 @@ class Device(NamedTuple):
 
 
 @functools.lru_cache(maxsize=65536)
-def _objects(owner: ObjectRef | None, node_name: str | None) -> tuple[ObjectRef, ...]:
+def _objects(owner: ObjectRef | None, node_name: str | None, claim: ObjectRef | None = None) -> tuple[ObjectRef, ...]:
     """What a device's values count towards; cached, since a pod's or node's devices all share it."""
     objects: list[ObjectRef] = []
     if owner is not None:
         objects += [owner, namespace(owner.namespace or "")]
     if node_name:
         objects.append(node(node_name))
+    if claim is not None:
+        objects.append(claim)
     return tuple(objects)
 
 
 def _device(key: tuple[str, ...], physical: tuple[str, ...], owner: ObjectRef | None, node_name: str | None,
-            labels: tuple[tuple[str, str], ...]) -> Device:
-    return Device(key, physical, owner, node_name, labels, _objects(owner, node_name))
+            labels: tuple[tuple[str, str], ...], claim: ObjectRef | None = None) -> Device:
+    return Device(key, physical, owner, node_name, labels, _objects(owner, node_name, claim), claim)
 
 
 # Label pairs (pod, namespace), in the order they win.
@@ -83,6 +91,16 @@ _POD_LABELS = (
 )
 _GPU_ID_LABELS = ("UUID", "uuid", "gpu_uuid")
 _HOST_LABELS = ("Hostname", "hostname")
+# dcgm-exporter's DRA attributes (KUBERNETES_ENABLE_DRA): which claim, driver, pool and device a GPU is allocated as.
+DRA_LABELS = (
+    "dra_claim_name",
+    "dra_claim_namespace",
+    "dra_driver_name",
+    "dra_pool_name",
+    "dra_device_name",
+    "dra_mig_profile",
+    "dra_mig_device_uuid",
+)
 # Labels that say *where* a series lives rather than what it measures: not offered to external selectors.
 _PLACEMENT_LABELS = frozenset(
     {
@@ -103,6 +121,7 @@ _PLACEMENT_LABELS = frozenset(
         "endpoint",
         "service",
         "server",
+        *DRA_LABELS,
     }
 )
 # Labels naming the backend URL a router's series describe.
@@ -130,6 +149,9 @@ _DCGM_PLACEMENT_LABELS = (
     "gpu",
     "GPU_I_ID",
     "vgpu",
+    "dra_claim_namespace",
+    "dra_claim_name",
+    "dra_mig_device_uuid",
 )
 
 
@@ -172,9 +194,13 @@ def attribute(name: str, labels: Mapping[str, str], target: Target, *, backend: 
             owner = None  # the exporter's own target labels, not a workload
         gpu = get("UUID") or get("uuid") or get("gpu_uuid") or get("gpu", "")
         physical = ("gpu", node_name or "", gpu)
-        # NB: with --kubernetes-virtual-gpus one GPU's series repeat per pod; keep them apart.
-        key = (*physical, get("GPU_I_ID", ""), str(owner) if get("vgpu") else "")
-        return _device(key, physical, owner, node_name, external)
+        claim_name, claim_ns = get("dra_claim_name"), get("dra_claim_namespace")
+        claim = ObjectRef(RESOURCE_CLAIM, claim_name, claim_ns) if claim_name and claim_ns else None
+        # NB: with --kubernetes-virtual-gpus, or a DRA claim shared by pods, one GPU's series repeat per pod;
+        # keep them apart.
+        instance = get("GPU_I_ID", "") or get("dra_mig_device_uuid", "")
+        key = (*physical, instance, str(owner) if get("vgpu") or claim else "")
+        return _device(key, physical, owner, node_name, external, claim)
     owner = _labelled_pod(labels) if "pod" in labels or "exported_pod" in labels else None
     owner = owner or target.pod
     key = ("series", target.url, *[f"{k}={v}" for k, v in items])

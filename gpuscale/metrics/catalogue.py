@@ -40,7 +40,14 @@ UNITS = (
 )
 
 # Resources a custom metric can be requested for (GroupResource strings, as the HPA sends them).
-RESOURCES = ("pods", "nodes", "namespaces", "deployments.apps", "statefulsets.apps")
+RESOURCES = (
+    "pods",
+    "nodes",
+    "namespaces",
+    "deployments.apps",
+    "statefulsets.apps",
+    "resourceclaims.resource.k8s.io",  # DRA claims: values of the GPUs allocated through them
+)
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SERIES = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
