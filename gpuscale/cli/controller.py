@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -48,8 +48,11 @@ log = logging.getLogger("gpuscale.controller")
 STATE_CONFIGMAP = "gpuscale-controller-state"
 
 
-def watch_specs(settings: ControllerSettings) -> list[WatchSpec]:
-    """The kinds the planners read (what RBAC must allow to list and watch: see deploy/controller)."""
+def watch_specs(settings: ControllerSettings, *, extra_kinds: Iterable[tuple[str, str]] = ()) -> list[WatchSpec]:
+    """The kinds the planners read (what RBAC must allow to list and watch: see deploy/controller).
+
+    ``extra_kinds``: (apiVersion, kind) other planners read; a custom resource whose CRD is not installed stays
+    empty rather than failing the start (only built-in ``v1`` kinds must be served)."""
     specs = [
         WatchSpec("v1", "Node"),
         WatchSpec("v1", "Pod"),
@@ -57,6 +60,11 @@ def watch_specs(settings: ControllerSettings) -> list[WatchSpec]:
     ]
     if settings.health and settings.health_drain:
         specs.append(WatchSpec("policy/v1", "PodDisruptionBudget"))
+    have = {(s.api_version, s.kind) for s in specs}
+    for api_version, kind in extra_kinds:
+        if (api_version, kind) not in have:
+            have.add((api_version, kind))
+            specs.append(WatchSpec(api_version, kind, optional=api_version != "v1"))
     return specs
 
 

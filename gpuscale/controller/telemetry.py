@@ -36,6 +36,7 @@ __all__ = [
     "NodeGpuTelemetry",
     "TelemetryHistory",
     "activity_of",
+    "mean_activity_by_node",
 ]
 
 PCIE_REPLAY = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
@@ -108,6 +109,18 @@ class ClusterTelemetry:
     @classmethod
     def empty(cls, *, at: float = 0.0, window_seconds: float = 600.0) -> ClusterTelemetry:
         return cls(at=at, window_seconds=window_seconds)
+
+
+def mean_activity_by_node(telemetry: ClusterTelemetry) -> dict[str, float]:
+    """node → mean activity (``activity_of``, 0–1) of its reporting GPUs now; nodes without a figure left out.
+
+    What a pool-level consumer averages (e.g. the expander's cost per useful GPU-hour): group these by pool."""
+    out = {}
+    for name, node in telemetry.nodes.items():
+        values = [a for g in node.gpus.values() if (a := activity_of(g.signals)) is not None]
+        if node.reporting and values:
+            out[name] = sum(values) / len(values)
+    return out
 
 
 class _GpuState:

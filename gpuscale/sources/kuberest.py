@@ -21,7 +21,7 @@ from urllib.parse import quote
 import aiohttp
 from kubernetes_asyncio import client
 
-from gpuscale.errors import SourceUnavailable
+from gpuscale.errors import KindNotServed, SourceUnavailable
 
 __all__ = ["KubeAnswer", "KubeRest", "ResourceInfo", "api_path"]
 
@@ -89,9 +89,11 @@ class KubeRest:
         kinds = self._resources.get(api_version)
         if kinds is None:
             answer = await self.request("GET", api_path(api_version))
+            if answer.status == 404:
+                raise KindNotServed("kubernetes", f"{api_version} is not served")
             if not answer.ok:
                 raise SourceUnavailable(
-                    "kubernetes", f"{api_version} is not served: HTTP {answer.status} {answer.message}".rstrip()
+                    "kubernetes", f"cannot read discovery of {api_version}: HTTP {answer.status} {answer.message}"
                 )
             kinds = {}
             for entry in answer.body.get("resources") or []:
@@ -103,7 +105,7 @@ class KubeRest:
             self._resources[api_version] = kinds
         info = kinds.get(kind)
         if info is None:
-            raise SourceUnavailable("kubernetes", f"{api_version} serves no kind {kind}")
+            raise KindNotServed("kubernetes", f"{api_version} serves no kind {kind}")
         return info
 
     async def path(

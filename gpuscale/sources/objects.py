@@ -9,14 +9,18 @@ It answers ``objects`` / ``get`` from memory, which is the ``controller.writes.C
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuscale.errors import KindNotServed
 from gpuscale.sources.kube import Reflector, _Kind
 from gpuscale.sources.kuberest import KubeRest
 
 __all__ = ["ObjectCache", "WatchSpec"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +32,8 @@ class WatchSpec:
     namespace: str | None = None
     label_selector: str = ""
     field_selector: str = ""
+    optional: bool = False
+    """A kind whose API may not be installed (a CRD): when the server does not serve it, it stays empty."""
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -60,13 +66,22 @@ class ObjectCache(Reflector):
             (s.api_version, s.kind): {} for s in self.specs
         }
         self.generation = 0
+        self.absent: list[str] = []
+        """Optional kinds the server does not serve (``apiVersion kind``)."""
 
     async def prepare(self) -> None:
         if self._kinds:
             return
         kinds = []
         for spec in self.specs:
-            path = await self._rest.path(spec.api_version, spec.kind, namespace=spec.namespace)
+            try:
+                path = await self._rest.path(spec.api_version, spec.kind, namespace=spec.namespace)
+            except KindNotServed:
+                if not spec.optional:
+                    raise
+                log.info("%s %s is not served; it stays empty", spec.api_version, spec.kind)
+                self.absent.append(f"{spec.api_version} {spec.kind}")
+                continue
             kinds.append(self._kind(spec, path))
         self._kinds = tuple(kinds)
 

@@ -215,3 +215,15 @@ async def test_drain_evicts_through_the_api_respecting_budgets_and_gangs(tmp_pat
         assert not {"train-0", "train-1"} & names, "the gang went together, from both nodes"
     finally:
         await h.close()
+
+
+async def test_a_custom_resource_that_is_not_installed_stays_empty_when_optional(api, rest):
+    from gpuscale.errors import KindNotServed
+
+    specs = [WatchSpec("v1", "Node"), WatchSpec("scheduling.x-k8s.io/v1alpha1", "PodGroup", optional=True)]
+    cache = ObjectCache(rest, specs)
+    await cache.refresh_once()
+    assert cache.objects("scheduling.x-k8s.io/v1alpha1", "PodGroup") == []
+    assert cache.absent == ["scheduling.x-k8s.io/v1alpha1 PodGroup"]
+    with pytest.raises(KindNotServed, match="serves no kind Widget"):
+        await ObjectCache(rest, [WatchSpec("v1", "Widget")]).refresh_once()
