@@ -32,7 +32,7 @@ from tests.controller.harness import NAMESPACE, start_harness
 from tests.test_deploy import KUBECTL, KUBERNETES_VERSIONS
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "controller"
-COMPONENTS = ("drain", "safe-to-evict", "dry-run")
+COMPONENTS = ("drain", "safe-to-evict", "dry-run", "embedded-scrape")
 VARIANTS = ("", *COMPONENTS, "+".join(COMPONENTS))
 SA = "system:serviceaccount:gpuscale:gpuscale-controller"
 
@@ -94,6 +94,8 @@ def test_args_are_what_the_controller_accepts(root, variant):
     assert settings.health_drain is ("drain" in variant)
     assert settings.hint_safe_to_evict is ("safe-to-evict" in variant)
     assert settings.dry_run is ("dry-run" in variant)
+    assert settings.discover_exporters is ("embedded-scrape" in variant)
+    assert (settings.prometheus_url is None) is ("embedded-scrape" in variant)
     port = next(p["containerPort"] for p in c["ports"] if p["name"] == "http")
     assert settings.port == port
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"

@@ -34,9 +34,11 @@ from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.devices import device_queries
 from gpuscale.metrics.diagnosis import load_policy
 from gpuscale.policy_files import check_policies_dir
+from gpuscale.selectors import LabelSelector
 from gpuscale.settings import ControllerSettings
 from gpuscale.sources.base import MetricsSource
-from gpuscale.sources.kube import load_api_client
+from gpuscale.sources.discovery import DiscoveryRules, discover
+from gpuscale.sources.kube import PodInfo, StaticClusterObjects, load_api_client
 from gpuscale.sources.kuberest import KubeRest
 from gpuscale.sources.objects import ObjectCache, WatchSpec
 from gpuscale.sources.targets import parse_scrape_targets, target_resolver
@@ -111,7 +113,11 @@ def _identity(settings: ControllerSettings) -> str:
     return settings.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _sources(settings: ControllerSettings) -> tuple[list[MetricsSource], Attributor]:
+def _sources(
+    settings: ControllerSettings, view: ClusterView | None = None
+) -> tuple[list[MetricsSource], Attributor, Callable[[], None] | None]:
+    """The metric source, the attributor placing its series on nodes, and (with --discover-exporters) the hook
+    that points the scrape source at the dcgm-exporter pods the watch cache holds before each refresh."""
     if settings.prometheus_url:
         from gpuscale.sources.prometheus import PrometheusSource
 
@@ -122,12 +128,43 @@ def _sources(settings: ControllerSettings) -> tuple[list[MetricsSource], Attribu
             timeout_seconds=settings.scrape_timeout,
             fresh_within_seconds=max(60.0, 3 * settings.interval),
         )
-        return [source], Attributor(target_resolver({}, None))
+        return [source], Attributor(target_resolver({}, None)), None
     from gpuscale.sources.scrape import ScrapeSource
 
     explicit = parse_scrape_targets(settings.scrape_url)
     scrape = ScrapeSource(explicit, series=set(TELEMETRY_SERIES), timeout_seconds=settings.scrape_timeout)
-    return [scrape], Attributor(target_resolver(explicit, None))
+    if not settings.discover_exporters or view is None:
+        return [scrape], Attributor(target_resolver(explicit, None)), None
+    targets = dict(explicit)
+    exporters = _ExporterPods()
+    rules = DiscoveryRules(LabelSelector.parse(settings.dcgm_exporter_selector), LabelSelector.nothing())
+
+    def rediscover() -> None:
+        selected = [
+            PodInfo.from_object(p)
+            for p in view.objects("v1", "Pod")
+            if rules.dcgm_selector.matches((p.get("metadata") or {}).get("labels") or {})
+        ]
+        exporters.pods = StaticClusterObjects(pods=selected)
+        targets.clear()
+        targets.update(explicit)
+        targets.update({u: owner for u, owner in discover(exporters.pods, rules).items() if u not in explicit})
+        scrape.set_targets(targets)
+
+    return [scrape], Attributor(target_resolver(targets, exporters)), rediscover  # type: ignore[arg-type]
+
+
+class _ExporterPods:
+    """The dcgm-exporter pods last discovered: what places a scraped URL on its pod and node."""
+
+    def __init__(self) -> None:
+        self.pods = StaticClusterObjects()
+
+    def pod(self, namespace: str, name: str) -> PodInfo | None:
+        return self.pods.pod(namespace, name)
+
+    def pod_at(self, ip: str, port: int) -> PodInfo | None:
+        return self.pods.pod_at(ip, port)
 
 
 def _observer(metrics: ControllerMetrics, hints_policy_idle_for: float, pool_labels: tuple[str, ...]):
@@ -183,13 +220,19 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         cache = ObjectCache(rest, watch_specs(settings))
         await cache.start()
         closers.append(cache.stop)
-        sources, attributor = _sources(settings)
+        sources, attributor, rediscover = _sources(settings, cache)
         history = TelemetryHistory(
             window_seconds=remediation.window,
             idle_below=hints_policy.idle.below,
             forget_after_seconds=max(3600.0, hints_policy.idle.for_seconds * 2),
         )
-        feed = TelemetryFeed(sources, attributor, history, max_age_seconds=max(60.0, 3 * settings.interval))
+        feed = TelemetryFeed(
+            sources,
+            attributor,
+            history,
+            max_age_seconds=max(60.0, 3 * settings.interval),
+            before_refresh=rediscover,
+        )
         closers.append(feed.close)
         health_by_source = lambda: [  # noqa: E731
             *((s.name, h) for s in sources for h in s.health()),

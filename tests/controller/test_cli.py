@@ -10,7 +10,7 @@ from gpuscale.cli.main import main
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "--scrape-url: give --scrape-url (repeatable) or --prometheus-url"),
+        ([], "--scrape-url: give --scrape-url (repeatable), --discover-exporters or --prometheus-url"),
         (
             ["--scrape-url", "http://a:9400/metrics", "--prometheus-url", "http://p:9090"],
             "--prometheus-url: give either",

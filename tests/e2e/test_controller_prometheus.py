@@ -26,7 +26,7 @@ async def test_remediation_from_prometheus(tmp_path):
             prometheus = await backends.prometheus([static_job("dcgm", targets)])
             await prometheus.wait_ready(targets=len(targets), series="DCGM_FI_DEV_XID_ERRORS")
             settings = ControllerSettings(prometheus_url=prometheus.url, scrape_timeout=5.0, interval=1.0)
-            sources, attributor = _sources(settings)
+            sources, attributor, _ = _sources(settings)
             h.controller.telemetry = TelemetryFeed(sources, attributor, TelemetryHistory(), max_age_seconds=60)
             h.closers.append(sources[0].close)
             await h.reconcile()
