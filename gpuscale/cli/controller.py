@@ -88,6 +88,12 @@ class RunningController:
         if not self.cache.synced:
             missing = ", ".join(f"{k}: {e}" for k, e in sorted(self.cache.last_errors.items())) or "not listed yet"
             problems.append(f"watch caches not synced ({missing})")
+        health = self.feed.health()
+        if not health:
+            problems.append("no telemetry target (no exporter URL given or discovered)")
+        elif not any(h.healthy for h in health):
+            failing = "; ".join(f"{h.target}: {h.error or 'no answer'}" for h in health[:3])
+            problems.append(f"no telemetry source answered ({len(health)} failing: {failing})")
         last = self.controller.last
         if last is None:
             problems.append("no reconcile yet")
