@@ -36,6 +36,7 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 KARPENTER_POOL = "karpenter.sh/nodepool"
 IDLE_PODS = "gpuscale.io/idle-gpu-pods"
+UNDER_REMEDIATION = "gpuscale.io/tainted-by"  # the health planner's mark: the autoscaler should replace the node
 _MARKER = {
     SCALE_DOWN_DISABLED: "gpuscale.io/scale-down-disabled-by",
     DO_NOT_DISRUPT: "gpuscale.io/do-not-disrupt-by",
@@ -151,6 +152,8 @@ class HintsPlanner:
                     reasons.append(f"inference {pod[0]}/{pod[1]} served recently")
                 if pod_idle[pod] >= idle.for_seconds:
                     idle_here.append(pod)
+            if (_meta(node).get("annotations") or {}).get(UNDER_REMEDIATION):
+                reasons = []  # NB: a node being replaced for bad GPUs must not be kept from scale-down
             if self.actions.scale_down_disabled:
                 karpenter = bool((_meta(node).get("labels") or {}).get(KARPENTER_POOL))
                 if karpenter and self.actions.karpenter:

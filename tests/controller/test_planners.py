@@ -128,6 +128,19 @@ class TestHints:
         removed = {w.key.name: w.patch["metadata"]["annotations"] for w in self.plan(objects, idle)}
         assert removed["a"] == {SCALE_DOWN_DISABLED: None, "gpuscale.io/scale-down-disabled-by": None}
 
+    def test_a_node_under_health_remediation_is_not_protected(self):
+        objects = [
+            node_obj("a", **{"gpuscale.io/tainted-by": "gpuscale-controller"}),
+            pod_obj("ml", "w0", labels=self.gang),
+        ]
+        tel = telemetry(gpu("a", 0, pod=("ml", "w0"), idle=0), gpu("a", 1, pod=("ml", "w0"), idle=0))
+        assert self.plan(objects, tel) == []
+        objects[0]["metadata"]["annotations"].update(
+            {SCALE_DOWN_DISABLED: "true", "gpuscale.io/scale-down-disabled-by": "x"}
+        )
+        (removed,) = self.plan(objects, tel)
+        assert removed.patch["metadata"]["annotations"][SCALE_DOWN_DISABLED] is None
+
     def test_a_persons_scale_down_disabled_is_left_alone(self):
         objects = [node_obj("a", **{SCALE_DOWN_DISABLED: "true"}), pod_obj("ml", "solo")]
         tel = telemetry(gpu("a", 0, pod=("ml", "solo"), idle=9999))

@@ -248,3 +248,37 @@ async def test_switched_off_steps_are_not_taken(tmp_path):
         assert TAINT not in taint_keys(node) and not node["spec"].get("unschedulable")
     finally:
         await h.close()
+
+
+async def test_accelerated_hardware_ready_only_where_the_policy_says_we_own_it(tmp_path):
+    base = load_remediation_policy()
+    h = await start_harness(tmp_path, nodes=2, policy=base.model_copy(update={"owns_accelerated_hardware_ready": True}))
+    try:
+        # Another agent's condition on gpu-00 is never touched; its GpuHealthy is ours.
+        h.api.patch(
+            "v1",
+            "Node",
+            "gpu-00",
+            {"status": {"conditions": [{"type": "GpuMemWatch", "status": "False", "reason": "NVSentinel"}]}},
+            patch_type="strategic",
+            subresource="status",
+        )
+        h.exporters.sim.override_gpu("gpu-00", 0, last_xid=79, xid_window=((79, 1),))
+        await h.reconcile()
+        node = h.node("gpu-00")
+        assert condition(node, "AcceleratedHardwareReady")["status"] == "False"
+        assert condition(node, "GpuMemWatch") == {"type": "GpuMemWatch", "status": "False", "reason": "NVSentinel"}
+        h.exporters.sim.clear_overrides()
+        await h.reconcile()
+        node = h.node("gpu-00")
+        assert condition(node, "AcceleratedHardwareReady")["status"] == "True"
+        assert condition(node, "GpuMemWatch")["reason"] == "NVSentinel"
+    finally:
+        await h.close()
+    h = await start_harness(tmp_path, nodes=2)
+    try:
+        h.exporters.sim.override_gpu("gpu-00", 0, last_xid=79, xid_window=((79, 1),))
+        await h.reconcile()
+        assert condition(h.node("gpu-00"), "AcceleratedHardwareReady") is None, "not ours by default"
+    finally:
+        await h.close()
