@@ -15,11 +15,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from gpuscale.config import Seconds, read_yaml, validate
+from gpuscale.config import Regex, Seconds, read_yaml, validate
 from gpuscale.model import parse_quantity
 from gpuscale.policy_files import POOLS_FILE, policy_file
 from gpuscale.pricing import PriceTable
@@ -53,17 +53,6 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_CLIQUE_LABEL = "nvidia.com/gpu.clique"
-
-
-def _regex(text: str) -> str:
-    try:
-        re.compile(text)
-    except re.error as e:
-        raise ValueError(f"not a regular expression: {e}") from None
-    return text
-
-
-Regex = Annotated[str, AfterValidator(_regex)]
 
 
 class DeclaredPool(BaseModel):

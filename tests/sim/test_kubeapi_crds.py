@@ -13,12 +13,14 @@ import shutil
 
 import pytest
 from kubernetes_asyncio import client, watch
-from kubernetes_asyncio.config import new_client_from_config
 
 from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS, PROVISIONING_REQUEST, VOLCANO_POD_GROUP
-from gpuscale.sim.kubeapi import ApiStatusError, SimKubeApi
+from gpuscale.sim.kubeapi import ApiStatusError
+
+from . import test_kubeapi
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
+sim, api_client = test_kubeapi.sim, test_kubeapi.api_client  # the same fixtures
 GROUP, VERSION, PLURAL = "scheduling.volcano.sh", "v1beta1", "podgroups"
 
 
@@ -32,21 +34,6 @@ def podgroup(name: str, *, min_member: int = 2, status: dict | None = None) -> d
     if status is not None:
         obj["status"] = status
     return obj
-
-
-@pytest.fixture
-async def sim():
-    api = SimKubeApi(bookmark_interval_seconds=0.2)
-    await api.start()
-    yield api
-    await api.stop()
-
-
-@pytest.fixture
-async def api_client(sim, tmp_path):
-    api = await new_client_from_config(config_file=sim.write_kubeconfig(tmp_path / "kubeconfig"), persist_config=False)
-    yield api
-    await api.close()
 
 
 def test_a_crd_is_established_and_its_resource_served_in_process(sim) -> None:
