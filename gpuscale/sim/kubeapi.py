@@ -2828,8 +2828,9 @@ class SimKubeApi:
         served = []
         for stored in items:
             obj = _to_served(rt, stored)
-            obj.pop("kind", None)  # NB: kube-apiserver leaves TypeMeta off the items of a typed list
-            obj.pop("apiVersion", None)
+            if not rt.custom:  # NB: custom resources are listed unstructured, each item with its TypeMeta
+                obj.pop("kind", None)  # NB: kube-apiserver leaves TypeMeta off the items of a typed list
+                obj.pop("apiVersion", None)
             served.append(obj)
         return _json({"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": served})
 
