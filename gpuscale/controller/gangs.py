@@ -148,6 +148,19 @@ def _quantity(raw: Any) -> float:
         return 0.0
 
 
+def _count(raw: Any, default: int) -> int:
+    """A count field (``minMember``, ``count``, ``replicas``); the default when it is not a whole number.
+
+    NB: the CRDs' schemas make these int32, so a bad value is rare; it must still not stop the reconcile.
+    """
+    if isinstance(raw, bool):
+        return default
+    try:
+        return max(int(raw), 0) if raw is not None else default
+    except (TypeError, ValueError):
+        return default
+
+
 def gpus_of_pod_spec(spec: Mapping[str, Any], *, gpu_resource: str = "nvidia.com/gpu") -> int:
     """GPUs a pod asks for: the sum over its containers (limits, else requests), or its largest init container."""
 
@@ -268,12 +281,15 @@ def _pod_sets_of_job(job: Mapping[str, Any], min_member: int, gpu_resource: str)
     if job.get("apiVersion") == VOLCANO_JOB[0]:
         return [
             _pod_set(
-                task.get("name") or f"task-{i}", int(task.get("replicas", 1)), task.get("template") or {}, gpu_resource
+                task.get("name") or f"task-{i}",
+                _count(task.get("replicas"), 1),
+                task.get("template") or {},
+                gpu_resource,
             )
             for i, task in enumerate(spec.get("tasks") or [])
-            if int(task.get("replicas", 1)) > 0
+            if _count(task.get("replicas"), 1) > 0
         ]
-    count = min_member or int(spec.get("parallelism", 1))
+    count = min_member or _count(spec.get("parallelism"), 1)
     return [_pod_set("workers", count, spec.get("template") or {}, gpu_resource)]
 
 
@@ -301,7 +317,7 @@ def _pod_group_gang(
 ) -> Gang:
     spec, status = pg.get("spec") or {}, pg.get("status") or {}
     phase = status.get("phase") or ""
-    min_member = int(spec.get("minMember") or 1)
+    min_member = _count(spec.get("minMember"), 1) or 1
     live = [p for p in pods if _live(p)]
     bound = sum(1 for p in live if _bound(p))
     if framework == "volcano":
@@ -362,9 +378,9 @@ def _workload_gang(view: ClusterView, workload: Mapping[str, Any], provisioning:
     checks = {c.get("name", "") for c in (workload.get("status") or {}).get("admissionChecks") or []}
     covering = sorted((checks | _cluster_queue_checks(view, workload)) & provisioning)
     pod_sets = [
-        _pod_set(ps.get("name") or f"podset-{i}", int(ps.get("count", 1)), ps.get("template") or {}, gpu_resource)
+        _pod_set(ps.get("name") or f"podset-{i}", _count(ps.get("count"), 1), ps.get("template") or {}, gpu_resource)
         for i, ps in enumerate(spec.get("podSets") or [])
-        if int(ps.get("count", 1)) > 0
+        if _count(ps.get("count"), 1) > 0
     ]
     topology_required = any(
         ((ps.get("topologyRequest") or {}).get("required")) == GPU_CLIQUE_LABEL for ps in spec.get("podSets") or []

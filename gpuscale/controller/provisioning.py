@@ -19,7 +19,8 @@ change) plans exactly the same: the requests carry the gang's uid and their atte
 ``<base>-<pod set>``, derived from the gang, so a Create that already happened is answered AlreadyExists. The
 next request is created before the failed one is deleted, so the attempt count is never lost in between. When a
 gang is admitted, running, covered by Kueue or gone, its requests and templates are deleted (they also carry
-an ownerReference to the gang, for the garbage collector).
+an ownerReference to the gang, for the garbage collector). A gang whose pods already consume a
+ProvisioningRequest gpuscale did not make is someone else's to provision and is left alone.
 """
 
 from __future__ import annotations
@@ -174,6 +175,17 @@ def _managed(view: ClusterView, kind: tuple[str, str]) -> dict[str, list[Mapping
     return out
 
 
+def _foreign_request(gang: Gang) -> str | None:
+    """The ProvisioningRequest a pod of ``gang`` already consumes that gpuscale did not make (someone else asked
+    for this gang's capacity: gpuscale must not ask twice nor repoint the pods)."""
+    base = _base_name(gang)
+    for pod in gang.pods:
+        name = (_meta(pod).get("annotations") or {}).get(CONSUME_ANNOTATION)
+        if name and not name.startswith(f"{base}-try"):
+            return name
+    return None
+
+
 def _why_done(gang: Gang | None) -> str:
     if gang is None:
         return "its gang no longer exists"
@@ -181,6 +193,8 @@ def _why_done(gang: Gang | None) -> str:
         return f"gang {gang} is provisioned by Kueue's admission check {gang.covered_by}"
     if gang.state == "done":
         return f"gang {gang} is admitted or running"
+    if (foreign := _foreign_request(gang)) is not None:
+        return f"gang {gang} consumes ProvisioningRequest {foreign}, which gpuscale did not create"
     return f"gang {gang} no longer waits for capacity"
 
 
@@ -257,7 +271,11 @@ def plan_provisioning(
     if gangs is None:
         gangs = gangs_of(view, gpu_resource=policy.gpu_resource)
     by_uid = {g.uid: g for g in gangs if g.uid}
-    wanted = {uid: g for uid, g in by_uid.items() if g.state == "pending" and g.covered_by is None and g.gpus > 0}
+    wanted = {
+        uid: g
+        for uid, g in by_uid.items()
+        if g.state == "pending" and g.covered_by is None and g.gpus > 0 and _foreign_request(g) is None
+    }
     requests = _managed(view, PROVISIONING_REQUEST)
     templates = _managed(view, POD_TEMPLATE)
     writes: list[Write] = []

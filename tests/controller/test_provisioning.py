@@ -334,3 +334,27 @@ def test_gangs_without_gpus_or_not_blocked_are_left_alone(sim, policy) -> None:
     disabled = PoolsPolicy.model_validate({"gangs": {"enabled": False}})
     sim.create(volcano_group("blocked"))
     assert plan_provisioning(sim_view(sim, KINDS), now=T0, policy=disabled) == []
+
+
+def test_a_gang_already_consuming_someone_elses_request_is_left_alone(sim, policy) -> None:
+    sim.create(
+        {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": "mine", "namespace": "ml"},
+            "spec": {"minMember": 2},
+        }
+    )
+    own = {CONSUME_ANNOTATION: "team-booking"}
+    for i in range(2):
+        sim.create(gpu_pod(f"mine-{i}", group={"scheduling.x-k8s.io/pod-group": "mine"}, annotations=own))
+    assert reconcile(sim, policy) == [] and requests(sim) == []
+
+
+def test_malformed_counts_do_not_stop_the_reconcile(sim, policy) -> None:
+    group = volcano_group("odd")
+    group["spec"]["minMember"] = "many"  # the CRD schema would refuse it; the planner must not crash on it
+    sim.create(group)
+    reconcile(sim, policy)
+    (request,) = requests(sim)
+    assert request["spec"]["podSets"][0]["count"] == 1  # minMember read as 1: all 16 GPUs in one pod
