@@ -8,19 +8,14 @@ from gpuscale.controller.capacity import CAPACITY_KINDS, ExpanderPlanner, GangCa
 from gpuscale.controller.pools import load_pools_policy, pool_of
 from gpuscale.controller.provisioning import PROVISIONING_REQUEST
 from gpuscale.pricing import load_prices
-from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS
-from gpuscale.sim.kubeapi import SimKubeApi
 
 from .kube import apply_in_process, sim_view
 from .objects import gpu_node
 from .test_provisioning import T0, volcano_group
 
 
-def test_gang_and_expander_planners_reach_a_fixed_point() -> None:
-    sim = SimKubeApi()
-    sim.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
-    for crd in BATCH_SCHEDULING_CRDS:
-        sim.create(crd)
+def test_gang_and_expander_planners_reach_a_fixed_point(batch_sim) -> None:
+    sim = batch_sim
     sim.create(gpu_node("h-1", pool="h100"))
     sim.create(gpu_node("l-1", pool="l4", product="NVIDIA-L4", gpus=4))
     sim.create(volcano_group())  # 2 pods × 8 GPUs: only the h100 pool can host them

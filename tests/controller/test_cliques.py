@@ -11,7 +11,6 @@ import pytest
 from gpuscale.controller.cliques import NODE, plan_clique_warnings
 from gpuscale.controller.gangs import GANG_KINDS, gangs_of
 from gpuscale.controller.pools import load_pools_policy, pools_of
-from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS
 from gpuscale.sim.kubeapi import SimKubeApi
 
 from .kube import apply_in_process, sim_view
@@ -22,11 +21,8 @@ KINDS = (*GANG_KINDS, NODE)
 
 
 @pytest.fixture
-def sim() -> SimKubeApi:
-    api = SimKubeApi()
-    api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
-    for crd in BATCH_SCHEDULING_CRDS:
-        api.create(crd)
+def sim(batch_sim) -> SimKubeApi:
+    api = batch_sim
     for name, clique in (("gb-1", "rack-a"), ("gb-2", "rack-a"), ("gb-3", "rack-b"), ("gb-4", None)):
         api.create(gpu_node(name, pool="gb200", product="NVIDIA-GB200", gpus=4, clique=clique))
     return api
@@ -44,13 +40,18 @@ def bind(sim: SimKubeApi, pod: dict, node: str, *, phase: str = "Running") -> No
     sim.create({**pod, "spec": {**pod["spec"], "nodeName": node}, "status": {"phase": phase}})
 
 
-def test_a_running_nvlink_gang_split_across_cliques_is_warned_once(sim) -> None:
+def running_nvlink_gang(sim: SimKubeApi, *, nodes: tuple[str, str]) -> None:
+    """A running Volcano gang of two 4-GPU pods that needs one NVLink domain, bound to ``nodes``."""
     group = volcano_group("tp", gpus=8, members=2, phase="Running")
     group["metadata"]["annotations"] = {"gpuscale.io/nvlink-domain": "required"}
     sim.create(group)
     member = {"scheduling.k8s.io/group-name": "tp"}
-    bind(sim, gpu_pod("tp-0", gpus=4, group={}, annotations=member), "gb-1")
-    bind(sim, gpu_pod("tp-1", gpus=4, group={}, annotations=member), "gb-3")
+    for i, node in enumerate(nodes):
+        bind(sim, gpu_pod(f"tp-{i}", gpus=4, group={}, annotations=member), node)
+
+
+def test_a_running_nvlink_gang_split_across_cliques_is_warned_once(sim) -> None:
+    running_nvlink_gang(sim, nodes=("gb-1", "gb-3"))
     (warning,) = plan(sim)
     assert warning.reason == "GangSpansNVLinkDomains" and warning.regarding.kind == "PodGroup"
     assert "nvidia.com/gpu.clique=rack-a: tp-0; nvidia.com/gpu.clique=rack-b: tp-1" in warning.message
@@ -58,12 +59,7 @@ def test_a_running_nvlink_gang_split_across_cliques_is_warned_once(sim) -> None:
 
 
 def test_an_unlabelled_node_is_unknown_not_a_split(sim) -> None:
-    group = volcano_group("tp", gpus=8, members=2, phase="Running")
-    group["metadata"]["annotations"] = {"gpuscale.io/nvlink-domain": "required"}
-    sim.create(group)
-    member = {"scheduling.k8s.io/group-name": "tp"}
-    bind(sim, gpu_pod("tp-0", gpus=4, group={}, annotations=member), "gb-1")
-    bind(sim, gpu_pod("tp-1", gpus=4, group={}, annotations=member), "gb-4")
+    running_nvlink_gang(sim, nodes=("gb-1", "gb-4"))
     assert plan(sim) == []
 
 

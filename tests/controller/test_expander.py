@@ -17,7 +17,6 @@ from gpuscale.controller.gangs import GANG_KINDS, gangs_of
 from gpuscale.controller.pools import PoolsPolicy, load_pools_policy, pools_of
 from gpuscale.controller.writes import Create, Emit, Patch, StaticClusterView
 from gpuscale.pricing import load_prices
-from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS
 from gpuscale.sim.kubeapi import SimKubeApi
 
 from .kube import apply_in_process, sim_view
@@ -61,11 +60,8 @@ def test_pools_rank_by_cost_per_useful_gpu_hour(pools, policy) -> None:
     )
 
 
-def test_pools_that_cannot_host_a_pending_gang_rank_out(pools, policy) -> None:
-    sim = SimKubeApi()
-    sim.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
-    for crd in BATCH_SCHEDULING_CRDS:
-        sim.create(crd)
+def test_pools_that_cannot_host_a_pending_gang_rank_out(pools, policy, batch_sim) -> None:
+    sim = batch_sim
     sim.create(
         {
             "apiVersion": "scheduling.x-k8s.io/v1alpha1",

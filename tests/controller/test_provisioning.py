@@ -24,7 +24,6 @@ from gpuscale.controller.provisioning import (
 )
 from gpuscale.controller.writes import Create, Delete, Emit, Patch
 from gpuscale.model import parse_quantity
-from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS
 from gpuscale.sim.kubeapi import SimKubeApi
 
 from .kube import apply_in_process, sim_view
@@ -34,12 +33,8 @@ T0 = datetime(2026, 12, 3, 7, 0, tzinfo=UTC).timestamp()
 
 
 @pytest.fixture
-def sim() -> SimKubeApi:
-    api = SimKubeApi()
-    api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
-    for crd in BATCH_SCHEDULING_CRDS:
-        api.create(crd)
-    return api
+def sim(batch_sim) -> SimKubeApi:
+    return batch_sim
 
 
 @pytest.fixture
