@@ -12,6 +12,10 @@ without a measurement is costed at ``expander.unmeasured_activity`` (default: th
 every priced one (its cost is unknown, not zero). When gangs are pending, pools that can host none of their pods
 (GPU product or GPUs per node too small) rank below those that can host at least one gang's pods.
 
+Once written, the order changes only where a pool is clearly better than one ranked above it: another tier,
+or cheaper by more than ``expander.reorder_margin`` (default 10 %), so activity wobbling around a tie does not
+patch the ConfigMap every reconcile. The written ConfigMap is the only memory of the order (restart-safe).
+
 Each pool gets its own priority (10, 20, 30… highest for the cheapest), so values never repeat, as CA requires.
 The ConfigMap is created if missing and patched only when ``priorities`` changes; one that exists without the
 ``app.kubernetes.io/managed-by: gpuscale`` label belongs to someone else and is left alone (with one Event).
@@ -30,7 +34,7 @@ from gpuscale.controller.gangs import Gang
 from gpuscale.controller.pools import Pool, PoolsPolicy
 from gpuscale.controller.writes import ClusterView, Create, Emit, ObjectKey, Patch, Write
 
-__all__ = ["CONFIG_MAP", "PoolRank", "plan_expander", "priorities_text", "rank_pools"]
+__all__ = ["CONFIG_MAP", "PoolRank", "keep_order", "plan_expander", "priorities_text", "rank_pools"]
 
 CONFIG_MAP = ("v1", "ConfigMap")
 _MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuscale"}
@@ -86,6 +90,45 @@ def rank_pools(
     )
 
 
+def _tier(rank: PoolRank) -> tuple[bool, bool]:
+    return (not rank.hosts_pending, rank.cost_per_useful_gpu_hour is None)
+
+
+def _clearly_better(a: PoolRank, b: PoolRank, margin: float) -> bool:
+    if _tier(a) != _tier(b):
+        return _tier(a) < _tier(b)
+    if a.cost_per_useful_gpu_hour is None or b.cost_per_useful_gpu_hour is None:
+        return False
+    return a.cost_per_useful_gpu_hour < b.cost_per_useful_gpu_hour * (1 - margin)
+
+
+def _current_order(text: Any) -> list[tuple[str, ...]]:
+    """The node-group regex lists of the written ConfigMap, highest priority first ([] if unreadable)."""
+    try:
+        table = yaml.safe_load(text) if isinstance(text, str) else None
+    except yaml.YAMLError:
+        return []
+    if not isinstance(table, dict):
+        return []
+    rows = [(k, v) for k, v in table.items() if isinstance(k, int) and isinstance(v, list)]
+    return [tuple(str(r) for r in v) for _, v in sorted(rows, key=lambda kv: -kv[0])]
+
+
+def keep_order(ranks: Sequence[PoolRank], *, current: Any, margin: float) -> list[PoolRank]:
+    """``ranks`` in the order already written, except where a pool is clearly better than one above it (another
+    tier, or cheaper by more than ``margin``): small swings in measured activity do not reorder the expander."""
+    position = {groups: i for i, groups in enumerate(_current_order(current))}
+    known = sorted((r for r in ranks if r.pool.node_groups in position), key=lambda r: position[r.pool.node_groups])
+    order = known + [r for r in ranks if r.pool.node_groups not in position]
+    result: list[PoolRank] = []
+    for rank in order:
+        i = len(result)
+        while i > 0 and _clearly_better(rank, result[i - 1], margin):
+            i -= 1
+        result.insert(i, rank)
+    return result
+
+
 def priorities_text(ranks: Sequence[PoolRank]) -> str:
     """``data.priorities``: the best pool gets the highest number; one distinct priority per pool."""
     top = _STEP * len(ranks)
@@ -124,9 +167,11 @@ def plan_expander(
     if not settings.enabled or not pools:
         return []
     ranks = rank_pools(pools, activity=activity, pending=pending, policy=policy)
+    current = view.get(*CONFIG_MAP, settings.name, settings.namespace)
+    if current is not None:
+        ranks = keep_order(ranks, current=(current.get("data") or {}).get("priorities"), margin=settings.reorder_margin)
     text = priorities_text(ranks)
     why = _explain(ranks)
-    current = view.get(*CONFIG_MAP, settings.name, settings.namespace)
     if current is None:
         manifest: dict[str, Any] = {
             "apiVersion": CONFIG_MAP[0],

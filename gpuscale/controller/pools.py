@@ -75,6 +75,7 @@ class ExpanderPolicy(BaseModel):
     name: str = Field(default="cluster-autoscaler-priority-expander", min_length=1)
     unmeasured_activity: float | None = Field(default=None, gt=0, le=1)
     min_activity: float = Field(default=0.01, gt=0, le=1)
+    reorder_margin: float = Field(default=0.1, ge=0, lt=1)
 
 
 class GangPolicy(BaseModel):

@@ -12,7 +12,7 @@ import re
 import pytest
 import yaml
 
-from gpuscale.controller.expander import CONFIG_MAP, plan_expander, rank_pools
+from gpuscale.controller.expander import CONFIG_MAP, keep_order, plan_expander, rank_pools
 from gpuscale.controller.gangs import GANG_KINDS, gangs_of
 from gpuscale.controller.pools import PoolsPolicy, load_pools_policy, pools_of
 from gpuscale.controller.writes import Create, Emit, Patch, StaticClusterView
@@ -135,3 +135,28 @@ def test_expander_settings(tmp_path, pools) -> None:
     assert writes[0].key.namespace == "autoscaler"
     off = PoolsPolicy.model_validate({"expander": {"enabled": False}})
     assert plan_expander(empty, pools=pools, activity=ACTIVITY, pending=[], policy=off) == []
+
+
+def test_activity_wobbling_around_a_tie_does_not_reorder(pools, policy) -> None:
+    sim = SimKubeApi()
+
+    def order(activity: dict[str, float]) -> list[list[str]]:
+        apply_in_process(
+            sim, plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=activity, pending=[], policy=policy)
+        )
+        cm = sim.get("v1", "ConfigMap", "cluster-autoscaler-priority-expander", namespace="kube-system")
+        return [groups[0] for groups in yaml.safe_load(cm["data"]["priorities"]).values()]
+
+    # L4 12.25/useful GPU-h, H100 13.67: L4 first
+    assert order({"h100": 0.9, "a100": 0.2, "l4": 0.08})[:2] == [".*l4.*", ".*h100.*"]
+    rv = sim.resource_version
+    # H100 now cheaper by under 10 % (12.95 vs 13.07): the written order stays, nothing is written
+    assert order({"h100": 0.95, "a100": 0.2, "l4": 0.075})[:2] == [".*l4.*", ".*h100.*"]
+    assert sim.resource_version == rv
+    # cheaper by more than 10 % (12.95 vs 19.6): H100 moves up
+    assert order({"h100": 0.95, "a100": 0.2, "l4": 0.05})[:2] == [".*h100.*", ".*l4.*"]
+    # with a margin of 0 every crossing reorders
+    written = "20:\n- .*l4.*\n10:\n- .*h100.*\n"
+    close = rank_pools(pools, activity={"h100": 0.95, "a100": 0.2, "l4": 0.075}, pending=[], policy=policy)
+    assert [r.pool.name for r in keep_order(close, current=written, margin=0.1)][:2] == ["l4", "h100"]
+    assert [r.pool.name for r in keep_order(close, current=written, margin=0.0)][:2] == ["h100", "l4"]
