@@ -7,7 +7,8 @@ the cluster-autoscaler scales up for the whole gang at once or not at all. The g
 ``autoscaling.x-k8s.io/consume-provisioning-request: <name>`` so they land on the booked capacity and CA does not
 scale up for them a second time.
 
-The request's conditions drive what follows. ``Accepted`` and ``Provisioned`` need nothing. ``Failed``,
+The request's conditions drive what follows. ``Provisioned`` (capacity booked) and ``Accepted=False`` (CA
+refused the request) are said once in an Event on the gang. ``Failed``,
 ``BookingExpired`` (the gang did not start in time) and ``CapacityRevoked`` mean a new request after a
 backoff (``gangs.backoff_base`` doubled per failed attempt up to ``gangs.backoff_max``, counted from the
 condition's ``lastTransitionTime``); after ``gangs.max_attempts`` requests (0 = no limit) the planner gives up
@@ -29,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from gpuscale.controller.events import already_reported
 from gpuscale.controller.gangs import Gang, gangs_of
 from gpuscale.controller.pools import PoolsPolicy
 from gpuscale.controller.writes import ClusterView, Create, Delete, Emit, ObjectKey, Patch, Write
@@ -198,7 +200,26 @@ def _why_done(gang: Gang | None) -> str:
     return f"gang {gang} no longer waits for capacity"
 
 
+def _progress(view: ClusterView, gang: Gang, request: Mapping[str, Any]) -> list[Write]:
+    """One Event when CA books the capacity (Provisioned) or refuses the request (Accepted=False)."""
+    name = _meta(request).get("name", "")
+    for condition in (request.get("status") or {}).get("conditions") or []:
+        kind, status = condition.get("type"), condition.get("status")
+        detail = f": {condition['message']}" if condition.get("message") else ""
+        if kind == "Provisioned" and status == "True":
+            emit = Emit(
+                gang.key, "Normal", "CapacityProvisioned", f"ProvisioningRequest {name}: capacity booked{detail}"
+            )
+        elif kind == "Accepted" and status == "False":
+            emit = Emit(gang.key, "Warning", "ProvisioningNotAccepted", f"ProvisioningRequest {name} refused{detail}")
+        else:
+            continue
+        return [] if already_reported(view, gang.key, emit.reason, emit.message) else [emit]
+    return []
+
+
 def _plan_gang(
+    view: ClusterView,
     gang: Gang,
     requests: Sequence[Mapping[str, Any]],
     templates: Sequence[Mapping[str, Any]],
@@ -230,7 +251,7 @@ def _plan_gang(
     name = _meta(current).get("name", "")
     condition = _retry_condition(current)
     if condition is None:
-        return writes + _consume(gang, name, policy)
+        return writes + _consume(gang, name, policy) + _progress(view, gang, current)
     attempt = _attempt(current)
     cause = f"{condition.get('type')}" + (f" ({condition['reason']})" if condition.get("reason") else "")
     detail = f": {condition['message']}" if condition.get("message") else ""
@@ -285,5 +306,5 @@ def plan_provisioning(
         why = f"no longer needed: {_why_done(by_uid.get(uid))}"
         writes.extend(Delete(ObjectKey.of(o), why=why) for o in (*requests.get(uid, []), *templates.get(uid, [])))
     for uid, gang in wanted.items():
-        writes.extend(_plan_gang(gang, requests.get(uid, []), templates.get(uid, []), now=now, policy=policy))
+        writes.extend(_plan_gang(view, gang, requests.get(uid, []), templates.get(uid, []), now=now, policy=policy))
     return writes

@@ -353,3 +353,20 @@ def test_malformed_counts_do_not_stop_the_reconcile(sim, policy) -> None:
     reconcile(sim, policy)
     (request,) = requests(sim)
     assert request["spec"]["podSets"][0]["count"] == 1  # minMember read as 1: all 16 GPUs in one pod
+
+
+def test_provisioned_and_refused_requests_are_said_once(sim, policy) -> None:
+    sim.create(volcano_group())
+    reconcile(sim, policy)
+    (request,) = requests(sim)
+    booked = {"type": "Provisioned", "status": "True", "reason": "Provisioned", "message": "2 nodes up"}
+    sim.patch(
+        *PROVISIONING_REQUEST,
+        request["metadata"]["name"],
+        {"status": {"conditions": [booked]}},
+        namespace="ml",
+        subresource="status",
+    )
+    (event,) = reconcile(sim, policy)
+    assert (event.type, event.reason) == ("Normal", "CapacityProvisioned") and "2 nodes up" in event.message
+    assert reconcile(sim, policy) == []
