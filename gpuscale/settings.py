@@ -183,6 +183,9 @@ class ControllerSettings(_Settings):
     hint_safe_to_evict: bool = Field(
         False, description="hints: annotate idle GPU pods cluster-autoscaler.kubernetes.io/safe-to-evict=true"
     )
+    # --- gang-aware capacity (policies/pools.yaml; each also needs its `enabled` there) ---
+    gangs: bool = Field(True, description="ProvisioningRequests for pending gangs, NVLink-domain warnings")
+    expander: bool = Field(True, description="the cluster-autoscaler priority-expander ConfigMap from pool ranking")
 
     @model_validator(mode="after")
     def _check(self) -> ControllerSettings:

@@ -19,21 +19,31 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpuscale.controller.actuator import KubeActuator
+from gpuscale.controller.capacity import ExpanderPlanner, GangCapacityPlanner
 from gpuscale.controller.drain import DrainPolicy
+from gpuscale.controller.gangs import GANG_KINDS
 from gpuscale.controller.health import HELD_BACK, RECORD, HealthActions, HealthPlanner
 from gpuscale.controller.hints import HintActions, HintsPlanner, idle_gpus, load_hints_policy
 from gpuscale.controller.leader import LeaseElector
 from gpuscale.controller.loop import Controller
 from gpuscale.controller.metrics import ControllerMetrics
 from gpuscale.controller.observe import TelemetryFeed
+from gpuscale.controller.pools import PoolsPolicy, load_pools_policy, pool_of
+from gpuscale.controller.provisioning import PROVISIONING_KINDS
 from gpuscale.controller.remediation_policy import load_remediation_policy
-from gpuscale.controller.telemetry import TELEMETRY_SERIES, ClusterTelemetry, TelemetryHistory
+from gpuscale.controller.telemetry import (
+    TELEMETRY_SERIES,
+    ClusterTelemetry,
+    TelemetryHistory,
+    mean_activity_by_node,
+)
 from gpuscale.controller.writes import ClusterView, Planner
 from gpuscale.errors import ConfigError
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.devices import device_queries
 from gpuscale.metrics.diagnosis import load_policy
 from gpuscale.policy_files import check_policies_dir
+from gpuscale.pricing import load_prices
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import ControllerSettings
 from gpuscale.sources.base import MetricsSource
@@ -48,9 +58,12 @@ __all__ = ["RunningController", "start_controller"]
 log = logging.getLogger("gpuscale.controller")
 
 STATE_CONFIGMAP = "gpuscale-controller-state"
+COMPONENT = "gpuscale-controller"  # the Events' source.component and the writes' fieldManager
 
 
-def watch_specs(settings: ControllerSettings, *, extra_kinds: Iterable[tuple[str, str]] = ()) -> list[WatchSpec]:
+def watch_specs(
+    settings: ControllerSettings, pools_policy: PoolsPolicy, *, extra_kinds: Iterable[tuple[str, str]] = ()
+) -> list[WatchSpec]:
     """The kinds the planners read (what RBAC must allow to list and watch: see deploy/controller).
 
     ``extra_kinds``: (apiVersion, kind) other planners read; a custom resource whose CRD is not installed stays
@@ -62,7 +75,17 @@ def watch_specs(settings: ControllerSettings, *, extra_kinds: Iterable[tuple[str
     ]
     if settings.health and settings.health_drain:
         specs.append(WatchSpec("policy/v1", "PodDisruptionBudget"))
+    if settings.gangs or settings.expander:
+        # NB: only this controller's own Events (what the capacity planners check to say things once).
+        specs.append(WatchSpec("v1", "Event", field_selector=f"source={COMPONENT}"))
+    if settings.expander:
+        expander = pools_policy.expander
+        specs.append(
+            WatchSpec("v1", "ConfigMap", namespace=expander.namespace, field_selector=f"metadata.name={expander.name}")
+        )
     have = {(s.api_version, s.kind) for s in specs}
+    if settings.gangs:
+        extra_kinds = (*extra_kinds, *GANG_KINDS, *PROVISIONING_KINDS)
     for api_version, kind in extra_kinds:
         if (api_version, kind) not in have:
             have.add((api_version, kind))
@@ -160,6 +183,22 @@ def _sources(
     return [scrape], Attributor(target_resolver(targets, exporters)), rediscover  # type: ignore[arg-type]
 
 
+def pool_activity(policy: PoolsPolicy) -> Callable[[ClusterView, ClusterTelemetry], dict[str, float]]:
+    """pool → mean GPU activity of its reporting nodes now (what the expander ranks by), from the telemetry."""
+
+    def activity(view: ClusterView, telemetry: ClusterTelemetry) -> dict[str, float]:
+        by_node = mean_activity_by_node(telemetry)
+        sums: dict[str, list[float]] = {}
+        for node in view.objects("v1", "Node"):
+            name = (node.get("metadata") or {}).get("name", "")
+            pool = pool_of(node, labels=policy.pool_labels)
+            if pool is not None and name in by_node:
+                sums.setdefault(pool, []).append(by_node[name])
+        return {pool: sum(v) / len(v) for pool, v in sorted(sums.items())}
+
+    return activity
+
+
 class _ExporterPods:
     """The dcgm-exporter pods last discovered: what places a scraped URL on its pod and node."""
 
@@ -217,13 +256,15 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
     diagnosis = load_policy(settings.policies)
     remediation = load_remediation_policy(settings.policies)
     hints_policy = load_hints_policy(settings.policies)
+    pools_policy = load_pools_policy(settings.policies)
+    prices = load_prices(settings.policies)
     closers: list[Callable[[], Awaitable[object]]] = []
     try:
         api = await load_api_client(settings.kubeconfig)
         closers.append(api.close)
         rest = KubeRest(api)
         identity = _identity(settings)
-        cache = ObjectCache(rest, watch_specs(settings))
+        cache = ObjectCache(rest, watch_specs(settings, pools_policy))
         await cache.start()
         closers.append(cache.stop)
         sources, attributor, rediscover = _sources(settings, cache)
@@ -261,7 +302,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
                     diagnosis,
                     actions,
                     DrainPolicy(),
-                    identity="gpuscale-controller",
+                    identity=COMPONENT,
                     state_namespace=settings.namespace,
                     state_name=STATE_CONFIGMAP,
                 )
@@ -274,7 +315,11 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
                 safe_to_evict=settings.hint_safe_to_evict,
             )
             planners.append(HintsPlanner(hints_policy, hint_actions))
-        actuator = KubeActuator(rest, dry_run=settings.dry_run, instance=identity)
+        if settings.gangs and pools_policy.gangs.enabled:
+            planners.append(GangCapacityPlanner(pools_policy, prices=prices))
+        if settings.expander and pools_policy.expander.enabled:
+            planners.append(ExpanderPlanner(pools_policy, prices=prices, activity=pool_activity(pools_policy)))
+        actuator = KubeActuator(rest, dry_run=settings.dry_run, component=COMPONENT, instance=identity)
         elector = None
         if settings.leader_elect:
             elector = LeaseElector(

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from gpuscale.controller.drain import DrainPolicy, plan_drain
+from gpuscale.controller.pools import pool_of
 from gpuscale.controller.remediation_policy import RemediationPolicy
 from gpuscale.controller.telemetry import ClusterTelemetry, NodeGpuTelemetry
 from gpuscale.controller.writes import ClusterView, Create, Emit, ObjectKey, Patch, Write
@@ -228,9 +229,7 @@ def _record(node: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _pool_of(node: Mapping[str, Any], labels: Sequence[str]) -> str:
-    # NB: the same rule as controller/pools.py's pool_of (first pool label present); nodes with none form one pool.
-    node_labels = _labels(node)
-    return next((node_labels[k] for k in labels if node_labels.get(k)), "")
+    return pool_of(node, labels=labels) or ""  # NB: nodes without a pool label form one pool for the breaker
 
 
 def _is_gpu_node(node: Mapping[str, Any], telemetry: ClusterTelemetry) -> bool:

@@ -89,7 +89,10 @@ async def start_harness(
     leadership: Leadership | None = None,
     extra_planners: tuple[Planner, ...] = (),
     watch: tuple[WatchSpec, ...] = (),
+    specs: list[WatchSpec] | None = None,
+    seed: tuple[dict[str, Any], ...] = (),
 ) -> Harness:
+    """``specs`` replaces the default watch specs; ``seed`` objects (CRDs, namespaces) are created first."""
     closers: list[Any] = []
     clock = ManualClock(START)
     own_api = api is None
@@ -98,6 +101,8 @@ async def start_harness(
         await api.start()
         closers.append(api.stop)
         api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        for obj in seed:
+            api.create(obj)
     exporters = SimExporters()
     await exporters.start(scenario(nodes), clock=clock)
     closers.append(exporters.stop)
@@ -109,7 +114,7 @@ async def start_harness(
     client = await new_client_from_config(config_file=kubeconfig)
     closers.append(client.close)
     rest = KubeRest(client)
-    specs = [
+    specs = specs or [
         WatchSpec("v1", "Node"),
         WatchSpec("v1", "Pod"),
         WatchSpec("v1", "ConfigMap", namespace=NAMESPACE),
