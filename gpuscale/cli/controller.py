@@ -288,6 +288,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         metrics = ControllerMetrics(health_by_source)
         metrics.dry_run.set(1 if settings.dry_run else 0)
         planners: list[Planner] = []
+        health: HealthPlanner | None = None
         if settings.health:
             actions = HealthActions(
                 events=settings.health_events,
@@ -296,17 +297,16 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
                 cordon=settings.health_cordon,
                 drain=settings.health_drain,
             )
-            planners.append(
-                HealthPlanner(
-                    remediation,
-                    diagnosis,
-                    actions,
-                    DrainPolicy(),
-                    identity=COMPONENT,
-                    state_namespace=settings.namespace,
-                    state_name=STATE_CONFIGMAP,
-                )
+            health = HealthPlanner(
+                remediation,
+                diagnosis,
+                actions,
+                DrainPolicy(),
+                identity=COMPONENT,
+                state_namespace=settings.namespace,
+                state_name=STATE_CONFIGMAP,
             )
+            planners.append(health)
         if settings.hints:
             hint_actions = HintActions(
                 scale_down_disabled=settings.hint_scale_down_disabled,
@@ -314,7 +314,8 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
                 idle=settings.hint_idle,
                 safe_to_evict=settings.hint_safe_to_evict,
             )
-            planners.append(HintsPlanner(hints_policy, hint_actions))
+            being_replaced = health.remediates if health is not None else None
+            planners.append(HintsPlanner(hints_policy, hint_actions, being_replaced=being_replaced))
         if settings.gangs and pools_policy.gangs.enabled:
             planners.append(GangCapacityPlanner(pools_policy, prices=prices))
         if settings.expander and pools_policy.expander.enabled:

@@ -316,6 +316,14 @@ class HealthPlanner:
         writes.extend(self._save_breaker(view, breaker, now=now))
         return writes
 
+    def remediates(self, node: Mapping[str, Any], telemetry: NodeGpuTelemetry) -> bool:
+        """Whether this planner takes a disruptive step on ``node`` for what ``telemetry`` shows (or keeps it out):
+        a remediating problem, taint or cordon switched on, not opted out. Pure; other planners ask it."""
+        if self._opted_out(node) or not telemetry.reporting or not (self.actions.taint or self.actions.cordon):
+            return False
+        problems = node_problems(telemetry, labels=_labels(node), policy=self.policy, diagnosis=self.diagnosis)
+        return any(p.action == "remediate" for p in problems)
+
     def _opted_out(self, node: Mapping[str, Any]) -> bool:
         labels, rule = _labels(node), self.policy.opt_out
         if labels.get(rule.label) == rule.value:
