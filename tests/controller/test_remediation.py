@@ -167,14 +167,32 @@ async def test_conflict_and_server_errors_are_retried(cluster):
     h = cluster
     h.api.fail_next(500, verb="patch", resource="nodes")
     h.api.fail_next(409, verb="patch", resource="nodes")
+    h.api.fail_next(429, verb="patch", resource="nodes", retry_after_seconds=0)
     h.api.fail_next(503, verb="create", resource="events")
     h.exporters.sim.override_gpu("gpu-00", 0, last_xid=79, xid_window=((79, 1),))
     result = await h.reconcile()
-    assert [(f.verb, f.code) for f in h.api.faults_served] == [("create", 503), ("patch", 500), ("patch", 409)]
+    assert [(f.verb, f.code) for f in h.api.faults_served] == [
+        ("create", 503),
+        ("patch", 500),
+        ("patch", 409),
+        ("patch", 429),
+    ]
     assert all(o.result == "applied" for o in result.outcomes)
     node = h.node("gpu-00")
     assert condition(node)["status"] == "False" and node["spec"]["unschedulable"] is True
-    assert h.actuator.retries == 3
+    assert h.actuator.retries == 4
+
+
+async def test_a_write_that_keeps_failing_is_reported_and_planned_again(cluster):
+    h = cluster
+    h.api.fail_next(500, verb="patch", resource="nodes", times=20)
+    h.exporters.sim.override_gpu("gpu-00", 0, last_xid=79, xid_window=((79, 1),))
+    result = await h.reconcile()
+    failed = [o for o in result.outcomes if o.result == "failed"]
+    assert failed and "HTTP 500 InternalError" in failed[0].detail
+    h.api.clear_faults()
+    await h.reconcile()
+    assert h.node("gpu-00")["spec"]["unschedulable"] is True, "the next reconcile plans it again"
 
 
 async def test_opted_out_nodes_are_left_alone(cluster):
