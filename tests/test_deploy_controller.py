@@ -213,7 +213,7 @@ async def test_rbac_allows_every_call_the_planners_make_and_nothing_unused(root,
             await h.reconcile()
             await h.reconcile()
             h.exporters.sim.clear_overrides()
-            await h.reconcile()
+            await h.reconcile_until_recovered()
         assert h.api.list("autoscaling.x-k8s.io/v1", "ProvisioningRequest"), "the gang got its request"
         # The gang goes (its request and template are deleted); a new pool re-ranks the expander's ConfigMap.
         h.api.delete("scheduling.x-k8s.io/v1alpha1", "PodGroup", "tp", namespace="default")

@@ -525,11 +525,23 @@ class HealthPlanner:
 
     # -- recovery
 
-    def _recover(self, node: Mapping[str, Any], *, now: float) -> list[Write]:
+    def _recover(self, node: dict[str, Any], *, now: float) -> list[Write]:
         name = _name(node)
         key = ObjectKey("v1", "Node", name)
         annotations = _annotations(node)
         old = _record(node) or {}
+        # NB: undo only once the node has stayed clean for recovery.healthy_for (a flapping GPU stays out); when
+        # it was first seen clean is kept in the record, so a restart does not restart the wait.
+        clean_since = _parse_iso(old.get("clean_since", "")) if old.get("clean_since") else None
+        if self.policy.recovery.healthy_for > 0 and (
+            clean_since is None or now - clean_since < self.policy.recovery.healthy_for
+        ):
+            if clean_since is not None:
+                return []
+            record = json.dumps({**old, "clean_since": _iso(now)}, sort_keys=True)
+            return [
+                self._patch(node, f"{old.get('reason', '')}: clean since {_iso(now)}", annotations={RECORD: record})
+            ]
         message = f"GPU health problems cleared ({old.get('reason', 'unknown')} since {old.get('since', '?')})"
         writes: list[Write] = list(self._conditions(node, "True", "GpuRecovered", message, now=now))
         spec = node.get("spec") or {}

@@ -60,6 +60,11 @@ class Harness:
         await self.cache.refresh_once()
         return await self.controller.reconcile_once()
 
+    async def reconcile_until_recovered(self) -> ReconcileResult:
+        """Two reconciles: the first sees the node clean, the second comes after recovery.healthy_for (2 min)."""
+        await self.reconcile()
+        return await self.reconcile(advance=120.0)
+
     def node(self, name: str) -> dict[str, Any]:
         node = self.api.get("v1", "Node", name)
         assert node is not None

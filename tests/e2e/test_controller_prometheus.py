@@ -41,7 +41,7 @@ async def test_remediation_from_prometheus(tmp_path):
 
             h.exporters.sim.clear_overrides()
             await prometheus.wait_scraped_after(time.time())
-            await h.reconcile()
+            await h.reconcile_until_recovered()
             assert not h.node("gpu-01")["spec"].get("unschedulable")
     finally:
         await h.close()
