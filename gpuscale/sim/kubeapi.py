@@ -25,7 +25,8 @@ What is faithful (the things clients and controllers depend on):
   ``metadata`` and workload/lease ``spec`` fields — deeper fields are not schema-checked.
 * Resources: core v1 pods, nodes, namespaces, configmaps, services, events, podtemplates; apps/v1 deployments,
   statefulsets, replicasets, daemonsets; batch/v1 jobs (defaults and the generated selector and template labels);
-  coordination.k8s.io/v1 leases; events.k8s.io/v1 events; apiextensions.k8s.io/v1 customresourcedefinitions.
+  coordination.k8s.io/v1 leases; events.k8s.io/v1 events; policy/v1 poddisruptionbudgets;
+  apiextensions.k8s.io/v1 customresourcedefinitions.
 * Custom resources: creating a CustomResourceDefinition serves its resource at once (status ``Established``),
   one resource per served version, with discovery, list/watch, CRUD, dryRun, ``metadata.generation`` and the
   ``status`` subresource when the version declares it (then a create's status is dropped and the main
@@ -35,7 +36,8 @@ What is faithful (the things clients and controllers depend on):
   common batch-scheduling CRDs (Volcano, coscheduling, Kueue, ProvisioningRequest).
 * Subresources: ``status`` (pods, nodes, namespaces, services and the apps kinds), ``scale`` (deployments,
   statefulsets, replicasets; GET/PUT/PATCH an ``autoscaling/v1`` Scale whose ``spec.replicas`` writes through),
-  ``pods/binding``.
+  ``pods/binding``, ``pods/eviction`` (policy/v1 Eviction: PodDisruptionBudgets respected, 429 when one allows
+  no disruption — computed from the selected pods' readiness, as there is no disruption controller).
 * Validation that real clusters enforce and that would hide bugs if skipped: object names, label keys/values,
   workload ``spec.selector`` present, non-empty, matching the template labels and immutable, pods having
   containers, pod spec immutability (except images, tolerations, activeDeadlineSeconds).
@@ -101,6 +103,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from gpuscale.disruption import disruptions_allowed, pdb_selects
 from gpuscale.errors import SelectorError
 from gpuscale.selectors import FieldSelector, LabelSelector, field_value, label_key_problem, label_value_problem
 
@@ -221,7 +224,7 @@ RESOURCES: tuple[ResourceType, ...] = (
         "Pod",
         namespaced=True,
         short_names=("po",),
-        subresources=("status", "binding"),
+        subresources=("status", "binding", "eviction"),
         categories=("all",),
         extra_field_labels={p: p for p in _POD_FIELDS},
         field_defaults={"spec.hostNetwork": "false"},
@@ -355,6 +358,17 @@ RESOURCES: tuple[ResourceType, ...] = (
             "type": "type",
         },
         storage_name="events",  # the same objects as core v1 Events, converted on the way in and out
+    ),
+    # --- disruption: policy/v1 PodDisruptionBudgets (and pods/eviction above); no disruption controller, so
+    # ``status`` is what clients write, and an Eviction computes the budget from the pods themselves.
+    ResourceType(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        namespaced=True,
+        short_names=("pdb",),
+        subresources=("status",),
     ),
 )
 _BY_PATH = {(rt.group, rt.version, rt.plural): rt for rt in RESOURCES}
@@ -2727,6 +2741,10 @@ class SimKubeApi:
             if method != "POST":
                 raise _NOT_ALLOWED
             return self._bind(rt, ns, name, await _body(request))
+        if subresource == "eviction":
+            if method != "POST":
+                raise _NOT_ALLOWED
+            return self._evict(ns, name, await _body(request), write=write)
         if subresource == "scale":
             if method == "GET":
                 return _json(_scale_of(self._require(rt, ns, name)))
@@ -2781,6 +2799,51 @@ class SimKubeApi:
         bound = copy.deepcopy(pod)
         bound["spec"]["nodeName"] = node
         self._commit(rt, "MODIFIED", bound, pod)
+        return _json(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, status=201
+        )
+
+    # -- pods/eviction: the Eviction API, PodDisruptionBudgets computed as the disruption controller would
+
+    def _evict(self, namespace: str, name: str, body: Any, *, write: _Write) -> web.Response:
+        """POST pods/{name}/eviction, as kube-apiserver's eviction REST does it.
+
+        A finished pod (Succeeded/Failed) is deleted without consulting budgets. Otherwise the PDBs selecting the
+        pod decide: more than one → 500 (unsupported, as upstream); one with no disruption allowed → 429
+        TooManyRequests with a ``DisruptionBudget`` cause; else the pod is deleted (``dryRun=All`` honoured) and
+        the answer is a 201 Success Status. ``disruptionsAllowed`` is computed from the pods (see
+        gpuscale.disruption), since no disruption controller keeps PDB statuses here.
+        """
+        pods = _BY_KIND[("v1", "Pod")]
+        if not isinstance(body, dict) or body.get("kind", "Eviction") != "Eviction":
+            raise _bad_request("the body of the request must be an Eviction")
+        meta = body.get("metadata") or {}
+        if meta.get("name") not in (None, "", name):
+            raise _bad_request(f"name in URL does not match name in Eviction object: {meta.get('name')} vs {name}")
+        pod = self._require(pods, namespace, name)
+        phase = (pod.get("status") or {}).get("phase")
+        if phase not in ("Succeeded", "Failed"):
+            budgets = [
+                b for b in self._store(_BY_KIND[("policy/v1", "PodDisruptionBudget")]).values() if pdb_selects(b, pod)
+            ]
+            if len(budgets) > 1:
+                raise ApiStatusError(
+                    500,
+                    "InternalError",
+                    "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+                )
+            if budgets:
+                budget = budgets[0]
+                in_namespace = [p for (ns, _), p in self._store(pods).items() if ns == namespace]
+                if disruptions_allowed(budget, in_namespace) <= 0:
+                    cause = f"The disruption budget {budget['metadata']['name']} needs more healthy pods"
+                    raise ApiStatusError(
+                        429,
+                        "TooManyRequests",
+                        "Cannot evict pod as it would violate the pod's disruption budget.",
+                        details={"causes": [{"reason": "DisruptionBudget", "message": cause}]},
+                    )
+        self._delete(pods, namespace, name, body.get("deleteOptions") or {}, write=write)
         return _json(
             {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, status=201
         )
@@ -3044,6 +3107,8 @@ def _resource_list(group: str, version: str, served: Iterable[ResourceType] = RE
                 )
             elif sub == "binding":
                 sub_entry.update({"kind": "Binding", "verbs": ["create"]})
+            elif sub == "eviction":
+                sub_entry.update({"group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]})
             else:
                 sub_entry.update({"kind": rt.kind, "verbs": list(_SUBRESOURCE_VERBS)})
             resources.append(sub_entry)
