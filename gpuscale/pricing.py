@@ -27,10 +27,14 @@ def _regex(text: str) -> str:
     return text
 
 
+Regex = Annotated[str, AfterValidator(_regex)]
+"""A policy field holding a regular expression, checked when the file is loaded."""
+
+
 class ProductPrice(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    match: Annotated[str, AfterValidator(_regex)]
+    match: Regex
     per_gpu_hour: float = Field(ge=0, allow_inf_nan=False)
 
 

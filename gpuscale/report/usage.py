@@ -1,0 +1,226 @@
+"""From a History to what each workload used: per-workload accumulators in one pass over the GPUs.
+
+Pure. For every GPU, every pod that held it in the window contributes the steps it held it: its samples
+go into the workload's decaying histograms (one per signal), its busy/held flags into per-pod step arrays
+(how many of a pod's GPUs were busy at once), and its activity into GPU-hours. Nothing keeps the samples
+themselves: memory is the histograms plus two float32 arrays per pod.
+
+Definitions (docs/report.md says the same):
+
+* **activity** of a GPU-step, 0–1: SM_ACTIVE when reported, else GR_ENGINE_ACTIVE, else GPU_UTIL / 100.
+  The fallbacks are upper bounds of SM activity (a resident kernel is not a busy SM), so a downsizing
+  read from them is never optimistic.
+* **busy** GPU-step: above the diagnosis policy's idle thresholds (GPU_UTIL > ``idle.busy_percent`` or
+  SM_ACTIVE > ``idle.sm_active`` or GR_ENGINE_ACTIVE > ``idle.busy_percent`` / 100).
+* **held** GPU-step: a pod label was on the GPU's series at that step and some signal was sampled.
+  Steps without any sample (gaps, DCGM blanks, NaN) count nowhere; the report states the coverage.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuscale.metrics.history import GpuHistory, History, Owner, PodRef
+from gpuscale.report.stats import COUNT, MEMORY_MIB, PERCENT, Buckets, DecayingHistogram
+
+# Report signal → (history field, scale to the histogram's unit, buckets).
+SIGNALS: dict[str, tuple[str, float, Buckets]] = {
+    "gpu_util_percent": ("gpu_util_percent", 1.0, PERCENT),
+    "sm_active_percent": ("sm_active", 100.0, PERCENT),
+    "tensor_active_percent": ("tensor_active", 100.0, PERCENT),
+    "dram_active_percent": ("dram_active", 100.0, PERCENT),
+    "activity_percent": ("", 100.0, PERCENT),  # the activity as defined above
+    "fb_used_mib": ("fb_used_mib", 1.0, MEMORY_MIB),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadKey:
+    namespace: str
+    kind: str
+    name: str
+
+
+@dataclass(slots=True)
+class GpuActivity:
+    """One GPU's derived per-step arrays."""
+
+    activity: np.ndarray  # float32, 0–1, NaN = no sample
+    busy: np.ndarray  # bool
+    sampled: np.ndarray  # bool: some activity signal present
+    source: str  # which field the activity mostly came from
+
+
+def activity_of(gpu: GpuHistory, *, idle_busy_percent: float, idle_sm_active: float) -> GpuActivity:
+    steps = len(gpu.pod)
+    nan = np.full(steps, np.nan, dtype=np.float32)
+    sm = gpu.values.get("sm_active", nan)
+    gr = gpu.values.get("gr_engine_active", nan)
+    util = gpu.values.get("gpu_util_percent", nan)
+    activity = np.where(~np.isnan(sm), sm, np.where(~np.isnan(gr), gr, util / np.float32(100.0)))
+    activity = np.clip(activity, 0.0, 1.0).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        busy = (util > idle_busy_percent) | (sm > idle_sm_active) | (gr > idle_busy_percent / 100.0)
+    sampled = ~np.isnan(activity)
+    counts = {"SM_ACTIVE": int((~np.isnan(sm)).sum()), "GR_ENGINE_ACTIVE": int((~np.isnan(gr)).sum())}
+    counts["GPU_UTIL"] = int(sampled.sum()) - counts["SM_ACTIVE"] - counts["GR_ENGINE_ACTIVE"]
+    source = max(counts, key=lambda k: counts[k]) if sampled.any() else "none"
+    return GpuActivity(activity, busy & sampled, sampled, source)
+
+
+@dataclass(slots=True)
+class PodSteps:
+    held: np.ndarray  # float32[steps]: GPUs held at each step
+    busy: np.ndarray  # float32[steps]: of which busy
+    fb_mib: np.ndarray  # float32[steps]: FB used summed over the pod's GPUs (NaN-free)
+
+
+@dataclass(slots=True)
+class WorkloadUsage:
+    key: WorkloadKey
+    owner_source: str
+    histograms: dict[str, DecayingHistogram]
+    pods: dict[int, PodSteps] = field(default_factory=dict)
+    products: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    pools: set[str] = field(default_factory=set)
+    gpus: set[str] = field(default_factory=set)
+    activity_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    activity_bands: np.ndarray = field(default_factory=lambda: np.zeros(10))
+    # per hour block: summed signals and their counts, for the diagnosis over time
+    block_sums: dict[str, np.ndarray] = field(default_factory=dict)
+    block_counts: dict[str, np.ndarray] = field(default_factory=dict)
+    allocated_steps_by_product: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    active_steps_by_product: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    @property
+    def product(self) -> str | None:
+        return max(self.products, key=lambda p: self.products[p]) if self.products else None
+
+    @property
+    def activity_source(self) -> str:
+        return max(self.activity_sources, key=lambda p: self.activity_sources[p]) if self.activity_sources else "none"
+
+    def held_any(self, steps: int) -> np.ndarray:
+        out = np.zeros(steps, dtype=bool)
+        for p in self.pods.values():
+            out |= p.held > 0
+        return out
+
+    def busy_total(self, steps: int) -> np.ndarray:
+        out = np.zeros(steps, dtype=np.float32)
+        for p in self.pods.values():
+            out += p.busy
+        return out
+
+
+BLOCK_SECONDS = 3600.0
+DIAGNOSED_FIELDS = ("gpu_util_percent", "sm_active", "tensor_active", "dram_active", "gr_engine_active", "fb_used_mib")
+
+
+def owner_of(history: History, pod: PodRef) -> Owner:
+    return history.owners.get(pod) or Owner("Pod", pod.name, "none")
+
+
+def collect(history: History, *, half_life_seconds: float, idle_busy_percent: float, idle_sm_active: float):
+    """Per workload usage, per GPU activity (in ``history.gpus`` order)."""
+    steps = history.steps
+    reference = history.end
+    decay = np.exp2((history.times() + history.step_seconds - reference) / half_life_seconds)
+    block = (np.arange(steps) * history.step_seconds // BLOCK_SECONDS).astype(np.int64)
+    blocks = int(block[-1]) + 1 if steps else 0
+    workloads: dict[WorkloadKey, WorkloadUsage] = {}
+    activities: list[GpuActivity] = []
+    for gpu in history.gpus:
+        act = activity_of(gpu, idle_busy_percent=idle_busy_percent, idle_sm_active=idle_sm_active)
+        activities.append(act)
+        held = (gpu.pod >= 0) & act.sampled
+        if not held.any():
+            continue
+        for pod_index in np.unique(gpu.pod[held]):
+            mask = held & (gpu.pod == pod_index)
+            pod = history.pods[int(pod_index)]
+            owner = owner_of(history, pod)
+            key = WorkloadKey(pod.namespace, owner.kind, owner.name)
+            usage = workloads.get(key)
+            if usage is None:
+                usage = workloads[key] = WorkloadUsage(
+                    key,
+                    owner.source,
+                    {
+                        name: DecayingHistogram(b, half_life_seconds=half_life_seconds, reference=reference)
+                        for name, (_, _, b) in SIGNALS.items()
+                    }
+                    | {"gpus_busy": DecayingHistogram(COUNT, half_life_seconds=half_life_seconds, reference=reference)},
+                )
+            _add_gpu(usage, gpu, act, mask, decay, block, blocks, int(pod_index), history)
+    for usage in workloads.values():
+        for p in usage.pods.values():
+            held = p.held > 0
+            usage.histograms["gpus_busy"].add(p.busy[held], weights=decay[held])
+    return workloads, activities
+
+
+def _add_gpu(
+    usage: WorkloadUsage,
+    gpu: GpuHistory,
+    act: GpuActivity,
+    mask: np.ndarray,
+    decay: np.ndarray,
+    block: np.ndarray,
+    blocks: int,
+    pod_index: int,
+    history: History,
+) -> None:
+    steps = len(mask)
+    w = decay[mask]
+    for name, (fld, scale, _) in SIGNALS.items():
+        values = act.activity if name == "activity_percent" else gpu.values.get(fld)
+        if values is None:
+            continue
+        v = values[mask]
+        usage.histograms[name].add(v * np.float32(scale) if scale != 1.0 else v, weights=w)
+    pod = usage.pods.get(pod_index)
+    if pod is None:
+        pod = usage.pods[pod_index] = PodSteps(
+            np.zeros(steps, np.float32), np.zeros(steps, np.float32), np.zeros(steps, np.float32)
+        )
+    pod.held += mask
+    pod.busy += mask & act.busy
+    fb = gpu.values.get("fb_used_mib")
+    if fb is not None:
+        pod.fb_mib += np.where(mask & ~np.isnan(fb), fb, 0.0).astype(np.float32)
+    product = gpu.product or "unknown"
+    usage.products[product] += int(mask.sum())
+    usage.pools.add(history.node_pools.get(gpu.node, gpu.node))
+    usage.gpus.add(gpu.key)
+    usage.activity_sources[act.source] += int(mask.sum())
+    a = act.activity[mask]
+    usage.activity_bands += np.bincount(np.minimum((a * 10).astype(np.int64), 9), minlength=10)
+    usage.allocated_steps_by_product[product] += float(mask.sum())
+    usage.active_steps_by_product[product] += float(a.sum())
+    b = block[mask]
+    for fld in DIAGNOSED_FIELDS:
+        values = gpu.values.get(fld)
+        if values is None:
+            continue
+        v = values[mask]
+        ok = ~np.isnan(v)
+        if not ok.any():
+            continue
+        if fld not in usage.block_sums:
+            usage.block_sums[fld] = np.zeros(blocks)
+            usage.block_counts[fld] = np.zeros(blocks)
+        usage.block_sums[fld] += np.bincount(b[ok], weights=v[ok].astype(np.float64), minlength=blocks)
+        usage.block_counts[fld] += np.bincount(b[ok], minlength=blocks)
+
+
+def longest_run(flags: np.ndarray) -> int:
+    """The length of the longest run of True in ``flags``."""
+    if not flags.any():
+        return 0
+    padded = np.concatenate(([False], flags, [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return int((edges[1::2] - edges[::2]).max())
