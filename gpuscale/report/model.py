@@ -48,6 +48,7 @@ class Recommendation(_Out):
         "not-enough-data",
     ]
     severity: Severity
+    short: str = Field(description="a few words for a table cell: 'fewer-gpus 4→1', 'mig 1g.10gb'")
     summary: str
     evidence: dict[str, float | int | str | None] = Field(
         default_factory=dict, description="the numbers the recommendation rests on"

@@ -108,6 +108,7 @@ def workload_report(
             Recommendation(
                 kind="not-enough-data",
                 severity="info",
+                short=f"not enough data ({history_seconds / 3600:.1f} h)",
                 summary=(
                     f"not enough data: {history_seconds / 3600:.1f} h and {samples} samples "
                     f"(need {rs.min_history / 3600:g} h and {rs.min_samples})"
@@ -135,6 +136,7 @@ def workload_report(
                 Recommendation(
                     kind="keep",
                     severity="ok",
+                    short="keep" + (" (busy)" if busy else ""),
                     summary="keep the request: "
                     + ("busy, no downsizing" if busy else "no smaller shape fits the measured use"),
                     evidence={"activity_target_percent": activity.target if activity else None, "busy": str(busy)},
@@ -198,6 +200,7 @@ def _recommend(
             Recommendation(
                 kind="fewer-gpus",
                 severity="critical" if freed / requested >= rs.fewer_gpus_critical_share else "warning",
+                short=f"fewer-gpus {requested:g}→{needed}",
                 summary=f"request {needed} GPU{'s' if needed > 1 else ''} per pod instead of {requested:g}: "
                 f"at most {peak_busy:g} busy at once, peak memory {peak_pod_fb / 1024:.1f} GiB per pod",
                 evidence={
@@ -229,6 +232,7 @@ def _recommend(
                 Recommendation(
                     kind="mig-profile",
                     severity="warning",
+                    short=f"mig {mig.profile}",
                     summary=f"fits MIG {mig.profile} on {product.name}: peak FB {peak_gpu_fb / 1024:.1f} GiB "
                     f"(+{margin:.0%} = {fit_fb / 1024:.1f} ≤ {mig.memory_mib / 1024:.1f} GiB), compute share "
                     f"{share_target:.0%} ≤ {mig.compute_share:.0%}",
@@ -251,6 +255,7 @@ def _recommend(
                 Recommendation(
                     kind="smaller-gpu",
                     severity="warning",
+                    short=f"smaller-gpu {cand.name}",
                     summary=f"a {cand.name} would do: peak FB {peak_gpu_fb / 1024:.1f} GiB fits its "
                     f"{cand.memory_mib / 1024:.0f} GiB; {share_target:.0%} of a {product.name} is "
                     f"{share_target * product.tflops / cand.tflops:.0%} of it",
@@ -274,6 +279,7 @@ def _recommend(
                 Recommendation(
                     kind="time-slicing",
                     severity="info",
+                    short=f"time-slicing {pods_per_gpu}/GPU",
                     summary=f"time-slicing candidate: {pods_per_gpu} such pods fit one GPU "
                     f"(compute share {share_target:.0%}, peak FB {peak_gpu_fb / 1024:.1f} GiB)",
                     evidence={
@@ -290,6 +296,7 @@ def _recommend(
             Recommendation(
                 kind="scale-to-zero",
                 severity="warning" if longest_idle >= 4 * stz.min_idle_stretch else "info",
+                short=f"scale-to-zero (idle {longest_idle / 3600:.0f} h)",
                 summary=f"scale-to-zero candidate: every GPU idle for {longest_idle / 3600:.1f} h in one stretch "
                 f"(≥ {stz.min_idle_stretch / 3600:g} h)",
                 evidence={
@@ -368,6 +375,7 @@ def _diagnosis_recs(verdicts: list[VerdictShare], policy: ReportPolicy) -> list[
             Recommendation(
                 kind="diagnosis",
                 severity=severity,  # type: ignore[arg-type]
+                short=f"{v.code} {v.share:.0%}",
                 summary=f"{title} in {v.share:.0%} of hours: {text.next_step}",
                 evidence={"verdict": v.code, "share": v.share, "hours": v.hours, "example": v.example},
             )
