@@ -38,6 +38,8 @@ class ReportSettings(BaseModel):
     prometheus_ca_file: str | None = Field(None, description="CA bundle that verifies --prometheus-url")
     from_file: str | None = Field(None, description="(--from) make the report from a file written by --export")
     export: str | None = Field(None, description="also write the fetched history to this file (.npz, documented)")
+    mode: str = Field("raw", description="raw (fetch samples) or summary (the TSDB summarises per series and chunk)")
+    chunk: Seconds = Field(86400.0, gt=0, description="summary mode: the span one server-side summary covers")
     window: Seconds = Field(7 * 86400.0, gt=0, description="how far back the history goes")
     step: Seconds = Field(60.0, gt=0, description="sample spacing of the history")
     end: float | None = Field(None, description="end of the window, epoch seconds (default: now)")
@@ -62,6 +64,10 @@ class ReportSettings(BaseModel):
 
         if self.output not in FORMATTERS:
             raise ValueError(f"output: unknown format {self.output!r}; valid: {', '.join(FORMATTERS)}")
+        if self.mode not in ("raw", "summary"):
+            raise ValueError(f"mode: {self.mode!r} is not raw or summary")
+        if self.mode == "summary" and (self.export or self.from_file):
+            raise ValueError("mode: --export and --from work on raw histories; summary mode keeps no samples")
         if self.step > self.window:
             raise ValueError("step: longer than --window")
         return self
@@ -73,7 +79,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="from_file", help=argparse.SUPPRESS)
 
 
-async def _fetch(settings: ReportSettings, *, now: float) -> Any:
+async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) -> Any:
     import aiohttp
 
     from gpuscale.sources.history import FetchOptions, RangeClient, fetch_history
@@ -106,6 +112,21 @@ async def _fetch(settings: ReportSettings, *, now: float) -> Any:
             headers={"Authorization": f"Bearer {token}"} if token else None,
             ssl_context=tls,
         )
+        if settings.mode == "summary":
+            from gpuscale.sources.summary import fetch_summaries
+
+            idle = policy.diagnosis.diagnosis.idle
+            return await fetch_summaries(
+                client,
+                start=end - settings.window,
+                end=end,
+                step=settings.step,
+                chunk=settings.chunk,
+                options=options,
+                idle_busy_percent=idle.busy_percent,
+                idle_sm_active=idle.sm_active,
+                progress=False if settings.no_progress else None,
+            )
         return await fetch_history(
             client,
             start=end - settings.window,
@@ -128,10 +149,16 @@ def run_report(settings: ReportSettings) -> None:
     if settings.from_file:
         history = load_history(settings.from_file)
     else:
-        history = asyncio.run(_fetch(settings, now=now))
+        history = asyncio.run(_fetch(settings, now=now, policy=policy))
         if settings.export:
             export_history(history, settings.export)
-    text = render(build_report(history, policy=policy, generated_at=now))
+    if settings.mode == "summary":
+        from gpuscale.report.summary import build_summary_report
+
+        report = build_summary_report(history, policy=policy, generated_at=now)
+    else:
+        report = build_report(history, policy=policy, generated_at=now)
+    text = render(report)
     if settings.output_file:
         try:
             Path(settings.output_file).write_text(text)

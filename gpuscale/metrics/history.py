@@ -141,3 +141,64 @@ def clean(values: np.ndarray) -> np.ndarray:
     bad = ~np.isfinite(out) | (np.abs(out) >= 1.4e14)
     out = np.where(bad, np.nan, out)
     return out.astype(np.float32)
+
+
+# --- summaries: what the TSDB computed per series, when raw samples do not fit here ---------------------------
+
+SUMMARY_STATS = ("count", "avg", "max", "p50", "p90", "p95")
+
+
+@dataclass(slots=True)
+class SeriesSummary:
+    """One DCGM series (one GPU, or MIG instance, while one pod — or none — held it), one field, per chunk.
+
+    ``stats[name]`` is float64[chunks] for each of ``SUMMARY_STATS``: ``count`` is grid steps with a sample
+    (the subquery's resolution is the report's step), NaN where the series has no sample in the chunk."""
+
+    gpu: str
+    node: str
+    product: str | None
+    pod: PodRef | None
+    field: str
+    stats: dict[str, np.ndarray]
+
+
+@dataclass(slots=True)
+class PodPeaks:
+    """Per chunk, the most GPUs the pod held at once, the most busy at once and its peak FB used summed (MiB)."""
+
+    held_max: np.ndarray
+    busy_max: np.ndarray
+    fb_max_mib: np.ndarray
+
+
+@dataclass(slots=True)
+class SummaryIncident:
+    kind: str  # xid | ecc-dbe
+    node: str
+    gpu: str
+    pod: PodRef | None
+    chunk: int
+    value: float  # the Xid (max in the chunk) or the ECC DBE increase
+    count: int  # Xid changes in the chunk
+
+
+@dataclass(slots=True)
+class SummaryHistory:
+    start: float
+    step_seconds: float
+    chunk_seconds: float
+    chunks: int
+    series: list[SeriesSummary] = field(default_factory=list)
+    pods: dict[PodRef, PodPeaks] = field(default_factory=dict)
+    owners: dict[PodRef, Owner] = field(default_factory=dict)
+    requests: dict[PodRef, float] = field(default_factory=dict)
+    node_pools: dict[str, str] = field(default_factory=dict)
+    incidents: list[SummaryIncident] = field(default_factory=list)
+    gaps: list[str] = field(default_factory=list)
+    source: str = ""
+    queries: int = 0
+
+    @property
+    def end(self) -> float:
+        return self.start + self.chunks * self.chunk_seconds

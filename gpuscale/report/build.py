@@ -8,14 +8,12 @@ timeline (``costs``). Gaps recorded by the source are carried to the report unch
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from gpuscale.metrics.history import History
+from gpuscale.metrics.history import History, PodRef
 from gpuscale.report.costs import fleet_costs, incidents, workload_cost
 from gpuscale.report.model import Report, Window, Workload
 from gpuscale.report.policy import ReportPolicy
 from gpuscale.report.recommend import workload_report
-from gpuscale.report.usage import collect
+from gpuscale.report.usage import WorkloadKey, WorkloadUsage, collect
 
 EXACT_RAW = [
     "GPU-hours (allocated, active, idle, unallocated) and their cost, on the sampled grid",
@@ -52,37 +50,14 @@ def build_report(history: History, *, policy: ReportPolicy, generated_at: float)
         shown = ", ".join(unowned[:5]) + (f" and {len(unowned) - 5} more" if len(unowned) > 5 else "")
         gaps.append(f"{len(unowned)} pod(s) without a known owner, reported as bare pods: {shown}")
 
-    pods_of: dict[tuple[str, str, str], set[int]] = defaultdict(set)
-    requests: dict[tuple[str, str, str], list[float]] = defaultdict(list)
-    for key, usage in usages.items():
-        k = (key.namespace, key.kind, key.name)
-        pods_of[k] |= set(usage.pods)
-        for p in usage.pods:
-            req = history.requests.get(history.pods[p])
-            if req is not None:
-                requests[k].append(req)
-    workloads: list[Workload] = []
-    for key, usage in usages.items():
-        k = (key.namespace, key.kind, key.name)
-        req = max(requests[k]) if requests.get(k) else None
-        cost = workload_cost(
-            usage.allocated_steps_by_product,
-            usage.active_steps_by_product,
-            step_seconds=history.step_seconds,
-            policy=policy,
-        ).model_copy(update={"gpus": len(usage.gpus)})
-        workloads.append(
-            workload_report(
-                usage,
-                policy=policy,
-                steps=history.steps,
-                step_seconds=history.step_seconds,
-                requested_per_pod=req,
-                pod_count=len(pods_of[k]),
-                cost=cost,
-            )
-        )
-    workloads.sort(key=lambda w: (-(w.cost.idle_hours), w.namespace, w.kind, w.name))
+    workloads = workloads_of(
+        usages,
+        pods=history.pods,
+        requests=history.requests,
+        policy=policy,
+        steps=history.steps,
+        step_seconds=history.step_seconds,
+    )
     pools, namespaces, total, idle_nodes, timeline = fleet_costs(history, activities, policy)
     return Report(
         generated_at=generated_at,
@@ -101,3 +76,39 @@ def build_report(history: History, *, policy: ReportPolicy, generated_at: float)
         incidents=incidents(history, policy),
         timeline=timeline,
     )
+
+
+def workloads_of(
+    usages: dict[WorkloadKey, WorkloadUsage],
+    *,
+    pods: list[PodRef],
+    requests: dict[PodRef, float],
+    policy: ReportPolicy,
+    steps: int,
+    step_seconds: float,
+    cost_step_seconds: float | None = None,
+) -> list[Workload]:
+    """Each workload's report, worst idle first. ``steps``/``step_seconds`` describe the pod arrays (grid steps in
+    raw mode, chunks in summary mode); ``cost_step_seconds`` what one allocated step is worth (the grid step)."""
+    out: list[Workload] = []
+    for usage in usages.values():
+        asked = [requests[pods[p]] for p in usage.pods if pods[p] in requests]
+        cost = workload_cost(
+            usage.allocated_steps_by_product,
+            usage.active_steps_by_product,
+            step_seconds=cost_step_seconds or step_seconds,
+            policy=policy,
+        ).model_copy(update={"gpus": len(usage.gpus)})
+        out.append(
+            workload_report(
+                usage,
+                policy=policy,
+                steps=steps,
+                step_seconds=step_seconds,
+                requested_per_pod=max(asked) if asked else None,
+                pod_count=len(usage.pods),
+                cost=cost,
+            )
+        )
+    out.sort(key=lambda w: (-(w.cost.idle_hours), w.namespace, w.kind, w.name))
+    return out

@@ -55,9 +55,11 @@ def workload_report(
     rs = policy.rightsizing
     held_any = usage.held_any(steps)
     idx = np.flatnonzero(held_any)
-    samples = int(idx.size)
-    history_seconds = float((idx[-1] - idx[0] + 1) * step_seconds) if samples else 0.0
-    conf = confidence(history_seconds=history_seconds, samples=samples, step_seconds=step_seconds)
+    samples = int(idx.size) if usage.samples is None else usage.samples
+    history_seconds = float((idx[-1] - idx[0] + 1) * step_seconds) if idx.size else 0.0
+    conf = confidence(
+        history_seconds=history_seconds, samples=samples, step_seconds=usage.sample_seconds or step_seconds
+    )
     margin = rs.margin_fraction
     percentiles = {
         "target_p": rs.target_percentile,

@@ -94,6 +94,9 @@ class WorkloadUsage:
     block_counts: dict[str, np.ndarray] = field(default_factory=dict)
     allocated_steps_by_product: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     active_steps_by_product: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    # summary mode: the pod arrays are per chunk, so the grid samples are counted by the TSDB instead
+    samples: int | None = None
+    sample_seconds: float | None = None
 
     @property
     def product(self) -> str | None:
@@ -120,8 +123,21 @@ BLOCK_SECONDS = 3600.0
 DIAGNOSED_FIELDS = ("gpu_util_percent", "sm_active", "tensor_active", "dram_active", "gr_engine_active", "fb_used_mib")
 
 
-def owner_of(history: History, pod: PodRef) -> Owner:
+def owner_of(history, pod: PodRef) -> Owner:
+    """The owner kube-state-metrics (or the Kubernetes API) gave, else the pod itself (a bare pod)."""
     return history.owners.get(pod) or Owner("Pod", pod.name, "none")
+
+
+def new_usage(key: WorkloadKey, owner_source: str, *, half_life_seconds: float, reference: float) -> WorkloadUsage:
+    return WorkloadUsage(
+        key,
+        owner_source,
+        {
+            name: DecayingHistogram(b, half_life_seconds=half_life_seconds, reference=reference)
+            for name, (_, _, b) in SIGNALS.items()
+        }
+        | {"gpus_busy": DecayingHistogram(COUNT, half_life_seconds=half_life_seconds, reference=reference)},
+    )
 
 
 def collect(history: History, *, half_life_seconds: float, idle_busy_percent: float, idle_sm_active: float):
@@ -146,14 +162,8 @@ def collect(history: History, *, half_life_seconds: float, idle_busy_percent: fl
             key = WorkloadKey(pod.namespace, owner.kind, owner.name)
             usage = workloads.get(key)
             if usage is None:
-                usage = workloads[key] = WorkloadUsage(
-                    key,
-                    owner.source,
-                    {
-                        name: DecayingHistogram(b, half_life_seconds=half_life_seconds, reference=reference)
-                        for name, (_, _, b) in SIGNALS.items()
-                    }
-                    | {"gpus_busy": DecayingHistogram(COUNT, half_life_seconds=half_life_seconds, reference=reference)},
+                usage = workloads[key] = new_usage(
+                    key, owner.source, half_life_seconds=half_life_seconds, reference=reference
                 )
             _add_gpu(usage, gpu, act, mask, decay, block, blocks, int(pod_index), history)
     for usage in workloads.values():

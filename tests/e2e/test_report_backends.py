@@ -128,6 +128,20 @@ def test_report_from_real_prometheus_and_victoria_metrics_and_from_an_export(tmp
         again.pop("generated_at"), again.pop("source")
         assert again == from_prom
 
+        # Summary mode on the same data: what it calls exact is exactly raw mode's figures.
+        for url in (prom.url, vm.url):
+            summary = fetch_json(url, "--mode", "summary", "--chunk", "1h")
+            assert summary["mode"] == "summary"
+            check_known_answers(summary)
+            assert summary["total"] == from_prom["total"]
+            assert [p["cost"] for p in summary["pools"]] == [p["cost"] for p in from_prom["pools"]]
+            for w in summary["workloads"]:
+                (raw,) = [x for x in from_prom["workloads"] if x["name"] == w["name"]]
+                assert w["cost"] == raw["cost"]
+                assert {k: s["max"] for k, s in w["signals"].items()} == {
+                    k: s["max"] for k, s in raw["signals"].items()
+                }
+
         table = report("--from", str(exported))
         assert table.returncode == 0, table.stderr
         assert max(len(line) for line in table.stdout.splitlines()) <= 120
