@@ -45,8 +45,18 @@ class ReportSettings(BaseModel):
     end: float | None = Field(None, description="end of the window, epoch seconds (default: now)")
     output: str = Field("table", description="(-o) table, json, markdown or html")
     output_file: str | None = Field(None, description="write the report here instead of stdout")
+    output_dir: str | None = Field(
+        None, description="write report.md and report.json here, plus copies named by the window's end (a CronJob)"
+    )
     policies: str | None = Field(
         None, description="directory whose rightsizing.yaml, gpus.yaml, prices.yaml, diagnosis.yaml override shipped"
+    )
+    kubeconfig: str | None = Field(
+        None, description="owners of pods kube-state-metrics does not describe, from the Kubernetes API"
+    )
+    in_cluster: bool = Field(False, description="use the pod's service account for the Kubernetes API")
+    configmap: str | None = Field(
+        None, description="NAMESPACE/NAME: also write report.md and report.json into this (existing) ConfigMap"
     )
     timeout: Seconds = Field(60.0, gt=0, description="per-query timeout")
     retries: int = Field(3, ge=0, le=10, description="retries of a failed or timed-out query")
@@ -68,6 +78,8 @@ class ReportSettings(BaseModel):
             raise ValueError(f"mode: {self.mode!r} is not raw or summary")
         if self.mode == "summary" and (self.export or self.from_file):
             raise ValueError("mode: --export and --from work on raw histories; summary mode keeps no samples")
+        if self.configmap is not None and len(self.configmap.split("/")) != 2:
+            raise ValueError(f"configmap: {self.configmap!r} is not NAMESPACE/NAME")
         if self.step > self.window:
             raise ValueError("step: longer than --window")
         return self
@@ -137,6 +149,57 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
         )
 
 
+_CONFIGMAP_LIMIT = 1024 * 1024  # a ConfigMap holds at most 1 MiB
+
+
+async def _kubernetes(settings: ReportSettings, history: Any, report_texts: dict[str, str] | None) -> None:
+    """Owners from the Kubernetes API (before the report) or the ConfigMap write (after it)."""
+    from gpuscale.sources.kube import load_api_client
+
+    api = await load_api_client(settings.kubeconfig)
+    try:
+        if report_texts is None:
+            from gpuscale.sources.owners import owners_from_kubernetes
+
+            unknown = [p for p in history.pods if p not in history.owners]
+            found = await owners_from_kubernetes(api, unknown)
+            history.owners.update(found)
+            return
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        namespace, name = (settings.configmap or "").split("/")
+        size = sum(len(v.encode()) for v in report_texts.values())
+        if size > _CONFIGMAP_LIMIT:
+            raise ConfigError(f"--configmap {settings.configmap}: the report is {size} bytes, over a ConfigMap's 1 MiB")
+        try:
+            # NB: a patch of an existing ConfigMap: the CronJob's Role grants `patch` on this one name only.
+            await client.CoreV1Api(api).patch_namespaced_config_map(name, namespace, {"data": report_texts})
+        except ApiException as e:
+            hint = " (create it first: deploy/report creates an empty one)" if e.status == 404 else ""
+            raise ConfigError(f"--configmap {settings.configmap}: HTTP {e.status} {e.reason}{hint}") from e
+    finally:
+        await api.close()
+
+
+def _write_dir(directory: Path, report: Any) -> None:
+    from datetime import UTC, datetime
+
+    from gpuscale.report.formatters import as_json, markdown
+
+    stamp = datetime.fromtimestamp(report.window.end, UTC).strftime("%Y%m%dT%H%MZ")
+    texts = {"md": markdown(report), "json": as_json(report)}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for ext, text in texts.items():
+            for name in (f"report-{stamp}.{ext}", f"report.{ext}"):
+                tmp = directory / f".{name}.tmp"
+                tmp.write_text(text)
+                tmp.replace(directory / name)  # NB: a reader never sees half a report
+    except OSError as e:
+        raise ConfigError(f"--output-dir {directory}: {e.strerror or e}") from e
+
+
 def run_report(settings: ReportSettings) -> None:
     from gpuscale.report.build import build_report
     from gpuscale.report.formatters import formatter
@@ -152,6 +215,8 @@ def run_report(settings: ReportSettings) -> None:
         history = asyncio.run(_fetch(settings, now=now, policy=policy))
         if settings.export:
             export_history(history, settings.export)
+    if settings.kubeconfig or settings.in_cluster:
+        asyncio.run(_kubernetes(settings, history, None))
     if settings.mode == "summary":
         from gpuscale.report.summary import build_summary_report
 
@@ -159,7 +224,13 @@ def run_report(settings: ReportSettings) -> None:
     else:
         report = build_report(history, policy=policy, generated_at=now)
     text = render(report)
-    if settings.output_file:
+    if settings.configmap:
+        from gpuscale.report.formatters import as_json, markdown
+
+        asyncio.run(_kubernetes(settings, None, {"report.md": markdown(report), "report.json": as_json(report)}))
+    if settings.output_dir:
+        _write_dir(Path(settings.output_dir), report)
+    elif settings.output_file:
         try:
             Path(settings.output_file).write_text(text)
         except OSError as e:

@@ -23,7 +23,7 @@ from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS, decode_clock_events
 from gpuscale.metrics.history import GpuHistory, History
 from gpuscale.report.model import CostFigures, Group, IdleNode, Incident, TimelinePoint
 from gpuscale.report.policy import ReportPolicy
-from gpuscale.report.usage import GpuActivity
+from gpuscale.report.usage import GpuActivity, pods_of
 
 
 class CostAccumulator:
@@ -96,7 +96,7 @@ def fleet_costs(history: History, activities: list[GpuActivity], policy: ReportP
         ):
             acc.add(gpu.key, gpu.product, **figures)
         # namespaces: per pod the GPU held
-        for pod_index in np.unique(gpu.pod[held]):
+        for pod_index in pods_of(gpu.pod, held):
             mask = held & (gpu.pod == pod_index)
             ns = history.pods[int(pod_index)].namespace
             namespaces.setdefault(ns, CostAccumulator(step)).add(

@@ -353,7 +353,7 @@ def _verdicts_over_time(usage: WorkloadUsage, policy: ReportPolicy) -> list[Verd
         }
         if not values:
             continue
-        verdict = diagnose(GpuSignals.model_validate(values), policy.diagnosis)
+        verdict = _diagnose_rounded(tuple(sorted((f, round(float(v), 3)) for f, v in values.items())), policy)
         counts[verdict.code.value] += 1
         examples.setdefault(verdict.code.value, verdict.explanation)
     total = sum(counts.values())
@@ -361,6 +361,24 @@ def _verdicts_over_time(usage: WorkloadUsage, policy: ReportPolicy) -> list[Verd
         VerdictShare(code=code, share=_r(n / total, 3), hours=n, example=examples[code])
         for code, n in counts.most_common()
     ]
+
+
+_MEMO: dict[tuple[int, tuple[tuple[str, float], ...]], object] = {}
+_POLICIES: dict[int, object] = {}  # NB: holds each policy the memo is keyed by, so its id is never reused
+
+
+def _diagnose_rounded(values: tuple[tuple[str, float], ...], policy: ReportPolicy):
+    """``diagnose`` of block means rounded to 0.001 (well inside every threshold's precision), memoised per
+    policy: a long window gives a workload hundreds of near-identical blocks."""
+    key = (id(policy.diagnosis), values)
+    verdict = _MEMO.get(key)
+    if verdict is None:
+        if len(_MEMO) > 100_000:
+            _MEMO.clear()
+            _POLICIES.clear()
+        _POLICIES[id(policy.diagnosis)] = policy.diagnosis
+        verdict = _MEMO[key] = diagnose(GpuSignals.model_validate(dict(values)), policy.diagnosis)
+    return verdict
 
 
 def _diagnosis_recs(verdicts: list[VerdictShare], policy: ReportPolicy) -> list[Recommendation]:

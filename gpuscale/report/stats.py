@@ -42,16 +42,18 @@ class Buckets:
             return math.ceil(self.maximum / self.first) + 1
         return math.ceil(math.log(self.maximum / self.first, self.ratio)) + 2
 
-    def index(self, values: np.ndarray) -> np.ndarray:
-        v = np.maximum(values, 0.0)
+    def index(self, values: np.ndarray, *, scale: float = 1.0) -> np.ndarray:
+        """The bucket of each of ``values`` × ``scale`` (no NaN); one pass of arithmetic for linear buckets."""
         if self.ratio is None:
-            i = (v / self.first).astype(np.int64)
-        else:
-            # bucket 0 is [0, first); bucket k ≥ 1 is [first·r^(k-1), first·r^k)
-            with np.errstate(divide="ignore"):
-                i = np.where(v < self.first, 0, np.floor(np.log(v / self.first) / math.log(self.ratio)) + 1)
-            i = i.astype(np.int64)
-        return np.minimum(i, self.count - 1)
+            i = (values * np.float32(scale / self.first)).astype(np.intp)
+            np.clip(i, 0, self.count - 1, out=i)
+            return i
+        # bucket 0 is [0, first); bucket k ≥ 1 is [first·r^(k-1), first·r^k)
+        v = np.maximum(values * np.float32(scale / self.first), np.float32(1.0))
+        i = (np.log(v) * np.float32(1.0 / math.log(self.ratio))).astype(np.intp) + 1
+        i[v <= 1.0] = 0
+        np.clip(i, 0, self.count - 1, out=i)
+        return i
 
     def end(self, i: int) -> float:
         """The upper end of bucket ``i``."""
@@ -82,21 +84,30 @@ class DecayingHistogram:
         """The weight of a sample at each of ``times`` (epoch seconds)."""
         return np.exp2((np.asarray(times, dtype=np.float64) - self.reference) / self.half_life)
 
-    def add(self, values: np.ndarray, *, weights: np.ndarray) -> None:
-        """Add samples with their weights (same shape; from ``decay``, broadcast). NaN samples are skipped."""
+    def add(self, values: np.ndarray, *, weights: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, int, float]:
+        """Add ``values`` × ``scale`` with their weights (broadcast to the values' shape; from ``decay``). NaN
+        samples are skipped. Returns what was added (bucket weights, count, maximum) for ``add_counts``."""
         values = np.asarray(values)
-        ok = ~np.isnan(values)
-        if not ok.all():
+        nan = np.isnan(values)
+        if nan.any():
+            ok = ~nan
             values = values[ok]
             weights = np.broadcast_to(weights, ok.shape)[ok]
         else:
-            weights = np.broadcast_to(weights, values.shape).ravel()
-            values = values.ravel()
+            weights = np.broadcast_to(weights, values.shape)
         if values.size == 0:
-            return
-        self.weights += np.bincount(self.buckets.index(values), weights=weights, minlength=self.buckets.count)
-        self.count += int(values.size)
-        self.maximum = max(self.maximum, float(values.max()))
+            return np.zeros(self.buckets.count), 0, -math.inf
+        counts = np.bincount(
+            self.buckets.index(values, scale=scale).ravel(), weights=weights.ravel(), minlength=self.buckets.count
+        )
+        added = (counts, int(values.size), float(values.max()) * scale)
+        self.add_counts(*added)
+        return added
+
+    def add_counts(self, counts: np.ndarray, count: int, maximum: float) -> None:
+        self.weights += counts
+        self.count += count
+        self.maximum = max(self.maximum, maximum)
 
     def merge(self, other: DecayingHistogram) -> None:
         self.weights += other.weights

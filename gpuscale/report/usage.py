@@ -60,12 +60,16 @@ def activity_of(gpu: GpuHistory, *, idle_busy_percent: float, idle_sm_active: fl
     sm = gpu.values.get("sm_active", nan)
     gr = gpu.values.get("gr_engine_active", nan)
     util = gpu.values.get("gpu_util_percent", nan)
-    activity = np.where(~np.isnan(sm), sm, np.where(~np.isnan(gr), gr, util / np.float32(100.0)))
-    activity = np.clip(activity, 0.0, 1.0).astype(np.float32)
+    sm_nan = np.isnan(sm)
+    if not sm_nan.any() and sm.min() >= 0.0 and sm.max() <= 1.0:
+        activity = sm  # NB: the same array: its histogram is counted once (``_add_gpu``)
+    else:
+        activity = np.where(~sm_nan, sm, np.where(~np.isnan(gr), gr, util / np.float32(100.0)))
+        activity = np.clip(activity, 0.0, 1.0).astype(np.float32)
     with np.errstate(invalid="ignore"):
         busy = (util > idle_busy_percent) | (sm > idle_sm_active) | (gr > idle_busy_percent / 100.0)
     sampled = ~np.isnan(activity)
-    counts = {"SM_ACTIVE": int((~np.isnan(sm)).sum()), "GR_ENGINE_ACTIVE": int((~np.isnan(gr)).sum())}
+    counts = {"SM_ACTIVE": int((~sm_nan).sum()), "GR_ENGINE_ACTIVE": int((~np.isnan(gr)).sum())}
     counts["GPU_UTIL"] = int(sampled.sum()) - counts["SM_ACTIVE"] - counts["GR_ENGINE_ACTIVE"]
     source = max(counts, key=lambda k: counts[k]) if sampled.any() else "none"
     return GpuActivity(activity, busy & sampled, sampled, source)
@@ -119,7 +123,16 @@ class WorkloadUsage:
         return out
 
 
+# Verdicts over time: the diagnosis of each block's mean signals. An hour, or longer for long windows so a
+# workload gets at most MAX_BLOCKS diagnoses (a week of hours; 30 days → 5-hour blocks).
 BLOCK_SECONDS = 3600.0
+MAX_BLOCKS = 168
+
+
+def block_seconds(window_seconds: float) -> float:
+    return BLOCK_SECONDS * max(1.0, float(np.ceil(window_seconds / BLOCK_SECONDS / MAX_BLOCKS)))
+
+
 DIAGNOSED_FIELDS = ("gpu_util_percent", "sm_active", "tensor_active", "dram_active", "gr_engine_active", "fb_used_mib")
 
 
@@ -145,7 +158,7 @@ def collect(history: History, *, half_life_seconds: float, idle_busy_percent: fl
     steps = history.steps
     reference = history.end
     decay = np.exp2((history.times() + history.step_seconds - reference) / half_life_seconds)
-    block = (np.arange(steps) * history.step_seconds // BLOCK_SECONDS).astype(np.int64)
+    block = (np.arange(steps) * history.step_seconds // block_seconds(steps * history.step_seconds)).astype(np.int64)
     blocks = int(block[-1]) + 1 if steps else 0
     workloads: dict[WorkloadKey, WorkloadUsage] = {}
     activities: list[GpuActivity] = []
@@ -155,7 +168,7 @@ def collect(history: History, *, half_life_seconds: float, idle_busy_percent: fl
         held = (gpu.pod >= 0) & act.sampled
         if not held.any():
             continue
-        for pod_index in np.unique(gpu.pod[held]):
+        for pod_index in pods_of(gpu.pod, held):
             mask = held & (gpu.pod == pod_index)
             pod = history.pods[int(pod_index)]
             owner = owner_of(history, pod)
@@ -185,13 +198,20 @@ def _add_gpu(
     history: History,
 ) -> None:
     steps = len(mask)
-    w = decay[mask]
+    # NB: a GPU held by one pod all window (the common case) is read in place; otherwise the steps of this pod.
+    full = bool(mask.all())
+    w = decay if full else decay[mask]
+    counts_of: dict[int, np.ndarray] = {}  # id(array) → bucket weights: the activity is often SM_ACTIVE itself
     for name, (fld, scale, _) in SIGNALS.items():
         values = act.activity if name == "activity_percent" else gpu.values.get(fld)
         if values is None:
             continue
-        v = values[mask]
-        usage.histograms[name].add(v * np.float32(scale) if scale != 1.0 else v, weights=w)
+        hist = usage.histograms[name]
+        known = counts_of.get(id(values))
+        if known is not None and scale == 100.0:
+            hist.add_counts(*known)
+            continue
+        counts_of[id(values)] = hist.add(values if full else values[mask], weights=w, scale=scale)
     pod = usage.pods.get(pod_index)
     if pod is None:
         pod = usage.pods[pod_index] = PodSteps(
@@ -201,30 +221,44 @@ def _add_gpu(
     pod.busy += mask & act.busy
     fb = gpu.values.get("fb_used_mib")
     if fb is not None:
-        pod.fb_mib += np.where(mask & ~np.isnan(fb), fb, 0.0).astype(np.float32)
+        pod.fb_mib += np.where(mask & ~np.isnan(fb), fb, np.float32(0.0))
     product = gpu.product or "unknown"
-    usage.products[product] += int(mask.sum())
+    held = int(mask.sum())
+    usage.products[product] += held
     usage.pools.add(history.node_pools.get(gpu.node, gpu.node))
     usage.gpus.add(gpu.key)
-    usage.activity_sources[act.source] += int(mask.sum())
-    a = act.activity[mask]
-    usage.activity_bands += np.bincount(np.minimum((a * 10).astype(np.int64), 9), minlength=10)
-    usage.allocated_steps_by_product[product] += float(mask.sum())
-    usage.active_steps_by_product[product] += float(a.sum())
-    b = block[mask]
+    usage.activity_sources[act.source] += held
+    a = act.activity if full else act.activity[mask]
+    usage.activity_bands += np.bincount(np.minimum((a * np.float32(10)).astype(np.intp), 9), minlength=10)
+    usage.allocated_steps_by_product[product] += float(held)
+    usage.active_steps_by_product[product] += float(a.sum(dtype=np.float64))
+    # Block sums for the verdicts over time: the steps of each block summed as a reshaped view.
+    length = steps // blocks if blocks and steps % blocks == 0 else 0
     for fld in DIAGNOSED_FIELDS:
         values = gpu.values.get(fld)
         if values is None:
             continue
-        v = values[mask]
-        ok = ~np.isnan(v)
-        if not ok.any():
-            continue
+        v = values if full else np.where(mask, values, np.float32(np.nan))
         if fld not in usage.block_sums:
             usage.block_sums[fld] = np.zeros(blocks)
             usage.block_counts[fld] = np.zeros(blocks)
-        usage.block_sums[fld] += np.bincount(b[ok], weights=v[ok].astype(np.float64), minlength=blocks)
-        usage.block_counts[fld] += np.bincount(b[ok], minlength=blocks)
+        ok = ~np.isnan(v)
+        if length and block[length - 1] == 0 and (length == steps or block[length] == 1):
+            usage.block_sums[fld] += np.nansum(v.reshape(blocks, length), axis=1, dtype=np.float64)
+            usage.block_counts[fld] += ok.reshape(blocks, length).sum(axis=1)
+        else:
+            usage.block_sums[fld] += np.bincount(block[ok], weights=v[ok].astype(np.float64), minlength=blocks)
+            usage.block_counts[fld] += np.bincount(block[ok], minlength=blocks)
+
+
+def pods_of(pod: np.ndarray, held: np.ndarray) -> list[int]:
+    """The pod indices in ``pod`` where ``held``; most GPUs are held by one pod all window (no sort then)."""
+    first = int(pod[held][0]) if held.any() else -1
+    if first < 0 and not held.any():
+        return []
+    if (np.where(held, pod, first) == first).all():
+        return [first]
+    return [int(p) for p in np.unique(pod[held])]
 
 
 def longest_run(flags: np.ndarray) -> int:
