@@ -92,7 +92,9 @@ class Workload(_Out):
     busy: bool
     activity_signal: str = Field(description="which DCGM field the activity comes from")
     signals: dict[str, SignalStats]
-    activity_histogram: list[float] = Field(description="share of GPU-steps per 10 % activity band, 0-10 … 90-100")
+    activity_histogram: list[float] = Field(
+        description="share of GPU-time (recency-weighted, as the percentiles) per 10 % activity band, 0-10 … 90-100"
+    )
     cost: CostFigures
     longest_idle_seconds: float
     verdicts: list[VerdictShare]

@@ -144,7 +144,9 @@ def workload_report(
                     evidence={"activity_target_percent": activity.target if activity else None, "busy": str(busy)},
                 )
             )
-    bands = usage.activity_bands
+    # Shares of recency-weighted GPU-time per 10 % band, from the activity histogram's 0.5-point buckets.
+    weights = usage.histograms["activity_percent"].weights
+    bands = np.array([weights[20 * k : 20 * k + 20].sum() for k in range(9)] + [weights[180:].sum()])
     return Workload(
         namespace=usage.key.namespace,
         kind=usage.key.kind,

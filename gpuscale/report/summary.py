@@ -12,9 +12,9 @@ Approximate:
   0.5, p90 0.4, p95 0.05, max 0.05), exact within one series-chunk and never below the true value there;
   the target compute share and the MIG/smaller-GPU/time-slicing fits that rest on it; history length,
   confidence and idle stretches to a chunk (scale-to-zero sees only whole idle chunks); verdicts over time
-  from chunk means (not hourly); the activity bands; Xid incidents per chunk (a change within the chunk);
-  ECC DBE from ``increase()`` (which extrapolates at the window's edges); no throttling incidents (PromQL
-  has no bitwise AND on the clock-event mask).
+  from chunk means (not hourly); the activity bands (from the same four points); Xid incidents per chunk
+  (a change within the chunk); ECC DBE from ``increase()`` (which extrapolates at the window's edges); no
+  throttling incidents (PromQL has no bitwise AND on the clock-event mask).
 """
 
 from __future__ import annotations
@@ -218,11 +218,6 @@ def _add_series(
         values = np.stack([stats[q] * scale for q, _ in _QUANTILE_WEIGHTS])
         weights = np.stack([c * w * decay for _, w in _QUANTILE_WEIGHTS])
         usage.histograms[name].add(values, weights=weights)
-        if name == "activity_percent":
-            bands = np.minimum((np.nan_to_num(values) / 10).astype(np.int64), 9).ravel()
-            usage.activity_bands += np.bincount(
-                bands, weights=np.stack([c * w for _, w in _QUANTILE_WEIGHTS]).ravel(), minlength=10
-            )
     usage.products[product] += int(count.sum())
     usage.pools.add(pool)
     usage.gpus.add(gpu)

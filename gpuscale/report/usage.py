@@ -56,20 +56,29 @@ class GpuActivity:
 
 def activity_of(gpu: GpuHistory, *, idle_busy_percent: float, idle_sm_active: float) -> GpuActivity:
     steps = len(gpu.pod)
-    nan = np.full(steps, np.nan, dtype=np.float32)
-    sm = gpu.values.get("sm_active", nan)
-    gr = gpu.values.get("gr_engine_active", nan)
-    util = gpu.values.get("gpu_util_percent", nan)
-    sm_nan = np.isnan(sm)
-    if not sm_nan.any() and sm.min() >= 0.0 and sm.max() <= 1.0:
+    sm = gpu.values.get("sm_active")
+    gr = gpu.values.get("gr_engine_active")
+    util = gpu.values.get("gpu_util_percent")
+    nan = np.full(steps, np.nan, dtype=np.float32) if sm is None or gr is None or util is None else None
+    sm_nan = np.isnan(sm) if sm is not None else np.ones(steps, dtype=bool)
+    if sm is not None and not sm_nan.any() and sm.min() >= 0.0 and sm.max() <= 1.0:
         activity = sm  # NB: the same array: its histogram is counted once (``_add_gpu``)
     else:
-        activity = np.where(~sm_nan, sm, np.where(~np.isnan(gr), gr, util / np.float32(100.0)))
+        from_util = util / np.float32(100.0) if util is not None else nan
+        fallback = np.where(~np.isnan(gr), gr, from_util) if gr is not None else from_util
+        activity = np.where(~sm_nan, sm, fallback) if sm is not None else fallback
         activity = np.clip(activity, 0.0, 1.0).astype(np.float32)
+    # busy: above any idle threshold, for the signals present (NaN compares False)
+    busy = np.zeros(steps, dtype=bool)
     with np.errstate(invalid="ignore"):
-        busy = (util > idle_busy_percent) | (sm > idle_sm_active) | (gr > idle_busy_percent / 100.0)
+        for values, threshold in ((util, idle_busy_percent), (sm, idle_sm_active), (gr, idle_busy_percent / 100.0)):
+            if values is not None:
+                busy |= values > threshold
     sampled = ~np.isnan(activity)
-    counts = {"SM_ACTIVE": int((~sm_nan).sum()), "GR_ENGINE_ACTIVE": int((~np.isnan(gr)).sum())}
+    counts = {
+        "SM_ACTIVE": int(steps - sm_nan.sum()),
+        "GR_ENGINE_ACTIVE": int((~np.isnan(gr)).sum()) if gr is not None else 0,
+    }
     counts["GPU_UTIL"] = int(sampled.sum()) - counts["SM_ACTIVE"] - counts["GR_ENGINE_ACTIVE"]
     source = max(counts, key=lambda k: counts[k]) if sampled.any() else "none"
     return GpuActivity(activity, busy & sampled, sampled, source)
@@ -92,7 +101,6 @@ class WorkloadUsage:
     pools: set[str] = field(default_factory=set)
     gpus: set[str] = field(default_factory=set)
     activity_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    activity_bands: np.ndarray = field(default_factory=lambda: np.zeros(10))
     # per hour block: summed signals and their counts, for the diagnosis over time
     block_sums: dict[str, np.ndarray] = field(default_factory=dict)
     block_counts: dict[str, np.ndarray] = field(default_factory=dict)
@@ -229,7 +237,6 @@ def _add_gpu(
     usage.gpus.add(gpu.key)
     usage.activity_sources[act.source] += held
     a = act.activity if full else act.activity[mask]
-    usage.activity_bands += np.bincount(np.minimum((a * np.float32(10)).astype(np.intp), 9), minlength=10)
     usage.allocated_steps_by_product[product] += float(held)
     usage.active_steps_by_product[product] += float(a.sum(dtype=np.float64))
     # Block sums for the verdicts over time: the steps of each block summed as a reshaped view.
