@@ -188,9 +188,16 @@ def collect(history: History, *, half_life_seconds: float, idle_busy_percent: fl
                 )
             _add_gpu(usage, gpu, act, mask, decay, block, blocks, int(pod_index), history)
     for usage in workloads.values():
+        hist = usage.histograms["gpus_busy"]
         for p in usage.pods.values():
+            # NB: counts are small integers: their bucket is the value itself (one bincount, no bucket arithmetic)
             held = p.held > 0
-            usage.histograms["gpus_busy"].add(p.busy[held], weights=decay[held])
+            full = bool(held.all())
+            busy = (p.busy if full else p.busy[held]).astype(np.intp)
+            if busy.size:
+                np.clip(busy, 0, hist.buckets.count - 1, out=busy)
+                counts = np.bincount(busy, weights=decay if full else decay[held], minlength=hist.buckets.count)
+                hist.add_counts(counts, int(busy.size), float(busy.max()))
     return workloads, activities
 
 
