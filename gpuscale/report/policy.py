@@ -14,10 +14,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuscale.config import Seconds, read_yaml, validate
+from gpuscale.config import Regex, Seconds, read_yaml, validate
 from gpuscale.metrics.diagnosis import DiagnosisPolicy, load_policy
 from gpuscale.policy_files import GPUS_FILE, RIGHTSIZING_FILE, policy_file
-from gpuscale.pricing import PriceTable, Regex, load_prices
+from gpuscale.pricing import PriceTable, load_prices
 
 Ratio = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
