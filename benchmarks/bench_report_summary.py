@@ -186,11 +186,13 @@ def compare(raw, summary) -> None:
                 continue
             assert abs(other.max - sig.max) <= 0.011, (w.name, k, other.max, sig.max)
             for q in ("p50", "p90", "p95", "target"):
-                d = abs(getattr(other, q) - getattr(sig, q))
-                worst[f"{k}.{q}"] = max(worst.get(f"{k}.{q}", 0.0), d)
-    print("  per-workload cost and maxima equal; largest |summary - raw| of the approximate figures:")
+                d = getattr(other, q) - getattr(sig, q)
+                lo, hi = worst.get(f"{k}.{q}", (0.0, 0.0))
+                worst[f"{k}.{q}"] = (min(lo, d), max(hi, d))
+    print("  per-workload cost and maxima equal; summary - raw of the approximate figures, over all workloads:")
     for k in ("activity_percent.p50", "activity_percent.p90", "activity_percent.p95", "activity_percent.target"):
-        print(f"    {k:28s} {worst.get(k, float('nan')):6.2f} percentage points")
+        lo, hi = worst.get(k, (float("nan"), float("nan")))
+        print(f"    {k:28s} from {lo:+6.2f} to {hi:+6.2f} percentage points")
 
 
 async def main() -> None:
