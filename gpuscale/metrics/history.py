@@ -145,7 +145,7 @@ def clean(values: np.ndarray) -> np.ndarray:
 
 # --- summaries: what the TSDB computed per series, when raw samples do not fit here ---------------------------
 
-SUMMARY_STATS = ("count", "avg", "max", "p50", "p90", "p95")
+SUMMARY_STATS = ("count", "avg", "max", "p25", "p50", "p75", "p90", "p95")
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """``build_summary_report``: the report from per-series summaries the TSDB computed (``--mode summary``). Pure.
 
-Each (GPU, pod) series brings, per chunk, the count of grid samples, their mean, maximum and p50/p90/p95, per
+Each (GPU, pod) series brings, per chunk, the count of grid samples, their mean, maximum and p25/p50/p75/p90/p95, per
 field; each pod its peaks (GPUs held and busy at once, memory summed over its GPUs). Combined here:
 
 Exact (the same numbers raw mode gives on the same grid, up to float rounding):
@@ -8,8 +8,9 @@ Exact (the same numbers raw mode gives on the same grid, up to float rounding):
   namespace and workload; maxima of every signal; GPUs busy and held at once per pod (peaks); peak memory;
   so "fewer GPUs per pod" and the MIG profile's memory fit.
 Approximate:
-  p50/p90/p95 across chunks and GPUs: each chunk's distribution stands in as four points (its p50 with weight
-  0.5, p90 0.4, p95 0.05, max 0.05), exact within one series-chunk and never below the true value there;
+  p50/p90/p95 across chunks and GPUs: each chunk's distribution stands in as six points (its p25, p50 and p75
+  with weight 0.25 each, p90 0.15, p95 0.05, max 0.05): exact at p50/p90/p95 within one series-chunk, and each
+  chunk's mass only ever moved up to the next point, so the combined percentiles bound raw mode's from above;
   the target compute share and the MIG/smaller-GPU/time-slicing fits that rest on it; history length,
   confidence and idle stretches to a chunk (scale-to-zero sees only whole idle chunks); verdicts over time
   from chunk means (not hourly); the activity bands (from the same four points); Xid incidents per chunk
@@ -23,7 +24,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from gpuscale.metrics.history import PodRef, SeriesSummary, SummaryHistory
+from gpuscale.metrics.history import SUMMARY_STATS, PodRef, SeriesSummary, SummaryHistory
 from gpuscale.report.build import workloads_of
 from gpuscale.report.costs import CostAccumulator, _price_of
 from gpuscale.report.model import Group, IdleNode, Incident, Report, TimelinePoint, Window
@@ -35,18 +36,18 @@ EXACT_SUMMARY = [
     "maxima of every signal; GPUs held and busy at once per pod; peak memory per pod",
 ]
 APPROXIMATE_SUMMARY = [
-    "p50/p90/p95 and targets: each chunk's distribution as its p50/p90/p95/max (exact within one GPU-chunk)",
+    "p50/p90/p95 and targets: each chunk's distribution as its p25/p50/p75/p90/p95/max (an upper bound)",
     "history length, confidence, idle stretches and verdicts to a chunk; Xid per chunk; ECC from increase()",
     "no throttling incidents in summary mode",
 ]
-_QUANTILE_WEIGHTS = (("p50", 0.5), ("p90", 0.4), ("p95", 0.05), ("max", 0.05))
+_QUANTILE_WEIGHTS = (("p25", 0.25), ("p50", 0.25), ("p75", 0.25), ("p90", 0.15), ("p95", 0.05), ("max", 0.05))
 _ACTIVITY_ORDER = ("sm_active", "gr_engine_active", "gpu_util_percent")
 _SIGNAL_NAMES = {"sm_active": "SM_ACTIVE", "gr_engine_active": "GR_ENGINE_ACTIVE", "gpu_util_percent": "GPU_UTIL"}
 
 
 def _activity(fields: dict[str, SeriesSummary], chunks: int) -> dict[str, np.ndarray]:
     """Per chunk, the activity's stats (0–1) from SM_ACTIVE, else GR_ENGINE_ACTIVE, else GPU_UTIL / 100."""
-    out = {k: np.full(chunks, np.nan) for k in ("count", "avg", "max", "p50", "p90", "p95")}
+    out = {k: np.full(chunks, np.nan) for k in SUMMARY_STATS}
     chosen = np.zeros(chunks, dtype=bool)
     for name in _ACTIVITY_ORDER:
         s = fields.get(name)

@@ -5,7 +5,8 @@ For every node batch (as in ``sources/history``) and every chunk of ``chunk`` se
 ``step = chunk`` covers the whole window), over a subquery at the report's step ``S`` so a summary describes
 exactly the grid samples raw mode would fetch::
 
-    count_over_time(F[C:S])  avg_over_time(F[C:S])  max_over_time(F[C:S])  quantile_over_time(q, F[C:S]) q=.5,.9,.95
+    count_over_time(F[C:S])  avg_over_time(F[C:S])  max_over_time(F[C:S])
+    quantile_over_time(q, F[C:S])  for q = 0.25, 0.5, 0.75, 0.9, 0.95
 
 for F in GPU_UTIL, SM_ACTIVE, PIPE_TENSOR_ACTIVE, DRAM_ACTIVE, GR_ENGINE_ACTIVE, FB_USED; per pod (grouped by
 its four pod labels, so the GPUs of one pod are counted together)::
@@ -15,7 +16,7 @@ its four pod labels, so the GPUs of one pod are counted together)::
     max_over_time((sum by (P) (FB_USED))[C:S])                                   the pod's memory peak
 
 and for incidents ``max_over_time`` / ``changes`` of the Xid gauge and ``increase`` of the ECC DBE counter.
-41 range queries per node batch plus the 4 identity queries of raw mode, whatever the window: the answer is
+53 range queries per node batch plus the 4 identity queries of raw mode, whatever the window: the answer is
 series × chunks points, not series × steps. Which figures this makes exact and which approximate is in
 ``report/summary.py`` and docs/report.md.
 """
@@ -46,7 +47,9 @@ _STAT_QUERIES = {
     "count": "count_over_time({sel}[{c}:{s}])",
     "avg": "avg_over_time({sel}[{c}:{s}])",
     "max": "max_over_time({sel}[{c}:{s}])",
+    "p25": "quantile_over_time(0.25, {sel}[{c}:{s}])",
     "p50": "quantile_over_time(0.5, {sel}[{c}:{s}])",
+    "p75": "quantile_over_time(0.75, {sel}[{c}:{s}])",
     "p90": "quantile_over_time(0.9, {sel}[{c}:{s}])",
     "p95": "quantile_over_time(0.95, {sel}[{c}:{s}])",
 }
