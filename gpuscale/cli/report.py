@@ -125,9 +125,11 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
             ssl_context=tls,
         )
         if settings.mode == "summary":
+            from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
             from gpuscale.sources.summary import fetch_summaries
 
             idle = policy.diagnosis.diagnosis.idle
+            abnormal = set(policy.diagnosis.diagnosis.clock_events.abnormal)
             return await fetch_summaries(
                 client,
                 start=end - settings.window,
@@ -137,6 +139,7 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
                 options=options,
                 idle_busy_percent=idle.busy_percent,
                 idle_sm_active=idle.sm_active,
+                throttle_bits=tuple(bit for bit, name in CLOCK_EVENT_BITS if name in abnormal),
                 progress=False if settings.no_progress else None,
             )
         return await fetch_history(

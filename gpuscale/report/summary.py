@@ -14,8 +14,8 @@ Approximate:
   the target compute share and the MIG/smaller-GPU/time-slicing fits that rest on it; history length,
   confidence and idle stretches to a chunk (scale-to-zero sees only whole idle chunks); verdicts over time
   from chunk means (not hourly); the activity bands (from the same four points); Xid incidents per chunk
-  (a change within the chunk); ECC DBE from ``increase()`` (which extrapolates at the window's edges); no
-  throttling incidents (PromQL has no bitwise AND on the clock-event mask).
+  (a change within the chunk); ECC DBE from ``increase()`` (which extrapolates at the window's edges); throttling
+  minutes exact, but which abnormal bit it was is not told apart and first/last seen are to a chunk.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ EXACT_SUMMARY = [
 APPROXIMATE_SUMMARY = [
     "p50/p90/p95 and targets: each chunk's distribution as its p25/p50/p75/p90/p95/max (an upper bound)",
     "history length, confidence, idle stretches and verdicts to a chunk; Xid per chunk; ECC from increase()",
-    "no throttling incidents in summary mode",
+    "throttling: minutes exact; first/last seen to a chunk, the abnormal bit not told apart",
 ]
 _QUANTILE_WEIGHTS = (("p25", 0.25), ("p50", 0.25), ("p75", 0.25), ("p90", 0.15), ("p95", 0.05), ("max", 0.05))
 _ACTIVITY_ORDER = ("sm_active", "gr_engine_active", "gpu_util_percent")
@@ -154,8 +154,10 @@ def build_summary_report(h: SummaryHistory, *, policy: ReportPolicy, generated_a
                         idle_cost=f.idle_cost,
                     )
                 )
-    incidents = []
+    incidents = _throttle_incidents(h, policy)
     for i in h.incidents:
+        if i.kind == "throttle":
+            continue
         if i.kind == "xid":
             info = policy.diagnosis.health.xid_info(int(i.value))
             meaning = f"{info.meaning} ({info.severity}, action {info.action})"
@@ -199,6 +201,36 @@ def build_summary_report(h: SummaryHistory, *, policy: ReportPolicy, generated_a
             for k in range(chunks)
         ],
     )
+
+
+def _throttle_incidents(h: SummaryHistory, policy: ReportPolicy) -> list[Incident]:
+    """One incident per GPU with at least ``throttle_incident_min`` of abnormal clock-event steps in total."""
+    steps: dict[tuple[str, str], list] = defaultdict(list)
+    for i in h.incidents:
+        if i.kind == "throttle":
+            steps[(i.node, i.gpu)].append(i)
+    abnormal = "|".join(policy.diagnosis.diagnosis.clock_events.abnormal)
+    out = []
+    for (node, gpu), found in steps.items():
+        total = sum(i.count for i in found)
+        if total * h.step_seconds < policy.rightsizing.throttle_incident_min:
+            continue
+        first, last = min(i.chunk for i in found), max(i.chunk for i in found)
+        pod = found[0].pod
+        out.append(
+            Incident(
+                kind="throttle",
+                node=node,
+                gpu=gpu,
+                pod=f"{pod.namespace}/{pod.name}" if pod else None,
+                first_seen=h.start + first * h.chunk_seconds,
+                last_seen=h.start + (last + 1) * h.chunk_seconds,
+                count=total,
+                value=f"one of {abnormal}",
+                meaning=f"{total * h.step_seconds / 60:.0f} min of abnormal clock-event reasons",
+            )
+        )
+    return out
 
 
 def _add_series(

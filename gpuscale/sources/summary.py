@@ -15,10 +15,11 @@ its four pod labels, so the GPUs of one pod are counted together)::
     max_over_time((count by (P) (UTIL > i or SM_ACTIVE > s or GR > s))[C:S])    GPUs busy at once
     max_over_time((sum by (P) (FB_USED))[C:S])                                   the pod's memory peak
 
-and for incidents ``max_over_time`` / ``changes`` of the Xid gauge and ``increase`` of the ECC DBE counter.
-53 range queries per node batch plus the 4 identity queries of raw mode, whatever the window: the answer is
-series × chunks points, not series × steps. Which figures this makes exact and which approximate is in
-``report/summary.py`` and docs/report.md.
+and for incidents ``max_over_time`` / ``changes`` of the Xid gauge, ``increase`` of the ECC DBE counter, and
+``count_over_time`` of the steps whose clock-event mask has an abnormal bit (``floor(x / bit) % 2 == 1``).
+55 range queries per node batch (53 without clock-event bits to look for) plus the 4 identity queries of raw
+mode, whatever the window: the answer is series × chunks points, not series × steps. Which figures this makes
+exact and which approximate is in ``report/summary.py`` and docs/report.md.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 
 from gpuscale.metrics.attribution import Target, attribute
 from gpuscale.metrics.history import (
+    FIELD_ALIASES,
     FIELDS,
     PodPeaks,
     PodRef,
@@ -61,7 +63,13 @@ def _sel(name: str, batch: list[str] | None) -> str:
 
 
 def summary_queries(
-    batch: list[str] | None, *, chunk: float, step: float, idle_busy_percent: float, idle_sm_active: float
+    batch: list[str] | None,
+    *,
+    chunk: float,
+    step: float,
+    idle_busy_percent: float,
+    idle_sm_active: float,
+    throttle_bits: tuple[int, ...] = (),
 ) -> list[tuple[str, str, str]]:
     """(kind, field or stat, PromQL) for one node batch."""
     # NB: the subquery's range is half a step short of the chunk: Prometheus 2 closes range selectors on both
@@ -85,6 +93,12 @@ def summary_queries(
         ("xid", "changes", f"changes({_sel(FIELDS['last_xid'], batch)}[{c_changes}:{s}])"),
         ("ecc", "increase", f"increase({_sel(FIELDS['ecc_dbe_volatile'], batch)}[{c}])"),
     ]
+    # Steps with an abnormal clock-event bit set: PromQL has no bitwise AND, but bit b of x is floor(x / b) % 2.
+    for name in (FIELDS["clock_event_reasons"], *FIELD_ALIASES["clock_event_reasons"]):
+        sel = _sel(name, batch)
+        any_bit = " or ".join(f"(floor({sel} / {bit}) % 2 == 1)" for bit in throttle_bits)
+        if any_bit:
+            out.append(("throttle", name, f"count_over_time(({any_bit})[{c}:{s}])"))
     return out
 
 
@@ -98,6 +112,7 @@ async def fetch_summaries(
     options: FetchOptions,
     idle_busy_percent: float,
     idle_sm_active: float,
+    throttle_bits: tuple[int, ...] = (),
     progress: bool | None = None,
 ) -> SummaryHistory:
     import sys
@@ -116,7 +131,12 @@ async def fetch_summaries(
         q
         for batch in batches
         for q in summary_queries(
-            batch, chunk=chunk, step=step, idle_busy_percent=idle_busy_percent, idle_sm_active=idle_sm_active
+            batch,
+            chunk=chunk,
+            step=step,
+            idle_busy_percent=idle_busy_percent,
+            idle_sm_active=idle_sm_active,
+            throttle_bits=throttle_bits,
         )
     ]
     bar = Progress(len(work), enabled=sys.stderr.isatty() if progress is None else progress)
@@ -200,6 +220,10 @@ class _SummaryDecoder:
                 d = self._xid.setdefault((gpu, node), {"max": nan.copy(), "changes": nan.copy()})
                 d[what][idx] = vs
                 self._meta[(gpu, node)] = (node, pod)
+            elif kind == "throttle":
+                for i, v in zip(idx, vs, strict=True):
+                    if v >= 1:
+                        h.incidents.append(SummaryIncident("throttle", node, gpu, pod, int(i), float(v), int(v)))
             elif kind == "ecc":
                 for i, v in zip(idx, vs, strict=True):
                     if v >= 0.5:
