@@ -184,9 +184,11 @@ class Progress:
     def __init__(self, total: int, *, enabled: bool) -> None:
         self._bar = None
         if enabled and total:
+            from rich.console import Console
             from rich.progress import Progress as RichProgress
 
-            self._bar = RichProgress(transient=True)
+            # NB: on stderr: stdout carries the report (often piped into a file or jq)
+            self._bar = RichProgress(transient=True, console=Console(stderr=True))
             self._task = self._bar.add_task("fetching history", total=total)
             self._bar.start()
 

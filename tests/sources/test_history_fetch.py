@@ -140,3 +140,12 @@ async def test_partial_answers_and_a_window_beyond_retention_are_gaps(aiohttp_se
     assert any("no samples in the first 1h of the window" in g for g in history.gaps)
     assert np.isnan(sm(history, "node-1")[:60]).all() and not np.isnan(sm(history, "node-1")[60:]).any()
     assert any("kube_pod_owner" in g for g in history.gaps)
+
+
+async def test_the_progress_bar_goes_to_stderr_and_leaves_stdout_to_the_report(aiohttp_server, capsys):
+    server = await aiohttp_server(FakePrometheus().app())
+    opts = FetchOptions(backoff_seconds=0.0)
+    async with aiohttp.ClientSession() as session:
+        client = RangeClient(str(server.make_url("")), session=session, options=opts)
+        await fetch_history(client, start=START, end=START + 3600, step=STEP, options=opts, progress=True)
+    assert capsys.readouterr().out == ""
