@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from gpuscale.errors import SourceUnavailable
+from gpuscale.metrics.history import PodRef
 from gpuscale.sources.history import FetchOptions, RangeClient, fetch_history
 
 STEP = 60.0
@@ -149,3 +150,27 @@ async def test_the_progress_bar_goes_to_stderr_and_leaves_stdout_to_the_report(a
         client = RangeClient(str(server.make_url("")), session=session, options=opts)
         await fetch_history(client, start=START, end=START + 3600, step=STEP, options=opts, progress=True)
     assert capsys.readouterr().out == ""
+
+
+def test_the_workload_pod_is_the_exported_one_and_the_exporter_is_no_workload():
+    from gpuscale.metrics.history import History
+    from gpuscale.sources.history import _Decoder
+
+    h = History(start=START, step_seconds=STEP, steps=10)
+    decoder = _Decoder(h, FetchOptions())
+    target = {"pod": "nvidia-dcgm-exporter-x7k2p", "namespace": "gpu-operator", "Hostname": "n1"}
+    values = [[START + i * STEP, "0.5"] for i in range(10)]
+    decoder.add(
+        "sm_active",
+        "DCGM_FI_PROF_SM_ACTIVE",
+        [
+            {
+                "metric": {**target, "UUID": "GPU-a", "exported_pod": "llm-0", "exported_namespace": "ml"},
+                "values": values,
+            },
+            {"metric": {**target, "UUID": "GPU-b"}, "values": values},  # idle GPU: only the exporter's target labels
+        ],
+    )
+    a, b = h.gpus
+    assert h.pods[a.pod[0]] == PodRef("ml", "llm-0") and (a.pod >= 0).all()
+    assert (b.pod == -1).all() and b.node == "n1"
