@@ -25,7 +25,11 @@ def _parser(prog: str = "gpuscale") -> tuple[argparse.ArgumentParser, dict[str, 
     add_arguments(demo, DemoSettings)
     top = sub.add_parser("top", help="kubectl top for GPUs: nodes, pods or gpus, and what each GPU really does")
     add_top_arguments(top)
-    return parser, {"adapter": adapter, "demo": demo, "top": top}
+    from gpuscale.cli.simulate import SimulateSettings
+
+    simulate = sub.add_parser("simulate", help="replay a request trace through HPA manifests: cost, queue time, SLO")
+    add_arguments(simulate, SimulateSettings)
+    return parser, {"adapter": adapter, "demo": demo, "top": top, "simulate": simulate}
 
 
 def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
@@ -71,6 +75,10 @@ def main(argv: list[str] | None = None, *, prog: str = "gpuscale") -> int:
             demo_settings = from_arguments(DemoSettings, args)
             _logging(demo_settings.log_level)
             asyncio.run(_until_signal(lambda stop: run_demo(demo_settings, stop)))
+        elif args.command == "simulate":
+            from gpuscale.cli.simulate import SimulateSettings, main_simulate
+
+            main_simulate(from_arguments(SimulateSettings, args))
         elif args.command == "top":
             top_settings = from_arguments(TopSettings, args)
             _logging(top_settings.log_level)

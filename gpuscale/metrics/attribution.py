@@ -66,8 +66,13 @@ def _objects(owner: ObjectRef | None, node_name: str | None) -> tuple[ObjectRef,
     return tuple(objects)
 
 
-def _device(key: tuple[str, ...], physical: tuple[str, ...], owner: ObjectRef | None, node_name: str | None,
-            labels: tuple[tuple[str, str], ...]) -> Device:
+def _device(
+    key: tuple[str, ...],
+    physical: tuple[str, ...],
+    owner: ObjectRef | None,
+    node_name: str | None,
+    labels: tuple[tuple[str, str], ...],
+) -> Device:
     return Device(key, physical, owner, node_name, labels, _objects(owner, node_name))
 
 
