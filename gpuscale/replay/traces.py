@@ -21,6 +21,7 @@ import io
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from importlib.abc import Traversable
 from pathlib import Path
 
 import numpy as np
@@ -67,9 +68,10 @@ class Trace:
         return Trace(self.name, self.arrival_s[index], self.input_tokens[index], self.output_tokens[index])
 
 
-def read_trace(path: str | Path) -> Trace:
+def read_trace(path: str | Path | Traversable) -> Trace:
     """Load a trace file (any format above); ConfigError naming the file, line and field otherwise."""
-    path = Path(path)
+    if isinstance(path, str):
+        path = Path(path)
     try:
         raw = path.read_bytes()
         text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
