@@ -61,7 +61,48 @@ def _chart(result: dict[str, Any]) -> str:
     return replicas.render(is_unicode=True) + gpu.render(is_unicode=True)
 
 
+_HEAD = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
+<title>{title}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 4px 10px; text-align: right; }}
+td:first-child, th:first-child {{ text-align: left; }} .src {{ color: #777; margin-top: -0.8em; }}
+svg {{ max-width: 100%; height: auto; }}
+</style></head><body>
+<h1>{title}</h1>
+"""
+
+
+def _render_history(doc: dict[str, Any]) -> str:
+    esc = html.escape
+    h = doc["history"]
+    title = esc(f"gpuscale simulate: metric history from {h['source']}")
+    rows = "".join(
+        f"<tr><td>{esc(r['hpa'])}</td><td>{r['observed_replica_hours']:.2f}</td><td>{r['hpa_replica_hours']:.2f}</td>"
+        f"<td>{r['max_replicas']}</td><td>{r['scale_ups']}/{r['scale_downs']}</td></tr>"
+        for r in doc["results"]
+    )
+    charts = []
+    for r in doc["results"]:
+        minutes = [round(s["t"] / 60.0, 2) for s in r["timeline"]]
+        chart = _xy(f"{r['hpa']}: replicas observed and decided", "replicas")
+        chart.add("observed pods", list(zip(minutes, (s["observed"] for s in r["timeline"]), strict=True)))
+        chart.add("HPA's replicas", list(zip(minutes, (s["desired"] for s in r["timeline"]), strict=True)))
+        charts.append(f"<h2>{esc(r['hpa'])}</h2><p class=src>{esc(r['source'])}</p>{chart.render(is_unicode=True)}")
+    return (
+        _HEAD.format(title=title)
+        + f"<p>{h['duration_s'] / 60:.1f} min of {esc(', '.join(h['metrics']))}; load conserved across replicas: "
+        f"{'yes' if h['conserve_load'] else 'no'}.</p>"
+        "<table><tr><th>HPA</th><th>observed replica-h</th><th>HPA replica-h</th><th>max replicas</th>"
+        f"<th>scale up/down</th></tr>{rows}</table>{''.join(charts)}</body></html>\n"
+    )
+
+
 def render_html(doc: dict[str, Any]) -> str:
+    if doc.get("mode") == "history":
+        return _render_history(doc)
     trace, settings = doc["trace"], doc["settings"]
     esc = html.escape
     rows = []

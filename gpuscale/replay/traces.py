@@ -169,14 +169,14 @@ def _csv_rows(text: str, source: str) -> list[Row]:
         if not row or not "".join(row).strip():
             continue
         row += [""] * (3 - len(row))
-        ts = _timestamp(row[0].strip(), column=columns[0], line=line_no, source=source)
+        ts = parse_timestamp(row[0].strip(), column=columns[0], line=line_no, source=source)
         ins = _tokens(row[1].strip(), field=columns[1], line=line_no, source=source)
         outs = _tokens(row[2].strip(), field=columns[2], line=line_no, source=source)
         out.append((line_no, ts, ins, outs, False))
     return out
 
 
-def _timestamp(text: str, *, column: str, line: int, source: str) -> float:
+def parse_timestamp(text: str, *, column: str, line: int, source: str) -> float:
     if not text:
         raise ConfigError(f"line {line}: {column} is missing", path=source)
     try:
