@@ -94,7 +94,12 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
 
 
 def test_help_of_every_command(installed):
-    for args in (["gpuscale", "--help"], ["gpuscale", "adapter", "--help"], ["gpuscale", "top", "--help"]):
+    for args in (
+        ["gpuscale", "--help"],
+        ["gpuscale", "adapter", "--help"],
+        ["gpuscale", "top", "--help"],
+        ["gpuscale", "simulate", "--help"],
+    ):
         done = installed.run(*args)
         assert done.returncode == 0 and "usage: gpuscale" in done.stdout, (args, done.stderr)
     done = installed.run("gpuscale", "adapter", "--help")
