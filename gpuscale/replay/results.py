@@ -17,9 +17,18 @@ JSON schema (``gpuscale simulate --output json``; one object, ``schema`` = ``gpu
         "timeline": [{"t", "desired", "ready", "pods", "queue", "running", "gpu_util", "sm_active"}],  # per sync
         "events": [{"t", "from", "to", "reason", "why"}]}]}
 
-Times are seconds from the first request. A minute violates the SLO when the ``quantile`` of the queue time
-of the requests that arrived in it exceeds ``queue_s`` (requests never admitted count as waiting until the
-end). Floats are rounded (6 significant digits) so the bytes are stable.
+History mode (``--history`` / ``--prometheus-url``) writes the same ``schema`` with ``"mode": "history"``::
+
+    {"schema": "gpuscale.simulate/v1", "mode": "history",
+     "history": {"source", "start", "duration_s", "metrics": [names], "conserve_load": bool},
+     "results": [{"hpa", "source", "observed_replica_hours", "hpa_replica_hours", "max_replicas",
+                  "scale_ups", "scale_downs",
+                  "timeline": [{"t", "observed", "desired"}],          # per 15 s sync
+                  "events": [{"t", "from", "to", "reason", "why"}]}]}
+
+Times are seconds from the first request (the history's first sample). A minute violates the SLO when the
+``quantile`` of the queue time of the requests that arrived in it exceeds ``queue_s`` (requests never
+admitted count as waiting until the end). Floats are rounded (6 significant digits) so the bytes are stable.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, PodInfo
+from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, Decision, PodInfo
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.replay.results import Event, Outcome, Sample, summarize
@@ -60,7 +60,7 @@ def replay(
             view.refresh(now)
         if k and k % per_sync == 0:
             pods = [
-                PodInfo(r.name, ready=r.ready(now) or now >= r.ready_at, deleting=r.deleting_since is not None)
+                PodInfo(r.name, ready=now >= r.ready_at, deleting=r.deleting_since is not None)
                 for r in model.replicas
                 if r.gone_at is None
             ]
@@ -87,7 +87,7 @@ def replay(
     )
 
 
-def _why(decision) -> str:
+def _why(decision: Decision) -> str:
     parts = [f"{p.metric}={p.usage_milli / 1000:g}→{p.replicas}" for p in decision.proposals if p.replicas is not None]
     parts += [p.error for p in decision.proposals if p.replicas is None]
     return "; ".join(parts)
