@@ -8,6 +8,7 @@ key is unknown; durations written as "5s", "1m30s" or seconds.
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
 from pydantic.fields import FieldInfo
 
 from gpuscale.errors import ConfigError
@@ -34,6 +35,18 @@ def _duration(value: Any) -> float:
 
 Seconds = Annotated[float, BeforeValidator(_duration)]
 """A duration field: accepts "250ms", "5s", "1m30s", "2h" or a number of seconds; holds seconds."""
+
+
+def _regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise ValueError(f"not a regular expression: {e}") from None
+    return text
+
+
+Regex = Annotated[str, AfterValidator(_regex)]
+"""A regular-expression field: the file is rejected, naming the field, when the expression does not compile."""
 
 
 def is_duration(field: FieldInfo) -> bool:

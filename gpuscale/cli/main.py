@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from gpuscale.cli.top import TopSettings, add_top_arguments, run_top
 from gpuscale.errors import GpuscaleError
-from gpuscale.settings import AdapterSettings, DemoSettings, add_arguments, from_arguments
+from gpuscale.settings import AdapterSettings, ControllerSettings, DemoSettings, add_arguments, from_arguments
 
 
 def _parser(prog: str = "gpuscale") -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -25,11 +25,15 @@ def _parser(prog: str = "gpuscale") -> tuple[argparse.ArgumentParser, dict[str, 
     add_arguments(demo, DemoSettings)
     top = sub.add_parser("top", help="kubectl top for GPUs: nodes, pods or gpus, and what each GPU really does")
     add_top_arguments(top)
+    controller = sub.add_parser(
+        "controller", help="GPU health remediation and autoscaler hints from DCGM telemetry (writes to the cluster)"
+    )
+    add_arguments(controller, ControllerSettings)
     from gpuscale.cli.simulate import SimulateSettings
 
     simulate = sub.add_parser("simulate", help="replay a request trace through HPA manifests: cost, queue time, SLO")
     add_arguments(simulate, SimulateSettings)
-    return parser, {"adapter": adapter, "demo": demo, "top": top, "simulate": simulate}
+    return parser, {"adapter": adapter, "demo": demo, "top": top, "controller": controller, "simulate": simulate}
 
 
 def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
@@ -79,6 +83,12 @@ def main(argv: list[str] | None = None, *, prog: str = "gpuscale") -> int:
             from gpuscale.cli.simulate import SimulateSettings, main_simulate
 
             main_simulate(from_arguments(SimulateSettings, args))
+        elif args.command == "controller":
+            from gpuscale.cli.controller import run_controller
+
+            controller_settings = from_arguments(ControllerSettings, args)
+            _logging(controller_settings.log_level)
+            asyncio.run(_until_signal(lambda stop: run_controller(controller_settings, stop)))
         elif args.command == "top":
             top_settings = from_arguments(TopSettings, args)
             _logging(top_settings.log_level)
