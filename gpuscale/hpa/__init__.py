@@ -11,6 +11,10 @@ an hour of syncs in milliseconds and the demo can run the same code against a li
                    missing metrics and not-yet-ready pods as the controller treats them
     controller.py  one HPA over time: several metrics → the largest proposal, invalid metrics, min/max,
                    behavior (stabilization windows, Pods/Percent policies over periodSeconds, selectPolicy)
+
+Feature gates: ``behavior.scaleUp/scaleDown.tolerance`` (HPAConfigurableTolerance, Kubernetes ≥ 1.33) is
+honoured as if the gate were on; scale to zero (HPAScaleToZero) is not: minReplicas must be ≥ 1, as the
+API server requires by default. CPU/memory Resource metrics are not modelled.
 """
 
 from gpuscale.hpa.controller import Autoscaler, Decision, MetricUnavailable, PodInfo, Readings

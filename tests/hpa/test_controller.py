@@ -279,3 +279,35 @@ def test_not_yet_ready_replicas_are_counted_as_the_controller_counts_them():
     d = auto.reconcile(0, spec_replicas=4, pods=fleet, readings=readings)
     # ratio 3 over 2 reporting pods; with new-0 missing (0) and new-1 pending (0): 600 // 4 → 1.5 → ceil(6)
     assert d.proposals[0].replicas == 6 and d.desired_replicas == 6
+
+
+def test_external_and_object_average_value_divide_by_the_pods_that_exist():
+    """horizontal.go computeReplicasForMetric: External AverageValue → GetExternalPerPodMetricReplicas and
+    Object AverageValue → GetObjectPerPodMetricReplicas, both against status replicas (all pods, ready or not)."""
+    external = """
+  metrics:
+    - type: External
+      external:
+        metric: {name: inference_queue_depth, selector: {matchLabels: {model: bert}}}
+        target: {type: AverageValue, averageValue: "20"}
+"""
+    auto = Autoscaler(hpa("  maxReplicas: 20\n" + external))
+    readings = Values(pods=0)
+    readings.objects["inference_queue_depth"] = 130_000  # 130 waiting over the namespace
+    fleet = [*pods(3), PodInfo("loading", ready=False)]
+    d = auto.reconcile(0, spec_replicas=4, pods=fleet, readings=readings)
+    assert d.proposals[0].replicas == 7 and d.proposals[0].usage_milli == 32500  # ceil(130 / 20); 130 / 4 pods
+    obj = """
+  metrics:
+    - type: Object
+      object:
+        describedObject: {apiVersion: apps/v1, kind: Deployment, name: web}
+        metric: {name: inference_requests_per_second}
+        target: {type: AverageValue, averageValue: "50"}
+"""
+    auto = Autoscaler(hpa("  maxReplicas: 20\n" + obj))
+    readings.objects["inference_requests_per_second"] = 210_000
+    # 210 / (50 × 4) = 1.05: within the tolerance, 4 stays
+    assert auto.reconcile(0, spec_replicas=4, pods=pods(4), readings=readings).desired_replicas == 4
+    readings.objects["inference_requests_per_second"] = 230_000
+    assert auto.reconcile(15, spec_replicas=4, pods=pods(4), readings=readings).desired_replicas == 5  # ceil(4.6)
