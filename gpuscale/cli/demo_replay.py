@@ -25,6 +25,7 @@ import yaml
 from rich.console import Console
 
 from gpuscale.cli.hpa_loop import HpaLoop
+from gpuscale.errors import SourceUnavailable
 from gpuscale.hpa import SYNC_PERIOD_SECONDS, parse_manifests
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import DEFAULT_CATALOGUE_PATH
@@ -114,7 +115,11 @@ class DemoReplay:
                 now = (time.monotonic() - started) * self.speedup  # the controller's clock, in trace seconds
                 if now > self.trace.duration_s:
                     break
-                result = await loop.sync(now)
+                try:
+                    result = await loop.sync(now)
+                except SourceUnavailable as e:  # NB: the controller logs and retries next sync; so does the demo
+                    console.print(f"  [dim]{int(now // 60):02d}:{int(now % 60):02d}  sync failed: {e}[/]")
+                    continue
                 d = result.decision
                 signals = await _signals(loop, session, adapter_url)
                 ready = sum(1 for p in result.pods if p.ready and not p.deleting)
@@ -208,8 +213,11 @@ async def _signals(loop: HpaLoop, session: aiohttp.ClientSession, adapter_url: s
         ("sm", "gpu_sm_active", np.mean),
         ("ratio", "inference_queue_compute_ratio", np.mean),
     ):
-        async with session.get(base + metric + selector) as resp:
-            items = (await resp.json()).get("items", []) if resp.status == 200 else []
+        try:
+            async with session.get(base + metric + selector) as resp:
+                items = (await resp.json()).get("items", []) if resp.status == 200 else []
+        except aiohttp.ClientError:
+            items = []  # NB: shown as 0 on this line; the HPA's own reads decide, and report their errors
         values = [parse_quantity(i["value"]) for i in items]
         out[key] = float(how(values)) if values else 0.0
     return out
