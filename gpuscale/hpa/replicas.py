@@ -61,17 +61,20 @@ def pods_metric_replicas(
     ready = 0
     unready: list[str] = []
     missing: list[str] = []
-    metrics: dict[str, int] = {}
+    # NB: values of pods the selector did not list stay in the average, as upstream (prometheus-adapter's
+    # "extra items skew the result"); those of ignored and unready pods are removed.
+    metrics: dict[str, int] = dict(values_milli)
     for pod in pods:
         if pod.deleting or pod.phase == "Failed":
+            metrics.pop(pod.name, None)
             continue
         if pod.phase == "Pending":
             unready.append(pod.name)
+            metrics.pop(pod.name, None)
             continue
         if pod.name not in values_milli:
             missing.append(pod.name)
             continue
-        metrics[pod.name] = values_milli[pod.name]
         ready += 1
     if not metrics:
         raise NoMetrics("did not receive metrics for targeted pods (pods might be unready)")

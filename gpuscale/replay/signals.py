@@ -100,7 +100,13 @@ class AdapterView:
     # --- gpuscale.hpa.Readings ------------------------------------------------------------------------
 
     def pods(self, metric: MetricIdentifier) -> Mapping[str, int]:
-        out = {pod: milli_value(float(v[metric.name][0])) for pod, v in self.latest.items() if metric.name in v}
+        # NB: like the adapter, answer only for pods that still exist (the last refresh may predate a deletion)
+        live = {r.name for r in self.model.replicas if r.gone_at is None}
+        out = {
+            pod: milli_value(float(v[metric.name][0]))
+            for pod, v in self.latest.items()
+            if metric.name in v and pod in live
+        }
         if not out:
             raise MetricUnavailable(f"no pod has a value for {metric.name}")
         return out

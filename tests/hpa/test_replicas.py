@@ -105,6 +105,14 @@ def test_deleted_and_failed_pods_are_ignored():
     assert got == (4, 600)
 
 
+def test_values_of_pods_not_selected_count_in_the_average():
+    """TestReplicaCalcSuperfluousMetrics, on a Pods metric: GetMetricUsageRatio averages every value the
+    metrics API returned, while the proposal multiplies by the ready pods listed: 28700 // 6 = 4783 → 4.783 × 4."""
+    values = {f"test-pod-{i}": v for i, v in enumerate([4000, 9500, 3000, 7000, 3200, 2000])}
+    got = pods_metric_replicas(4, target_average_milli=1000, values_milli=values, pods=_pods(4), tolerances=T)
+    assert got == (20, 4783)
+
+
 def test_no_values_is_an_invalid_metric():
     """TestReplicaCalcEmptyMetrics: an empty answer is an error, not zero."""
     with pytest.raises(NoMetrics):
