@@ -69,17 +69,16 @@ def replay(
                 events.append(Event(now, spec, decision.desired_replicas, decision.reason, _why(decision)))
                 model.scale_to(now, decision.desired_replicas, startup_s=settings.startup_s)
                 spec = decision.desired_replicas
-            timeline.append(_sample(now, spec, model, view))
+            timeline.append(_sample(now, spec, model))
         if now > trace.duration_s and model.done():
             break
         model.advance(now)
-    end = now
     return summarize(
         name=hpa.name,
         source=source,
         trace=trace,
         model=model,
-        end_s=end,
+        end_s=now,  # NB: the last request has completed (or the tail ran out)
         timeline=timeline,
         events=events,
         slo_queue_s=settings.slo_queue_s,
@@ -93,7 +92,7 @@ def _why(decision: Decision) -> str:
     return "; ".join(parts)
 
 
-def _sample(now: float, spec: int, model: ServingModel, view: AdapterView) -> Sample:
+def _sample(now: float, spec: int, model: ServingModel) -> Sample:
     live = [r for r in model.replicas if r.gone_at is None]
     ready = [r for r in live if r.ready(now)]
     util = [model.gpu_activity(r) for r in ready]
