@@ -139,3 +139,17 @@ def test_cli_json_and_table(tmp_path, capsys):
     )
     assert main(["simulate", "--trace", str(trace), "--hpa", str(bad)]) == 2
     assert f"{bad}: spec: maxReplicas (4) must be greater than or equal to minReplicas" in capsys.readouterr().err
+
+
+def test_cli_window_rate_scale_and_an_empty_window(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,input_tokens,output_tokens\n" + "".join(f"{i},800,50\n" for i in range(120)))
+    manifest = tmp_path / "q.yaml"
+    manifest.write_text(HPA.format(name="queue", metric="inference_queue_depth", target="4", max=4))
+    args = ["simulate", "--trace", str(trace), "--hpa", str(manifest), "--output", "json"]
+    assert main([*args, "--start", "30s", "--duration", "1m", "--rate-scale", "2", "--initial-replicas", "2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["trace"]["requests"] == 120 and doc["trace"]["rate_scale"] == 2.0  # 60 requests, each twice
+    assert doc["settings"]["initial_replicas"] == 2
+    assert main([*args, "--start", "10m"]) == 2
+    assert "t.csv: no requests in the chosen window (--start/--duration)" in capsys.readouterr().err
