@@ -99,6 +99,7 @@ def test_help_of_every_command(installed):
         ["gpuscale", "adapter", "--help"],
         ["gpuscale", "top", "--help"],
         ["gpuscale", "controller", "--help"],
+        ["gpuscale", "simulate", "--help"],
     ):
         done = installed.run(*args)
         assert done.returncode == 0 and "usage: gpuscale" in done.stdout, (args, done.stderr)
