@@ -8,6 +8,7 @@ key is unknown; durations written as "5s", "1m30s" or seconds.
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
 from pydantic.fields import FieldInfo
 
 from gpuscale.errors import ConfigError
@@ -36,6 +37,18 @@ Seconds = Annotated[float, BeforeValidator(_duration)]
 """A duration field: accepts "250ms", "5s", "1m30s", "2h" or a number of seconds; holds seconds."""
 
 
+def _regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise ValueError(f"not a regular expression: {e}") from None
+    return text
+
+
+Regex = Annotated[str, AfterValidator(_regex)]
+"""A regular-expression field: the file is rejected, naming the field, when the expression does not compile."""
+
+
 def is_duration(field: FieldInfo) -> bool:
     """Whether a settings field is a ``Seconds`` duration (so --help can show its default as "5s")."""
     metadata = [*field.metadata]
@@ -53,14 +66,16 @@ def _allowed_keys(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]
         if origin in (list, tuple, dict):
             ann = typing.get_args(ann)[-1]
         elif isinstance(ann, type) and issubclass(ann, BaseModel) and isinstance(part, str):
-            field = ann.model_fields.get(part)
+            field = {f.alias or n: f for n, f in ann.model_fields.items()}.get(part) or ann.model_fields.get(part)
             if field is None:
                 return None
             ann = field.annotation
         else:
             return None
     ann = _unwrap(ann)
-    return list(ann.model_fields) if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+        return None
+    return [f.alias or n for n, f in ann.model_fields.items()]  # NB: the spelling a user writes
 
 
 def _unwrap(ann: Any) -> Any:

@@ -5,6 +5,7 @@
     ├── ExpositionError        exporter text is malformed (names source and line)
     ├── SelectorError          a label/field selector does not parse (→ 400 BadRequest)
     ├── SourceUnavailable      a source (exporter, Prometheus, Kubernetes API) could not be read
+    │   └── KindNotServed      the Kubernetes API serves no such apiVersion/kind (a CRD not installed)
     ├── Unauthenticated        (adapter/auth.py) no valid credential on a request (→ 401)
     ├── CertificateRejected    (adapter/tls.py) a client certificate does not chain to a trusted CA
     └── MetricsError           the adapter cannot answer a metrics request
@@ -62,6 +63,10 @@ class SourceUnavailable(GpuscaleError):
         self.reason = reason
         self.kind = kind
         super().__init__(f"{source}: {reason}")
+
+
+class KindNotServed(SourceUnavailable):
+    """The Kubernetes API does not serve an apiVersion/kind (its discovery document lacks it)."""
 
 
 def one_line(text: str, limit: int = 160) -> str:

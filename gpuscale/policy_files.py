@@ -19,7 +19,22 @@ CATALOGUE_FILE = "metrics.yaml"
 DIAGNOSIS_FILE = "diagnosis.yaml"
 HEALTH_FILE = "health.yaml"
 PRICES_FILE = "prices.yaml"
-POLICY_FILES = (CATALOGUE_FILE, DIAGNOSIS_FILE, HEALTH_FILE, PRICES_FILE)
+RIGHTSIZING_FILE = "rightsizing.yaml"
+GPUS_FILE = "gpus.yaml"
+POOLS_FILE = "pools.yaml"
+REMEDIATION_FILE = "remediation.yaml"
+HINTS_FILE = "hints.yaml"
+POLICY_FILES = (
+    CATALOGUE_FILE,
+    DIAGNOSIS_FILE,
+    HEALTH_FILE,
+    PRICES_FILE,
+    POOLS_FILE,
+    REMEDIATION_FILE,
+    HINTS_FILE,
+    RIGHTSIZING_FILE,
+    GPUS_FILE,
+)
 
 PolicyPath = Path | Traversable
 """A policy file: a path on disk, or a shipped file (a path too unless the package is imported from a zip)."""

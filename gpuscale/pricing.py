@@ -9,28 +9,19 @@ from __future__ import annotations
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from gpuscale.config import read_yaml, validate
+from gpuscale.config import Regex, read_yaml, validate
 from gpuscale.policy_files import PRICES_FILE, policy_file
 
 __all__ = ["PRICES_FILE", "PriceTable", "ProductPrice", "load_prices"]
 
 
-def _regex(text: str) -> str:
-    try:
-        re.compile(text)
-    except re.error as e:
-        raise ValueError(f"not a regular expression: {e}") from None
-    return text
-
-
 class ProductPrice(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    match: Annotated[str, AfterValidator(_regex)]
+    match: Regex
     per_gpu_hour: float = Field(ge=0, allow_inf_nan=False)
 
 

@@ -126,8 +126,10 @@ class AdapterSettings(_Settings):
 
 class DemoSettings(_Settings):
     port: int = Field(8443, ge=0, le=65535, description="adapter port on 127.0.0.1 (0 = pick a free port)")
-    duration: Seconds | None = Field(None, description="stop after this long (default: run until Ctrl-C)")
-    refresh_interval: Seconds = Field(2.0, gt=0, description="adapter refresh interval")
+    duration: Seconds = Field(
+        60.0, gt=0, description="how long the autoscaling replay runs (the trace slice is sped up to fit)"
+    )
+    refresh_interval: Seconds = Field(1.0, gt=0, description="adapter refresh interval")
     config: str | None = Field(
         None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"
     )
@@ -135,6 +137,67 @@ class DemoSettings(_Settings):
         None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
     )
     log_level: str = Field("warning", description="debug, info, warning or error")
+
+
+class ControllerSettings(_Settings):
+    # --- where it reads from ---
+    kubeconfig: str | None = Field(None, description="kubeconfig (default: the in-cluster service account)")
+    scrape_url: list[str] = Field(
+        default_factory=list, description="dcgm-exporter /metrics URL to scrape (repeatable; the node from its labels)"
+    )
+    discover_exporters: bool = Field(
+        False, description="scrape the dcgm-exporter pods found through the Kubernetes API (their node: the pod's)"
+    )
+    dcgm_exporter_selector: str = Field("app=nvidia-dcgm-exporter", description="label selector of dcgm-exporter pods")
+    prometheus_url: str | None = Field(None, description="read DCGM series from this Prometheus-compatible server")
+    prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
+    scrape_timeout: Seconds = Field(5.0, gt=0, description="timeout of one exporter scrape or Prometheus query")
+    policies: str | None = Field(
+        None, description="directory whose health.yaml, diagnosis.yaml, remediation.yaml override the shipped ones"
+    )
+    # --- how it runs ---
+    namespace: str = Field("gpuscale", description="namespace of the Lease and of the breaker's state ConfigMap")
+    identity: str | None = Field(None, description="this replica's name in the Lease (default: $POD_NAME or host)")
+    interval: Seconds = Field(15.0, gt=0, description="time between reconciles")
+    leader_elect: bool = Field(True, description="elect one acting replica through a coordination.k8s.io Lease")
+    lease_name: str = Field("gpuscale-controller", description="name of the Lease")
+    lease_duration: Seconds = Field(15.0, gt=0, description="how long a Lease lasts unrenewed")
+    renew_deadline: Seconds = Field(10.0, gt=0, description="a leader that cannot renew for this long stops acting")
+    retry_period: Seconds = Field(2.0, gt=0, description="time between Lease renewals")
+    dry_run: bool = Field(False, description="validate every write on the server (dryRun=All) and change nothing")
+    port: int = Field(8080, ge=0, le=65535, description="port of /healthz, /readyz and /metrics (0 = any free port)")
+    bind_address: str = Field("0.0.0.0", description="address that port listens on")
+    log_level: str = Field("info", description="debug, info, warning or error")
+    # --- health remediation (each step switchable) ---
+    health: bool = Field(True, description="GPU health remediation")
+    health_events: bool = Field(True, description="health: Events on the node")
+    health_condition: bool = Field(True, description="health: the GpuHealthy node condition")
+    health_taint: bool = Field(True, description="health: the cluster-autoscaler status taint")
+    health_cordon: bool = Field(True, description="health: cordon")
+    health_drain: bool = Field(False, description="health: drain cordoned nodes through the Eviction API")
+    # --- autoscaler hints ---
+    hints: bool = Field(True, description="autoscaler hints from telemetry")
+    hint_scale_down_disabled: bool = Field(
+        True, description="hints: scale-down-disabled on nodes with active multi-GPU gangs or warm inference"
+    )
+    hint_karpenter: bool = Field(True, description="hints: karpenter.sh/do-not-disrupt on Karpenter nodes instead")
+    hint_idle: bool = Field(True, description="hints: Events and a gauge for requested-but-idle GPUs")
+    hint_safe_to_evict: bool = Field(
+        False, description="hints: annotate idle GPU pods cluster-autoscaler.kubernetes.io/safe-to-evict=true"
+    )
+    # --- gang-aware capacity (policies/pools.yaml; each also needs its `enabled` there) ---
+    gangs: bool = Field(True, description="ProvisioningRequests for pending gangs, NVLink-domain warnings")
+    expander: bool = Field(True, description="the cluster-autoscaler priority-expander ConfigMap from pool ranking")
+
+    @model_validator(mode="after")
+    def _check(self) -> ControllerSettings:
+        if self.prometheus_url and (self.scrape_url or self.discover_exporters):
+            raise ValueError("prometheus-url: give either --prometheus-url or scrape targets, not both")
+        if not self.prometheus_url and not self.scrape_url and not self.discover_exporters:
+            raise ValueError("scrape-url: give --scrape-url (repeatable), --discover-exporters or --prometheus-url")
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError("renew-deadline: needs --retry-period < --renew-deadline < --lease-duration")
+        return self
 
 
 def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
@@ -170,4 +233,12 @@ def from_arguments(model: type[_Settings], args: argparse.Namespace) -> Any:
         raise ConfigError("; ".join(problems)) from None
 
 
-__all__ = ["AdapterSettings", "DemoSettings", "Seconds", "add_arguments", "from_arguments", "get_args"]
+__all__ = [
+    "AdapterSettings",
+    "ControllerSettings",
+    "DemoSettings",
+    "Seconds",
+    "add_arguments",
+    "from_arguments",
+    "get_args",
+]

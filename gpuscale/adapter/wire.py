@@ -23,8 +23,6 @@ EXTERNAL_VERSIONS = ("v1beta1",)
 _API_VERSION = {DEPLOYMENT: "apps/v1", STATEFULSET: "apps/v1", RESOURCE_CLAIM: "resource.k8s.io/v1"}
 
 
-
-
 quantity = lru_cache(maxsize=65536)(format_quantity)
 
 
@@ -101,8 +99,9 @@ class ItemEncoder:
             key = (version, metric, i.obj, i.point, echoed)
             text = memo.get(key)
             if text is None:
-                text = memo[key] = json.dumps(custom_item(version, metric, i.obj, i.point, selector),
-                                              separators=(",", ":"))
+                text = memo[key] = json.dumps(
+                    custom_item(version, metric, i.obj, i.point, selector), separators=(",", ":")
+                )
             parts.append(text)
         head = f'{{"kind":"MetricValueList","apiVersion":"{CUSTOM_GROUP}/{version}","metadata":{{}},"items":['
         return (head + ",".join(parts) + "]}").encode()

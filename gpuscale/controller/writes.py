@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from gpuscale.controller.telemetry import ClusterTelemetry
 
 __all__ = [
     "Actuator",
@@ -24,6 +27,7 @@ __all__ = [
     "Evict",
     "ObjectKey",
     "Patch",
+    "Planner",
     "StaticClusterView",
     "Write",
     "WriteOutcome",
@@ -135,6 +139,21 @@ class ClusterView(Protocol):
     def objects(self, api_version: str, kind: str, namespace: str | None = None) -> list[Mapping[str, Any]]: ...
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Mapping[str, Any] | None: ...
+
+
+class Planner(Protocol):
+    """One concern of the controller (health, hints, gangs…): what it wants written, given what is known.
+
+    Pure: no I/O, no clock (``now`` is passed in, seconds since the epoch), no state outside its arguments.
+    Its policy is bound at construction; any state it must keep across reconciles and restarts (a breaker's
+    recent actions) lives in the cluster — annotations or a ConfigMap it writes and reads back from ``view``.
+    ``name`` labels its writes in logs and metrics (``health``, ``hints``, ``gangs``). An unchanged cluster and
+    unchanged telemetry plan no writes.
+    """
+
+    name: str
+
+    def plan(self, view: ClusterView, telemetry: ClusterTelemetry, *, now: float) -> list[Write]: ...
 
 
 @dataclass

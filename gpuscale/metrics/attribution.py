@@ -78,8 +78,14 @@ def _objects(owner: ObjectRef | None, node_name: str | None, claim: ObjectRef | 
     return tuple(objects)
 
 
-def _device(key: tuple[str, ...], physical: tuple[str, ...], owner: ObjectRef | None, node_name: str | None,
-            labels: tuple[tuple[str, str], ...], claim: ObjectRef | None = None) -> Device:
+def _device(
+    key: tuple[str, ...],
+    physical: tuple[str, ...],
+    owner: ObjectRef | None,
+    node_name: str | None,
+    labels: tuple[tuple[str, str], ...],
+    claim: ObjectRef | None = None,
+) -> Device:
     return Device(key, physical, owner, node_name, labels, _objects(owner, node_name, claim), claim)
 
 

@@ -75,8 +75,6 @@ _UUID_LABELS = ("UUID", "uuid", "gpu_uuid")
 _CONTAINER_LABELS = ("exported_container", "container", "container_name")
 
 
-
-
 def _epoch(value: object) -> object:
     """RFC 3339 text (as written by ``rfc3339``) → seconds since the epoch; anything else unchanged."""
     if isinstance(value, str):

@@ -685,6 +685,12 @@ def _busy_and_gr(busy_text: str, s: GpuSignals) -> str:
     return busy_text
 
 
+def health_findings(signals: GpuSignals, policy: DiagnosisPolicy) -> list[Finding]:
+    """Only the health findings of ``diagnose`` (Xids, memory-error counters): cheap on a healthy GPU, for
+    callers that judge health on every GPU of a cluster (the controller) and need no workload verdict."""
+    return _health_findings(signals, policy.health)
+
+
 def _health_findings(s: GpuSignals, h: HealthPolicy) -> list[Finding]:
     out: list[Finding] = []
     ecc, rows, failure = s.ecc_dbe_volatile, s.uncorrectable_remapped_rows, s.row_remap_failure

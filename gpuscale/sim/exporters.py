@@ -770,6 +770,7 @@ class ClusterSim:
         self._retired: set[PodKey] = set()
         self._gpu_counters: dict[tuple[str, int], _GpuCounters] = {}
         self._overrides: dict[tuple[str, int], dict[str, Any]] = {}
+        self._vanished: set[tuple[str, int]] = set()
         self._triton: dict[PodKey, TritonState] = {}
         self._gpu_by_uuid = {gpu.uuid: (node.name, gpu.index) for node in scenario.nodes for gpu in node.gpus}
         for node in scenario.nodes:
@@ -860,6 +861,16 @@ class ClusterSim:
 
     def clear_overrides(self) -> None:
         self._overrides.clear()
+        self._vanished.clear()
+
+    def vanish_gpu(self, node: str, index: int) -> None:
+        """Drop one GPU from its node's dcgm-exporter output (as after Xid 79, "fallen off the bus"), until
+        ``restore_gpu`` or ``clear_overrides``."""
+        self.scenario.node(node).gpu(index)
+        self._vanished.add((node, index))
+
+    def restore_gpu(self, node: str, index: int) -> None:
+        self._vanished.discard((node, index))
 
     # time ------------------------------------------------------------------------------------------
 
@@ -998,7 +1009,7 @@ class ClusterSim:
         label_style: LabelStyle = "default",
         hostname_label: str | None = "Hostname",
     ) -> str:
-        signals = self.gpu_signals(node, now=now)
+        signals = {i: s for i, s in self.gpu_signals(node, now=now).items() if (node, i) not in self._vanished}
         return render_dcgm(
             self.scenario.node(node),
             signals,

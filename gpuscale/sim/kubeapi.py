@@ -23,11 +23,21 @@ What is faithful (the things clients and controllers depend on):
   finalizers (``deletionTimestamp`` first) and DeleteOptions preconditions; ``deletecollection``;
   ``fieldValidation`` Strict (400) / Warn (the default: ``Warning`` headers) / Ignore, checked for top-level,
   ``metadata`` and workload/lease ``spec`` fields — deeper fields are not schema-checked.
-* Resources: core v1 pods, nodes, namespaces, configmaps, services, events; apps/v1 deployments,
-  statefulsets, replicasets, daemonsets; coordination.k8s.io/v1 leases; events.k8s.io/v1 events.
+* Resources: core v1 pods, nodes, namespaces, configmaps, services, events, podtemplates; apps/v1 deployments,
+  statefulsets, replicasets, daemonsets; batch/v1 jobs (defaults and the generated selector and template labels);
+  coordination.k8s.io/v1 leases; events.k8s.io/v1 events; policy/v1 poddisruptionbudgets;
+  apiextensions.k8s.io/v1 customresourcedefinitions.
+* Custom resources: creating a CustomResourceDefinition serves its resource at once (status ``Established``),
+  one resource per served version, with discovery, list/watch, CRUD, dryRun, ``metadata.generation`` and the
+  ``status`` subresource when the version declares it (then a create's status is dropped and the main
+  resource cannot change it); deleting the CRD deletes its objects. Not simulated: OpenAPI schema validation
+  and pruning, defaulting, conversion between versions (every version is served from one store, only
+  ``apiVersion`` differs), printer columns, the scale subresource. ``gpuscale.sim.crds`` holds definitions of
+  common batch-scheduling CRDs (Volcano, coscheduling, Kueue, ProvisioningRequest).
 * Subresources: ``status`` (pods, nodes, namespaces, services and the apps kinds), ``scale`` (deployments,
   statefulsets, replicasets; GET/PUT/PATCH an ``autoscaling/v1`` Scale whose ``spec.replicas`` writes through),
-  ``pods/binding``.
+  ``pods/binding``, ``pods/eviction`` (policy/v1 Eviction: PodDisruptionBudgets respected, 429 when one allows
+  no disruption — computed from the selected pods' readiness, as there is no disruption controller).
 * Validation that real clusters enforce and that would hide bugs if skipped: object names, label keys/values,
   workload ``spec.selector`` present, non-empty, matching the template labels and immutable, pods having
   containers, pod spec immutability (except images, tolerations, activeDeadlineSeconds).
@@ -93,6 +103,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from gpuscale.disruption import disruptions_allowed, pdb_selects
 from gpuscale.errors import SelectorError
 from gpuscale.selectors import FieldSelector, LabelSelector, field_value, label_key_problem, label_value_problem
 
@@ -156,6 +167,8 @@ class ResourceType:
     extra_field_labels: Mapping[str, str] = field(default_factory=dict)
     field_defaults: Mapping[str, str] = field(default_factory=dict)
     storage_name: str = ""
+    custom: bool = False
+    """Served from a CustomResourceDefinition (see ``SimKubeApi``'s custom resources)."""
 
     @property
     def api_version(self) -> str:
@@ -211,7 +224,7 @@ RESOURCES: tuple[ResourceType, ...] = (
         "Pod",
         namespaced=True,
         short_names=("po",),
-        subresources=("status", "binding"),
+        subresources=("status", "binding", "eviction"),
         categories=("all",),
         extra_field_labels={p: p for p in _POD_FIELDS},
         field_defaults={"spec.hostNetwork": "false"},
@@ -308,6 +321,29 @@ RESOURCES: tuple[ResourceType, ...] = (
         tracks_generation=True,
     ),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
+    # -- workload and extension kinds for batch controllers (PodTemplates, Jobs, CustomResourceDefinitions)
+    ResourceType("", "v1", "podtemplates", "PodTemplate", namespaced=True),
+    ResourceType(
+        "batch",
+        "v1",
+        "jobs",
+        "Job",
+        namespaced=True,
+        subresources=("status",),
+        categories=("all",),
+        tracks_generation=True,
+        extra_field_labels={"status.successful": "status.succeeded"},
+    ),
+    ResourceType(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        namespaced=False,
+        short_names=("crd", "crds"),
+        subresources=("status",),
+        categories=("api-extensions",),
+    ),
     ResourceType(
         "events.k8s.io",
         "v1",
@@ -322,6 +358,17 @@ RESOURCES: tuple[ResourceType, ...] = (
             "type": "type",
         },
         storage_name="events",  # the same objects as core v1 Events, converted on the way in and out
+    ),
+    # --- disruption: policy/v1 PodDisruptionBudgets (and pods/eviction above); no disruption controller, so
+    # ``status`` is what clients write, and an Eviction computes the budget from the pods themselves.
+    ResourceType(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        namespaced=True,
+        short_names=("pdb",),
+        subresources=("status",),
     ),
 )
 _BY_PATH = {(rt.group, rt.version, rt.plural): rt for rt in RESOURCES}
@@ -857,8 +904,94 @@ def _validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None)
                     "FieldValueForbidden",
                 )
             )
+    elif rt.kind == "Job" and not rt.custom:
+        causes.extend(_job_causes(spec, (old or {}).get("spec")))
+    elif rt.kind == "CustomResourceDefinition" and not rt.custom:
+        causes.extend(_crd_causes(name, spec, (old or {}).get("spec")))
     if causes:
         raise _invalid(rt, name, causes)
+
+
+def _job_causes(spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None) -> list[_Cause]:
+    causes: list[_Cause] = []
+    template_spec = (spec.get("template") or {}).get("spec") or {}
+    if not template_spec.get("containers"):
+        causes.append(_Cause("spec.template.spec.containers", "Required value", "FieldValueRequired"))
+    restart = template_spec.get("restartPolicy")
+    if restart not in ("OnFailure", "Never"):
+        causes.append(
+            _Cause(
+                "spec.template.spec.restartPolicy",
+                f'Unsupported value: "{restart or ""}": supported values: "OnFailure", "Never"',
+                "FieldValueNotSupported",
+            )
+        )
+    if old_spec is not None and old_spec.get("selector") != spec.get("selector"):
+        causes.append(_Cause("spec.selector", "Invalid value: field is immutable"))
+    return causes
+
+
+def _crd_causes(name: str, spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None) -> list[_Cause]:
+    names = spec.get("names") or {}
+    group, plural = spec.get("group") or "", names.get("plural") or ""
+    causes: list[_Cause] = []
+    if not group:
+        causes.append(_Cause("spec.group", "Required value", "FieldValueRequired"))
+    elif "." not in group:
+        causes.append(_Cause("spec.group", f"Invalid value: {group!r}: should be a domain with at least one dot"))
+    for key in ("plural", "kind"):
+        if not names.get(key):
+            causes.append(_Cause(f"spec.names.{key}", "Required value", "FieldValueRequired"))
+    if group and plural and name != f"{plural}.{group}":
+        causes.append(_Cause("metadata.name", f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group'))
+    if spec.get("scope") not in ("Namespaced", "Cluster"):
+        causes.append(
+            _Cause(
+                "spec.scope",
+                f'Unsupported value: "{spec.get("scope") or ""}": supported values: "Cluster", "Namespaced"',
+                "FieldValueNotSupported",
+            )
+        )
+    versions = spec.get("versions") or []
+    if sum(1 for v in versions if isinstance(v, dict) and v.get("storage")) != 1:
+        causes.append(_Cause("spec.versions", "Invalid value: must have exactly one version marked as storage version"))
+    for i, version in enumerate(versions):
+        if not isinstance(version, dict) or not version.get("name"):
+            causes.append(_Cause(f"spec.versions[{i}].name", "Required value", "FieldValueRequired"))
+    if any(rt.group == group and rt.plural == plural for rt in RESOURCES):
+        # NB: kube-apiserver would serve the built-in and leave the CRD unestablished; here it is refused outright.
+        causes.append(_Cause("spec.group", f"Invalid value: {group!r}: {plural}.{group} is a built-in resource"))
+    if old_spec is not None:
+        for immutable in ("group", "scope"):
+            if old_spec.get(immutable) != spec.get(immutable):
+                causes.append(_Cause(f"spec.{immutable}", "Invalid value: field is immutable"))
+        if (old_spec.get("names") or {}).get("plural") != plural:
+            causes.append(_Cause("spec.names.plural", "Invalid value: field is immutable"))
+    return causes
+
+
+def _custom_resource_types(crd: Mapping[str, Any]) -> builtins.list[ResourceType]:
+    """The resources a CustomResourceDefinition serves: one per served version, all in one store (the
+    ``None`` conversion strategy: only ``apiVersion`` changes between versions; schemas are not enforced)."""
+    spec = crd.get("spec") or {}
+    names = spec.get("names") or {}
+    return [
+        ResourceType(
+            spec["group"],
+            version["name"],
+            names["plural"],
+            names["kind"],
+            namespaced=spec.get("scope") == "Namespaced",
+            short_names=tuple(names.get("shortNames") or ()),
+            subresources=("status",) if "status" in (version.get("subresources") or {}) else (),
+            categories=tuple(names.get("categories") or ()),
+            tracks_generation=True,
+            storage_name=f"{names['plural']}.{spec['group']}",
+            custom=True,
+        )
+        for version in spec.get("versions") or []
+        if version.get("served", True)
+    ]
 
 
 # fieldValidation: the fields kube-apiserver's typed decoding knows, at the levels manifests usually get wrong.
@@ -887,6 +1020,7 @@ _V1_EVENT_FIELDS = frozenset(_EVENT_FIELDS.values())
 _TOP_LEVEL_FIELDS: dict[str, frozenset[str]] = {
     "ConfigMap": frozenset({"data", "binaryData", "immutable"}),
     "Lease": frozenset({"spec"}),
+    "PodTemplate": frozenset({"template"}),
 }
 _SPEC_FIELDS: dict[str, frozenset[str]] = {
     "Deployment": frozenset(
@@ -917,6 +1051,26 @@ _SPEC_FIELDS: dict[str, frozenset[str]] = {
         }
     ),
     "ReplicaSet": frozenset({"replicas", "minReadySeconds", "selector", "template"}),
+    "Job": frozenset(
+        {
+            "parallelism",
+            "completions",
+            "activeDeadlineSeconds",
+            "podFailurePolicy",
+            "successPolicy",
+            "backoffLimit",
+            "backoffLimitPerIndex",
+            "maxFailedIndexes",
+            "selector",
+            "manualSelector",
+            "template",
+            "ttlSecondsAfterFinished",
+            "completionMode",
+            "suspend",
+            "podReplacementPolicy",
+            "managedBy",
+        }
+    ),
     "DaemonSet": frozenset({"selector", "template", "updateStrategy", "minReadySeconds", "revisionHistoryLimit"}),
     "Lease": frozenset(
         {
@@ -935,6 +1089,8 @@ _SPEC_FIELDS: dict[str, frozenset[str]] = {
 def _unknown_fields(rt: ResourceType, body: Mapping[str, Any]) -> list[str]:
     if rt.kind == "Event":
         allowed = _V1_EVENT_FIELDS if rt.group == "events.k8s.io" else _CORE_EVENT_FIELDS
+    elif rt.custom:
+        allowed = frozenset(body)  # NB: no OpenAPI schema here, so nothing to prune or reject beyond metadata
     else:
         allowed = _TOP_LEVEL_FIELDS.get(rt.kind, frozenset({"spec", "status"}))
     unknown = [k for k in body if k not in allowed and k not in ("apiVersion", "kind", "metadata")]
@@ -997,7 +1153,8 @@ def _pod_spec_frozen(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def _default(rt: ResourceType, obj: dict[str, Any], sim: SimKubeApi) -> None:
     """The few API defaults clients observe (replicas, pod phase, namespace phase/label, service IPs)."""
-    spec = obj.setdefault("spec", {}) if rt.kind not in ("ConfigMap", "Event", "Namespace") else obj.get("spec")
+    no_spec = rt.custom or rt.kind in ("ConfigMap", "Event", "Namespace", "PodTemplate")
+    spec = obj.get("spec") if no_spec else obj.setdefault("spec", {})
     if rt.kind in _WORKLOAD_KINDS:
         assert spec is not None
         if rt.kind != "DaemonSet":
@@ -1026,6 +1183,14 @@ def _default(rt: ResourceType, obj: dict[str, Any], sim: SimKubeApi) -> None:
                     port.setdefault("protocol", "TCP")
     elif rt.kind == "Namespace":
         obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
+    elif rt.kind == "Job" and not rt.custom:
+        assert spec is not None
+        _default_job(spec, obj["metadata"])
+    elif rt.kind == "CustomResourceDefinition" and not rt.custom and isinstance(spec, dict):
+        names = spec.setdefault("names", {})
+        if isinstance(names, dict) and names.get("kind"):
+            names.setdefault("singular", str(names["kind"]).lower())
+            names.setdefault("listKind", f"{names['kind']}List")
     elif rt.kind == "Service":
         assert spec is not None
         spec.setdefault("type", "ClusterIP")
@@ -1039,12 +1204,47 @@ def _default(rt: ResourceType, obj: dict[str, Any], sim: SimKubeApi) -> None:
             spec["clusterIPs"] = [spec["clusterIP"]]
 
 
+def _default_job(spec: dict[str, Any], meta: Mapping[str, Any]) -> None:
+    """The Job defaults and, unless ``manualSelector``, the generated selector and template labels."""
+    spec.setdefault("parallelism", 1)
+    if spec.get("completionMode") != "Indexed" or "completions" in spec:
+        spec.setdefault("completions", 1)
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("completionMode", "NonIndexed")
+    spec.setdefault("suspend", False)
+    if not spec.get("manualSelector") and "selector" not in spec:
+        uid = meta["uid"]
+        spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+        labels = spec.setdefault("template", {}).setdefault("metadata", {}).setdefault("labels", {})
+        for prefix in ("batch.kubernetes.io/", ""):
+            labels.setdefault(f"{prefix}controller-uid", uid)
+            labels.setdefault(f"{prefix}job-name", meta["name"])
+
+
 def _status_on_create(rt: ResourceType, obj: dict[str, Any]) -> None:
     """What kube-apiserver keeps of a status sent with a create (PrepareForCreate)."""
-    if rt.kind == "Pod":
+    if rt.custom:
+        if rt.has_status:
+            obj.pop("status", None)  # NB: with the status subresource, a create's status is dropped
+    elif rt.kind == "Pod":
         obj["status"] = {"phase": "Pending"}
-    elif rt.kind in _WORKLOAD_KINDS:
+    elif rt.kind in _WORKLOAD_KINDS or rt.kind == "Job":
         obj["status"] = {}
+    elif rt.kind == "CustomResourceDefinition":
+        # NB: the CRD controllers accept the names and establish the resource at once here (no delay).
+        names = (obj.get("spec") or {}).get("names") or {}
+        now = _timestamp()
+        obj["status"] = {
+            "acceptedNames": copy.deepcopy(names),
+            "storedVersions": [v["name"] for v in (obj.get("spec") or {}).get("versions") or [] if v.get("storage")],
+            "conditions": [
+                {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now}
+                for t, r, m in (
+                    ("NamesAccepted", "NoConflicts", "no conflicts found"),
+                    ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+                )
+            ],
+        }
     elif rt.kind == "Namespace":
         obj["status"] = {"phase": "Active"}
     elif rt.kind == "Service":
@@ -1338,7 +1538,12 @@ def _wants_table(request: web.Request) -> bool:
 def _table(
     rt: ResourceType, stored_objects: Iterable[Mapping[str, Any]], *, rv: str, include: str, columns: bool = True
 ) -> dict[str, Any]:
-    column_defs, row = _TABLES.get(rt.kind, _DEFAULT_TABLE) if rt.group != "events.k8s.io" else _TABLES["Event"]
+    if rt.custom:
+        column_defs, row = _DEFAULT_TABLE
+    elif rt.group == "events.k8s.io":
+        column_defs, row = _TABLES["Event"]
+    else:
+        column_defs, row = _TABLES.get(rt.kind, _DEFAULT_TABLE)
     rows = []
     for stored in stored_objects:
         served = _to_served(rt, stored)
@@ -1593,6 +1798,8 @@ class SimKubeApi:
         self.watches_dropped = 0
         """How many open watch connections ``drop_watches`` and ``go_away`` cut."""
         self._address: tuple[str, int] | None = None
+        self._custom: dict[tuple[str, str, str], ResourceType] = {}
+        """(group, version, plural) → the resource an established CustomResourceDefinition serves."""
         for name in namespaces:
             self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
@@ -1669,7 +1876,7 @@ class SimKubeApi:
         * with ``preserve_identity`` a given ``metadata.uid`` and ``creationTimestamp`` are kept, so
           ownerReferences rendered ahead of time stay true (over HTTP the server always assigns both).
         """
-        rt = resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
+        rt = self._resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
         namespace = self._helper_namespace(rt, obj)
         meta = obj.get("metadata") or {}
         identity = {k: meta[k] for k in ("uid", "creationTimestamp") if preserve_identity and meta.get(k)}
@@ -1679,7 +1886,7 @@ class SimKubeApi:
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Create the object if absent, else merge the given fields into it (server-side apply without field
         ownership); a given ``status`` is applied through ``/status`` afterwards, as in ``create``."""
-        rt = resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
+        rt = self._resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
         namespace = self._helper_namespace(rt, obj)
         name = (obj.get("metadata") or {}).get("name", "")
         if not name or self._stored(rt, namespace, name) is None:
@@ -1699,7 +1906,7 @@ class SimKubeApi:
 
     def replace(self, obj: Mapping[str, Any], *, subresource: str | None = None) -> dict[str, Any]:
         """PUT an object (``subresource="status"`` to write its status)."""
-        rt = resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
+        rt = self._resource_for(obj.get("apiVersion", ""), obj.get("kind", ""))
         name = (obj.get("metadata") or {}).get("name", "")
         return self._update(rt, self._helper_namespace(rt, obj), name, dict(obj), subresource=subresource)
 
@@ -1715,7 +1922,7 @@ class SimKubeApi:
         subresource: str | None = None,
     ) -> dict[str, Any]:
         """PATCH an object; ``patch_type`` is merge, strategic, json or apply (or a full content type)."""
-        rt = resource_for(api_version, kind)
+        rt = self._resource_for(api_version, kind)
         content_type = {
             "merge": MERGE_PATCH,
             "strategic": STRATEGIC_MERGE_PATCH,
@@ -1726,11 +1933,11 @@ class SimKubeApi:
         return self._patch(rt, namespace, name, content_type, patch, subresource=subresource, field_manager="sim")
 
     def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> dict[str, Any]:
-        rt = resource_for(api_version, kind)
+        rt = self._resource_for(api_version, kind)
         return self._delete(rt, self._helper_namespace(rt, {"metadata": {"namespace": namespace}}), name, {})
 
     def get(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
-        rt = resource_for(api_version, kind)
+        rt = self._resource_for(api_version, kind)
         stored = self._stored(rt, self._helper_namespace(rt, {"metadata": {"namespace": namespace}}), name)
         return _to_served(rt, stored) if stored is not None else None
 
@@ -1744,7 +1951,7 @@ class SimKubeApi:
         field_selector: str = "",
     ) -> builtins.list[dict[str, Any]]:
         """Objects of a kind (all namespaces when ``namespace`` is None), each with kind and apiVersion."""
-        rt = resource_for(api_version, kind)
+        rt = self._resource_for(api_version, kind)
         try:
             labels = LabelSelector.parse(label_selector)
             fields = self._field_selector(rt, field_selector)
@@ -1950,6 +2157,40 @@ class SimKubeApi:
         reason = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(code, "Unknown")
         return ApiStatusError(code, reason, f"simulated failure: HTTP {code}")
 
+    # -- custom resources (CustomResourceDefinitions)
+
+    def _resource_for(self, api_version: str, kind: str) -> ResourceType:
+        for rt in self._custom.values():
+            if rt.api_version == api_version and rt.kind == kind:
+                return rt
+        return resource_for(api_version, kind)
+
+    def _served(self) -> builtins.list[ResourceType]:
+        """Every resource served now: the built-in ones, then those of established CustomResourceDefinitions."""
+        return [*RESOURCES, *self._custom.values()]
+
+    def _groups(self) -> dict[str, builtins.list[str]]:
+        groups = {g: builtins.list(v) for g, v in _GROUPS.items()}
+        for rt in self._custom.values():
+            if rt.version not in groups.setdefault(rt.group, []):
+                groups[rt.group].append(rt.version)
+        return groups
+
+    def _crd_changed(self, kind: str, crd: Mapping[str, Any]) -> None:
+        """Serve (or stop serving, deleting its objects as the CRD finalizer does) what a CRD defines."""
+        storage = f"{(crd.get('spec') or {}).get('names', {}).get('plural')}.{(crd.get('spec') or {}).get('group')}"
+        for path in [p for p, rt in self._custom.items() if rt.storage == storage]:
+            del self._custom[path]
+        if kind != "DELETED":
+            for rt in _custom_resource_types(crd):
+                self._custom[(rt.group, rt.version, rt.plural)] = rt
+            return
+        types = _custom_resource_types(crd)
+        if types:
+            for _, stored in sorted(self._store(types[0]).items()):
+                self._commit(types[0], "DELETED", copy.deepcopy(stored), stored)
+        self._objects.pop(storage, None)
+
     # -- storage core
 
     def _helper_namespace(self, rt: ResourceType, obj: Mapping[str, Any]) -> str:
@@ -2000,6 +2241,8 @@ class SimKubeApi:
             event = watcher.filter.event_for(change)
             if event is not None:
                 watcher.queue.put_nowait(event)
+        if rt.kind == "CustomResourceDefinition" and not rt.custom:
+            self._crd_changed(kind, new)
         return new
 
     def _create(
@@ -2258,7 +2501,7 @@ class SimKubeApi:
             return _to_served(rt, self._commit(rt, "MODIFIED", deleting, old))
         if rt.kind == "Namespace":
             # NB: stands in for the namespace controller, which would delete the contents after the API call.
-            for other in RESOURCES:
+            for other in self._served():
                 if other.namespaced and other.storage == other.group_resource:
                     for key in [k for k in self._store(other) if k[0] == name]:
                         gone = copy.deepcopy(self._store(other)[key])
@@ -2299,13 +2542,13 @@ class SimKubeApi:
         parts = [p for p in request.path.split("/") if p]
         if not parts:
             return _json(
-                {"paths": ["/api", "/api/v1", "/apis", *(f"/apis/{g}" for g in _GROUPS), "/version", "/healthz"]}
+                {"paths": ["/api", "/api/v1", "/apis", *(f"/apis/{g}" for g in self._groups()), "/version", "/healthz"]}
             )
         head = parts[0]
         if head in ("healthz", "livez", "readyz") and len(parts) == 1:
             return web.Response(text="ok")
         if head == "openapi" and len(parts) >= 2 and parts[1] == "v3":
-            return _json(_openapi_v3(parts[2:]))
+            return _json(_openapi_v3(parts[2:], self._served()))
         if head == "version" and len(parts) == 1:
             return _json(KUBERNETES_VERSION)
         if head == "api":
@@ -2321,23 +2564,27 @@ class SimKubeApi:
                 )
             group, version, rest = "", parts[1], parts[2:]
         elif head == "apis":
+            groups = self._groups()
             if len(parts) == 1:
-                return _json({"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group_doc(g) for g in _GROUPS]})
-            if parts[1] not in _GROUPS:
+                return _json(
+                    {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group_doc(g, groups) for g in groups]}
+                )
+            if parts[1] not in groups:
                 raise _NO_RESOURCE
             if len(parts) == 2:
-                return _json({"kind": "APIGroup", "apiVersion": "v1", **_group_doc(parts[1])})
+                return _json({"kind": "APIGroup", "apiVersion": "v1", **_group_doc(parts[1], groups)})
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
             raise _NO_RESOURCE
         if any(rt.group == group and rt.version == version for rt in _REVIEWS.values()):
             return await self._serve_review(request, group, version, rest)
-        if not any(rt.group == group and rt.version == version for rt in RESOURCES):
+        served = self._served()
+        if not any(rt.group == group and rt.version == version for rt in served):
             raise _NO_RESOURCE
         if not rest:
             if request.method != "GET":
                 raise _NOT_ALLOWED
-            return _json(_resource_list(group, version))
+            return _json(_resource_list(group, version, served))
         return await self._serve_resource(request, group, version, rest)
 
     async def _serve_review(
@@ -2441,7 +2688,7 @@ class SimKubeApi:
                 namespace = None
         if len(rest) > 3:
             raise _NO_RESOURCE
-        rt = _BY_PATH.get((group, version, rest[0]))
+        rt = _BY_PATH.get((group, version, rest[0])) or self._custom.get((group, version, rest[0]))
         if rt is None or (namespace is not None and not rt.namespaced):
             raise _NO_RESOURCE
         name = rest[1] if len(rest) > 1 else None
@@ -2494,6 +2741,10 @@ class SimKubeApi:
             if method != "POST":
                 raise _NOT_ALLOWED
             return self._bind(rt, ns, name, await _body(request))
+        if subresource == "eviction":
+            if method != "POST":
+                raise _NOT_ALLOWED
+            return self._evict(ns, name, await _body(request), write=write)
         if subresource == "scale":
             if method == "GET":
                 return _json(_scale_of(self._require(rt, ns, name)))
@@ -2552,6 +2803,51 @@ class SimKubeApi:
             {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, status=201
         )
 
+    # -- pods/eviction: the Eviction API, PodDisruptionBudgets computed as the disruption controller would
+
+    def _evict(self, namespace: str, name: str, body: Any, *, write: _Write) -> web.Response:
+        """POST pods/{name}/eviction, as kube-apiserver's eviction REST does it.
+
+        A finished pod (Succeeded/Failed) is deleted without consulting budgets. Otherwise the PDBs selecting the
+        pod decide: more than one → 500 (unsupported, as upstream); one with no disruption allowed → 429
+        TooManyRequests with a ``DisruptionBudget`` cause; else the pod is deleted (``dryRun=All`` honoured) and
+        the answer is a 201 Success Status. ``disruptionsAllowed`` is computed from the pods (see
+        gpuscale.disruption), since no disruption controller keeps PDB statuses here.
+        """
+        pods = _BY_KIND[("v1", "Pod")]
+        if not isinstance(body, dict) or body.get("kind", "Eviction") != "Eviction":
+            raise _bad_request("the body of the request must be an Eviction")
+        meta = body.get("metadata") or {}
+        if meta.get("name") not in (None, "", name):
+            raise _bad_request(f"name in URL does not match name in Eviction object: {meta.get('name')} vs {name}")
+        pod = self._require(pods, namespace, name)
+        phase = (pod.get("status") or {}).get("phase")
+        if phase not in ("Succeeded", "Failed"):
+            budgets = [
+                b for b in self._store(_BY_KIND[("policy/v1", "PodDisruptionBudget")]).values() if pdb_selects(b, pod)
+            ]
+            if len(budgets) > 1:
+                raise ApiStatusError(
+                    500,
+                    "InternalError",
+                    "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+                )
+            if budgets:
+                budget = budgets[0]
+                in_namespace = [p for (ns, _), p in self._store(pods).items() if ns == namespace]
+                if disruptions_allowed(budget, in_namespace) <= 0:
+                    cause = f"The disruption budget {budget['metadata']['name']} needs more healthy pods"
+                    raise ApiStatusError(
+                        429,
+                        "TooManyRequests",
+                        "Cannot evict pod as it would violate the pod's disruption budget.",
+                        details={"causes": [{"reason": "DisruptionBudget", "message": cause}]},
+                    )
+        self._delete(pods, namespace, name, body.get("deleteOptions") or {}, write=write)
+        return _json(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, status=201
+        )
+
     def _selectors(self, rt: ResourceType, query: Mapping[str, str]) -> tuple[LabelSelector, FieldSelector]:
         try:
             return LabelSelector.parse(query.get("labelSelector", "")), self._field_selector(
@@ -2595,8 +2891,9 @@ class SimKubeApi:
         served = []
         for stored in items:
             obj = _to_served(rt, stored)
-            obj.pop("kind", None)  # NB: kube-apiserver leaves TypeMeta off the items of a typed list
-            obj.pop("apiVersion", None)
+            if not rt.custom:  # NB: custom resources are listed unstructured, each item with its TypeMeta
+                obj.pop("kind", None)  # NB: kube-apiserver leaves TypeMeta off the items of a typed list
+                obj.pop("apiVersion", None)
             served.append(obj)
         return _json({"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": served})
 
@@ -2780,14 +3077,14 @@ async def _body(request: web.Request) -> Any:
         raise _bad_request(f"couldn't decode the request body: {e}") from e
 
 
-def _group_doc(group: str) -> dict[str, Any]:
-    versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in _GROUPS[group]]
+def _group_doc(group: str, groups: Mapping[str, builtins.list[str]] = _GROUPS) -> dict[str, Any]:
+    versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in groups[group]]
     return {"name": group, "versions": versions, "preferredVersion": versions[0]}
 
 
-def _resource_list(group: str, version: str) -> dict[str, Any]:
+def _resource_list(group: str, version: str, served: Iterable[ResourceType] = RESOURCES) -> dict[str, Any]:
     resources: list[dict[str, Any]] = []
-    for rt in RESOURCES:
+    for rt in served:
         if rt.group != group or rt.version != version:
             continue
         entry: dict[str, Any] = {
@@ -2810,6 +3107,8 @@ def _resource_list(group: str, version: str) -> dict[str, Any]:
                 )
             elif sub == "binding":
                 sub_entry.update({"kind": "Binding", "verbs": ["create"]})
+            elif sub == "eviction":
+                sub_entry.update({"group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]})
             else:
                 sub_entry.update({"kind": rt.kind, "verbs": list(_SUBRESOURCE_VERBS)})
             resources.append(sub_entry)
@@ -2830,7 +3129,7 @@ def _review_resource_list(group: str, version: str) -> dict[str, Any]:
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}", "resources": resources}
 
 
-def _openapi_v3(gv_parts: list[str]) -> dict[str, Any]:
+def _openapi_v3(gv_parts: list[str], served: Iterable[ResourceType] = RESOURCES) -> dict[str, Any]:
     """OpenAPI v3 stubs: the root index and, per group-version, each kind's PATCH with ``fieldValidation``.
 
     NB: kubectl ≥1.27 validates manifests client-side from OpenAPI schemas unless the server declares that it
@@ -2838,13 +3137,13 @@ def _openapi_v3(gv_parts: list[str]) -> dict[str, Any]:
     """
     if not gv_parts:
         paths: dict[str, Any] = {}
-        for rt in RESOURCES:
+        for rt in served:
             key = f"apis/{rt.group}/{rt.version}" if rt.group else f"api/{rt.version}"
             paths[key] = {"serverRelativeURL": f"/openapi/v3/{key}?hash=0"}
         return {"paths": paths}
     prefix = "/" + "/".join(gv_parts)
     paths = {}
-    for rt in RESOURCES:
+    for rt in served:
         base = f"/apis/{rt.group}/{rt.version}" if rt.group else f"/api/{rt.version}"
         if base != prefix:
             continue

@@ -409,55 +409,22 @@ def _name_of(obj: Mapping[str, Any]) -> tuple[str, str]:
     return meta.get("namespace", ""), meta.get("name", "")
 
 
-class KubeCache(_IndexedClusterObjects):
-    """ClusterObjects kept current by list+watch over kubernetes-asyncio.
+class Reflector:
+    """List+watch loops over a set of kinds (client-go's reflector, kopf's ``infinite_watch``): the machinery
+    every cache here shares. A subclass sets ``self._kinds`` (how to list each kind and where its objects go);
+    ``name`` labels its health entries.
 
-    ``start()`` launches one loop per kind (pods, namespaces, nodes, deployments, statefulsets) and returns at
-    once; ``wait_synced()`` waits for every kind's first list. ``refresh_once()`` does one list pass, for
-    callers that run no loops (tests, one-shot commands). The ApiClient stays the caller's to close.
     ``watch_timeout_seconds`` is the server-side ``timeoutSeconds`` of each watch request;
     ``backoff_max_seconds`` caps the doubling delay after errors.
     """
 
-    def __init__(
-        self,
-        api_client: client.ApiClient,
-        *,
-        watch_timeout_seconds: int = 300,
-        backoff_max_seconds: float = 30,
-    ) -> None:
-        super().__init__()
+    name = SOURCE
+
+    def __init__(self, *, watch_timeout_seconds: int = 300, backoff_max_seconds: float = 30) -> None:
         self._watch_timeout = int(watch_timeout_seconds)
         self._backoff_max = float(backoff_max_seconds)
         self._backoff_min = min(_INITIAL_BACKOFF_SECONDS, self._backoff_max)
-        core = client.CoreV1Api(api_client)
-        apps = client.AppsV1Api(api_client)
-        index = self._index
-        self._kinds: tuple[_Kind, ...] = (
-            _Kind(
-                "pods",
-                core.list_pod_for_all_namespaces,
-                lambda objs: index.set_pods(PodInfo.from_object(o) for o in objs),
-                lambda obj: index.put_pod(PodInfo.from_object(obj)),
-                lambda obj: index.remove_pod(*_name_of(obj)),
-            ),
-            _Kind(
-                "namespaces",
-                core.list_namespace,
-                lambda objs: index.set_namespaces(_name_of(o)[1] for o in objs),
-                lambda obj: index.put_namespace(_name_of(obj)[1]),
-                lambda obj: index.remove_namespace(_name_of(obj)[1]),
-            ),
-            _Kind(
-                "nodes",
-                core.list_node,
-                lambda objs: index.set_nodes({_name_of(o)[1]: _labels(o) for o in objs}),
-                lambda obj: index.put_node(_name_of(obj)[1], _labels(obj)),
-                lambda obj: index.remove_node(_name_of(obj)[1]),
-            ),
-            self._workload_kind("deployments", DEPLOYMENT, apps.list_deployment_for_all_namespaces),
-            self._workload_kind("statefulsets", STATEFULSET, apps.list_stateful_set_for_all_namespaces),
-        )
+        self._kinds: tuple[_Kind, ...] = ()
         self._listed: set[str] = set()
         self._synced_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -466,8 +433,8 @@ class KubeCache(_IndexedClusterObjects):
         self._answered_at: dict[str, float] = {}  # kind → when the API last answered its list or watch
         self._failures: dict[str, int] = {}
         self._last_problem: dict[str, tuple[str, float]] = {}  # kind → (reason, when), kept after recovery
-
-    name = SOURCE
+        self.relists = 0
+        """How many times a watch expired (410 Gone) and its kind was listed again."""
 
     def health(self) -> list[TargetHealth]:
         """One entry per kind, as sources report targets: /metrics and /readyz show an API outage with them."""
@@ -493,16 +460,6 @@ class KubeCache(_IndexedClusterObjects):
     def _answered(self, kind: str) -> None:
         self._answered_at[kind] = time.time()
         self.last_errors.pop(kind, None)
-
-    def _workload_kind(self, name: str, kind: str, list_call: Callable[..., Awaitable[Any]]) -> _Kind:
-        index = self._index
-        return _Kind(
-            name,
-            list_call,
-            lambda objs: index.set_workloads(kind, (WorkloadInfo.from_object(kind, o) for o in objs)),
-            lambda obj: index.put_workload(WorkloadInfo.from_object(kind, obj)),
-            lambda obj: index.remove_workload(kind, *_name_of(obj)),
-        )
 
     @property
     def synced(self) -> bool:
@@ -568,6 +525,7 @@ class KubeCache(_IndexedClusterObjects):
                     await asyncio.sleep(self._jitter(backoff))
                     backoff = min(backoff * 2, self._backoff_max)
                 log.info("kubernetes %s watch expired (%s); relisting", kind.name, e)
+                self.relists += 1
                 resource_version = None
             except asyncio.CancelledError:
                 raise
@@ -638,6 +596,65 @@ class KubeCache(_IndexedClusterObjects):
                 kind.remove(obj)
             # BOOKMARK: only the resourceVersion moves.
         return resource_version, events
+
+
+class KubeCache(_IndexedClusterObjects, Reflector):
+    """ClusterObjects kept current by list+watch over kubernetes-asyncio.
+
+    ``start()`` launches one loop per kind (pods, namespaces, nodes, deployments, statefulsets) and returns at
+    once; ``wait_synced()`` waits for every kind's first list. ``refresh_once()`` does one list pass, for
+    callers that run no loops (tests, one-shot commands). The ApiClient stays the caller's to close.
+    ``watch_timeout_seconds`` is the server-side ``timeoutSeconds`` of each watch request;
+    ``backoff_max_seconds`` caps the doubling delay after errors.
+    """
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        watch_timeout_seconds: int = 300,
+        backoff_max_seconds: float = 30,
+    ) -> None:
+        _IndexedClusterObjects.__init__(self)
+        Reflector.__init__(self, watch_timeout_seconds=watch_timeout_seconds, backoff_max_seconds=backoff_max_seconds)
+        core = client.CoreV1Api(api_client)
+        apps = client.AppsV1Api(api_client)
+        index = self._index
+        self._kinds = (
+            _Kind(
+                "pods",
+                core.list_pod_for_all_namespaces,
+                lambda objs: index.set_pods(PodInfo.from_object(o) for o in objs),
+                lambda obj: index.put_pod(PodInfo.from_object(obj)),
+                lambda obj: index.remove_pod(*_name_of(obj)),
+            ),
+            _Kind(
+                "namespaces",
+                core.list_namespace,
+                lambda objs: index.set_namespaces(_name_of(o)[1] for o in objs),
+                lambda obj: index.put_namespace(_name_of(obj)[1]),
+                lambda obj: index.remove_namespace(_name_of(obj)[1]),
+            ),
+            _Kind(
+                "nodes",
+                core.list_node,
+                lambda objs: index.set_nodes({_name_of(o)[1]: _labels(o) for o in objs}),
+                lambda obj: index.put_node(_name_of(obj)[1], _labels(obj)),
+                lambda obj: index.remove_node(_name_of(obj)[1]),
+            ),
+            self._workload_kind("deployments", DEPLOYMENT, apps.list_deployment_for_all_namespaces),
+            self._workload_kind("statefulsets", STATEFULSET, apps.list_stateful_set_for_all_namespaces),
+        )
+
+    def _workload_kind(self, name: str, kind: str, list_call: Callable[..., Awaitable[Any]]) -> _Kind:
+        index = self._index
+        return _Kind(
+            name,
+            list_call,
+            lambda objs: index.set_workloads(kind, (WorkloadInfo.from_object(kind, o) for o in objs)),
+            lambda obj: index.put_workload(WorkloadInfo.from_object(kind, obj)),
+            lambda obj: index.remove_workload(kind, *_name_of(obj)),
+        )
 
 
 def _retry_after(error: BaseException) -> float:

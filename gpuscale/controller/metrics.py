@@ -1,0 +1,91 @@
+"""The controller's own /metrics (prometheus-client, one registry per controller so tests never share state).
+
+What an operator looks at: actions taken (by action and result), actions the circuit breaker held back, nodes
+under remediation, GPU nodes per pool, requested-but-idle GPUs and the GPU-hours they have idled, reconcile
+duration and failures, leadership, and the health of every source (exporters, Prometheus, the watch caches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpuscale.sources.base import TargetHealth
+
+__all__ = ["ControllerMetrics"]
+
+
+class _SourceHealth(Collector):
+    def __init__(self, health: Callable[[], Iterable[tuple[str, TargetHealth]]]) -> None:
+        self._health = health
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        up = GaugeMetricFamily(
+            "gpuscale_controller_source_up", "1 when the source answered its last read", labels=["source", "target"]
+        )
+        failures = GaugeMetricFamily(
+            "gpuscale_controller_source_failures", "failed reads since start", labels=["source", "target"]
+        )
+        for source, h in self._health():
+            up.add_metric([source, h.target], 1.0 if h.healthy else 0.0)
+            failures.add_metric([source, h.target], float(h.failures_total))
+        yield up
+        yield failures
+
+
+class ControllerMetrics:
+    def __init__(self, health: Callable[[], Iterable[tuple[str, TargetHealth]]] = lambda: ()) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.actions = Counter(
+            "gpuscale_controller_actions",
+            "Kubernetes writes by planner, action (create, patch, patch-status, evict, event…) and result "
+            "(applied, dry-run, already-done, refused, failed)",
+            ["planner", "action", "result"],
+            registry=r,
+        )
+        self.held_back = Counter(
+            "gpuscale_controller_held_back",
+            "remediations the circuit breaker held back (one per node and episode)",
+            registry=r,
+        )
+        self.held_back_nodes = Gauge(
+            "gpuscale_controller_held_back_nodes", "GPU nodes with a problem the breaker holds back now", registry=r
+        )
+        self.remediated_nodes = Gauge(
+            "gpuscale_controller_remediated_nodes", "GPU nodes under this controller's remediation now", registry=r
+        )
+        self.pool_nodes = Gauge("gpuscale_controller_pool_nodes", "GPU nodes per pool", ["pool"], registry=r)
+        self.pools = Gauge("gpuscale_controller_pools", "GPU node pools", registry=r)
+        self.idle_gpus = Gauge(
+            "gpuscale_controller_idle_gpus",
+            "GPUs requested by a pod but idle for the idle window, per node",
+            ["node"],
+            registry=r,
+        )
+        self.idle_gpu_hours = Counter(
+            "gpuscale_controller_idle_gpu_hours",
+            "GPU-hours spent requested but idle (counted once a GPU has been idle for the idle window)",
+            registry=r,
+        )
+        self.reconcile_seconds = Histogram(
+            "gpuscale_controller_reconcile_duration_seconds",
+            "wall time of one reconcile (telemetry refresh, plan, apply)",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.reconcile_failures = Counter(
+            "gpuscale_controller_reconcile_failures", "reconciles or planners that failed", ["stage"], registry=r
+        )
+        self.leader = Gauge("gpuscale_controller_leader", "1 while this replica holds the Lease", registry=r)
+        self.telemetry_nodes = Gauge(
+            "gpuscale_controller_telemetry_nodes",
+            "GPU nodes by whether their exporter answered",
+            ["reporting"],
+            registry=r,
+        )
+        self.dry_run = Gauge("gpuscale_controller_dry_run", "1 when writes are only validated (dryRun=All)", registry=r)
+        r.register(_SourceHealth(health))

@@ -1,0 +1,235 @@
+"""The controller's runtime against the simulated API: leader election (two replicas never both act), watch caches
+that recover from 410 Gone and dropped watches, evictions that respect PodDisruptionBudgets and drain gangs whole.
+Clocks are manual; waits are on conditions, bounded."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from kubernetes_asyncio.config import new_client_from_config
+
+from gpuscale.controller.health import HealthActions
+from gpuscale.controller.leader import LeaseElector
+from gpuscale.sim.exporters import ManualClock
+from gpuscale.sim.kubeapi import SimKubeApi
+from gpuscale.sources.kuberest import KubeRest
+from gpuscale.sources.objects import ObjectCache, WatchSpec
+from tests.controller.harness import NAMESPACE, start_harness
+
+
+@pytest.fixture
+async def api():
+    sim = SimKubeApi()
+    await sim.start()
+    sim.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    yield sim
+    await sim.stop()
+
+
+@pytest.fixture
+async def rest(api, tmp_path):
+    client = await new_client_from_config(config_file=api.write_kubeconfig(tmp_path / "kubeconfig"))
+    yield KubeRest(client)
+    await client.close()
+
+
+def elector(rest: KubeRest, identity: str, clock: ManualClock) -> LeaseElector:
+    return LeaseElector(
+        rest,
+        namespace=NAMESPACE,
+        name="gpuscale-controller",
+        identity=identity,
+        lease_duration=15,
+        renew_deadline=10,
+        retry_period=2,
+        monotonic=clock,
+        wall=lambda: 1_790_000_000.0 + clock(),
+    )
+
+
+async def test_two_replicas_never_both_lead(api, rest):
+    clock_a, clock_b = ManualClock(), ManualClock()
+    a, b = elector(rest, "replica-a", clock_a), elector(rest, "replica-b", clock_b)
+    assert await a.try_acquire_or_renew() is True
+    assert await b.try_acquire_or_renew() is False
+    for _ in range(5):
+        clock_a.advance(2)
+        clock_b.advance(2)
+        assert await a.try_acquire_or_renew() and not await b.try_acquire_or_renew()
+        assert a.is_leader and not b.is_leader
+    lease = api.get("coordination.k8s.io/v1", "Lease", "gpuscale-controller", namespace=NAMESPACE)
+    assert lease["spec"]["holderIdentity"] == "replica-a"
+
+    # replica-a hangs: it stops renewing. It stops leading after renew-deadline, before b may take over.
+    clock_a.advance(11)
+    assert not a.is_leader
+    clock_b.advance(14)
+    assert await b.try_acquire_or_renew() is False, "the lease has not expired from b's point of view"
+    clock_b.advance(2)
+    assert await b.try_acquire_or_renew() is True and b.is_leader
+    lease = api.get("coordination.k8s.io/v1", "Lease", "gpuscale-controller", namespace=NAMESPACE)
+    assert lease["spec"]["holderIdentity"] == "replica-b" and lease["spec"]["leaseTransitions"] == 1
+    assert await a.try_acquire_or_renew() is False and not a.is_leader
+
+
+async def test_racing_replicas_one_wins_the_conflict(api, rest):
+    clock = ManualClock()
+    replicas = [elector(rest, f"replica-{i}", clock) for i in range(4)]
+    results = await asyncio.gather(*(r.try_acquire_or_renew() for r in replicas))
+    assert sum(results) == 1
+
+
+async def test_release_hands_over_at_once(api, rest):
+    clock_a, clock_b = ManualClock(), ManualClock()
+    a, b = elector(rest, "replica-a", clock_a), elector(rest, "replica-b", clock_b)
+    await a.try_acquire_or_renew()
+    await b.try_acquire_or_renew()
+    await a.release()
+    assert not a.is_leader
+    assert await b.try_acquire_or_renew() is True
+
+
+async def test_a_lease_that_cannot_be_written_is_logged_not_silent(api, rest, caplog):
+    lonely = LeaseElector(rest, namespace="missing", name="gpuscale-controller", identity="a")
+    assert await lonely.try_acquire_or_renew() is False
+    assert "cannot create the Lease: HTTP 404" in caplog.text
+
+
+async def test_only_the_leader_acts(tmp_path):
+    clock = ManualClock()
+    first = await start_harness(tmp_path, nodes=2)
+    try:
+        leader_a = elector(first.rest, "replica-a", clock)
+        second = await start_harness(tmp_path, api=first.api, nodes=2)
+        try:
+            leader_b = elector(second.rest, "replica-b", clock)
+            first.controller.leadership = leader_a
+            second.controller.leadership = leader_b
+            await leader_a.try_acquire_or_renew()
+            await leader_b.try_acquire_or_renew()
+            for h in (first, second):
+                h.exporters.sim.override_gpu("gpu-01", 0, last_xid=79, xid_window=((79, 1),))
+            follower = await second.reconcile()
+            assert follower.writes and not follower.outcomes, "the follower plans but does not write"
+            assert first.events("gpu-01") == []
+            leader = await first.reconcile()
+            assert leader.writes and all(o.result == "applied" for o in leader.outcomes)
+            assert [e["reason"] for e in first.events("gpu-01")] == ["GpuUnhealthy"]
+        finally:
+            await second.close()
+    finally:
+        await first.close()
+
+
+async def _until(condition, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_watch_that_returns_410_recovers(api, rest):
+    cache = ObjectCache(rest, [WatchSpec("v1", "Node")], backoff_max_seconds=0.05)
+    await cache.start()
+    try:
+        await cache.wait_synced(timeout=10)
+        api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-a"}})
+        await _until(lambda: cache.get("v1", "Node", "gpu-a") is not None)
+        # The watch falls behind the retained history, is cut, and comes back with a too-old resourceVersion.
+        api.fail_next(410, verb="watch", resource="nodes")
+        api.compact()
+        api.drop_watches()
+        api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-b"}})
+        api.delete("v1", "Node", "gpu-a")
+        await _until(lambda: cache.get("v1", "Node", "gpu-b") is not None and cache.get("v1", "Node", "gpu-a") is None)
+        assert cache.relists >= 1
+        assert [(f.verb, f.code) for f in api.faults_served] == [("watch", 410)]
+        assert cache.objects("v1", "Node")[0]["kind"] == "Node", "list items get their kind back"
+    finally:
+        await cache.stop()
+
+
+async def test_a_list_that_fails_is_retried_with_backoff(api, rest):
+    api.fail_next(500, verb="list", resource="nodes", times=2)
+    cache = ObjectCache(rest, [WatchSpec("v1", "Node")], backoff_max_seconds=0.05)
+    await cache.start()
+    try:
+        await cache.wait_synced(timeout=10)
+        assert [f.code for f in api.faults_served] == [500, 500]
+        assert cache.health()[0].failures_total == 2 and cache.health()[0].healthy
+    finally:
+        await cache.stop()
+
+
+def _pod(name: str, node: str, *, labels: dict[str, str] | None = None, daemonset: bool = False) -> dict:
+    meta: dict = {"name": name, "namespace": "default", "labels": labels or {}}
+    if daemonset:
+        meta["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "u1", "controller": True}
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+async def test_drain_evicts_through_the_api_respecting_budgets_and_gangs(tmp_path):
+    h = await start_harness(tmp_path, nodes=3, actions=HealthActions(drain=True))
+    try:
+        api = h.api
+        api.create(_pod("lonely", "gpu-00"))
+        api.create(_pod("exporter", "gpu-00", daemonset=True))
+        gang = {"scheduling.x-k8s.io/pod-group": "train"}
+        api.create(_pod("train-0", "gpu-00", labels={**gang, "app": "train"}))
+        api.create(_pod("train-1", "gpu-01", labels={**gang, "app": "train"}))
+        api.create(_pod("serve-0", "gpu-00", labels={"app": "serve"}))
+        api.create(_pod("serve-1", "gpu-02", labels={"app": "serve"}))
+        pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"namespace": "default"}}
+        api.create(
+            {
+                **pdb,
+                "metadata": {**pdb["metadata"], "name": "serve"},
+                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "serve"}}},
+            }
+        )
+        api.create(
+            {
+                **pdb,
+                "metadata": {**pdb["metadata"], "name": "train"},
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "train"}}},
+            }
+        )
+        h.exporters.sim.override_gpu("gpu-00", 0, last_xid=79, xid_window=((79, 1),))
+        await h.reconcile()  # cordon first
+        assert h.node("gpu-00")["spec"]["unschedulable"] is True
+        result = await h.reconcile()  # then drain
+        names = {p["metadata"]["name"] for p in api.list("v1", "Pod")}
+        assert "lonely" not in names, "an ordinary pod is evicted"
+        assert "exporter" in names, "DaemonSet pods are skipped"
+        assert {"train-0", "train-1"} <= names, "the gang's budget allows 1 of 2: none of the gang is evicted"
+        assert "serve-0" in names, "the PDB refused (429) and the pod stays"
+        evictions = [o for o in result.outcomes if o.write.__class__.__name__ == "Evict"]
+        assert sorted((o.write.name, o.result) for o in evictions) == [("lonely", "applied"), ("serve-0", "refused")]
+        api.patch("policy/v1", "PodDisruptionBudget", "train", {"spec": {"maxUnavailable": 2}}, namespace="default")
+        await h.reconcile()
+        names = {p["metadata"]["name"] for p in api.list("v1", "Pod")}
+        assert not {"train-0", "train-1"} & names, "the gang went together, from both nodes"
+    finally:
+        await h.close()
+
+
+async def test_a_custom_resource_that_is_not_installed_stays_empty_when_optional(api, rest):
+    from gpuscale.errors import KindNotServed
+
+    specs = [WatchSpec("v1", "Node"), WatchSpec("scheduling.x-k8s.io/v1alpha1", "PodGroup", optional=True)]
+    cache = ObjectCache(rest, specs)
+    await cache.refresh_once()
+    assert cache.objects("scheduling.x-k8s.io/v1alpha1", "PodGroup") == []
+    assert cache.absent == ["scheduling.x-k8s.io/v1alpha1 PodGroup"]
+    with pytest.raises(KindNotServed, match="serves no kind Widget"):
+        await ObjectCache(rest, [WatchSpec("v1", "Widget")]).refresh_once()
