@@ -173,7 +173,10 @@ def uses_cert_manager(variant: str) -> bool:
 def test_every_kustomization_is_rendered():
     found = {str(p.parent.relative_to(DEPLOY)) for p in DEPLOY.rglob("kustomization.yaml")}
     # deploy/controller and its components are rendered and checked by tests/test_deploy_controller.py.
-    controller = {"controller", *(f"controller/components/{c}" for c in ("drain", "safe-to-evict", "dry-run"))}
+    controller = {
+        "controller",
+        *(f"controller/components/{c}" for c in ("drain", "safe-to-evict", "dry-run", "embedded-scrape")),
+    }
     assert found == {*ADAPTER_OVERLAYS, *OTHER_KUSTOMIZATIONS, *COMPONENTS, *controller}
 
 

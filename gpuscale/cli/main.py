@@ -32,7 +32,11 @@ def _parser(prog: str = "gpuscale") -> tuple[argparse.ArgumentParser, dict[str, 
     add_arguments(controller, ControllerSettings)
     report = sub.add_parser("report", help="right-sizing and idle GPU cost from utilization history")
     add_report_arguments(report)
-    return parser, {"adapter": adapter, "demo": demo, "top": top, "controller": controller, "report": report}
+    from gpuscale.cli.simulate import SimulateSettings
+
+    simulate = sub.add_parser("simulate", help="replay a request trace through HPA manifests: cost, queue time, SLO")
+    add_arguments(simulate, SimulateSettings)
+    return parser, {"adapter": adapter, "demo": demo, "top": top, "controller": controller, "report": report, "simulate": simulate}
 
 
 def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
@@ -78,6 +82,10 @@ def main(argv: list[str] | None = None, *, prog: str = "gpuscale") -> int:
             demo_settings = from_arguments(DemoSettings, args)
             _logging(demo_settings.log_level)
             asyncio.run(_until_signal(lambda stop: run_demo(demo_settings, stop)))
+        elif args.command == "simulate":
+            from gpuscale.cli.simulate import SimulateSettings, main_simulate
+
+            main_simulate(from_arguments(SimulateSettings, args))
         elif args.command == "controller":
             from gpuscale.cli.controller import run_controller
 

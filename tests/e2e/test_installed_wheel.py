@@ -94,7 +94,13 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
 
 
 def test_help_of_every_command(installed):
-    for args in (["gpuscale", "--help"], ["gpuscale", "adapter", "--help"], ["gpuscale", "top", "--help"]):
+    for args in (
+        ["gpuscale", "--help"],
+        ["gpuscale", "adapter", "--help"],
+        ["gpuscale", "top", "--help"],
+        ["gpuscale", "controller", "--help"],
+        ["gpuscale", "simulate", "--help"],
+    ):
         done = installed.run(*args)
         assert done.returncode == 0 and "usage: gpuscale" in done.stdout, (args, done.stderr)
     done = installed.run("gpuscale", "adapter", "--help")
@@ -146,6 +152,37 @@ async def test_adapter_serves_the_shipped_catalogue(installed):
             if proc.returncode is None:
                 proc.terminate()
             await asyncio.wait_for(proc.wait(), 20)
+
+
+async def test_controller_runs_on_the_shipped_policies(installed):
+    """The controller loads remediation.yaml, hints.yaml, health.yaml and diagnosis.yaml from the wheel."""
+    async with SimCluster() as cluster:
+        port = free_port()
+        args = ["gpuscale", "controller", "--kubeconfig", cluster.kubeconfig, "--port", str(port)]
+        args += ["--bind-address", "127.0.0.1", "--interval", "1s", "--dry-run", "--no-leader-elect"]
+        for url in cluster.scrape_urls:
+            args += ["--scrape-url", url]
+        proc = await installed.start(*args)
+        try:
+            deadline = time.monotonic() + 60
+            async with aiohttp.ClientSession() as session:
+                while True:
+                    if proc.returncode is not None:
+                        pytest.fail((await proc.stdout.read()).decode())
+                    try:
+                        async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
+                            if resp.status == 200:
+                                break
+                    except aiohttp.ClientError:
+                        pass
+                    assert time.monotonic() < deadline, "the installed controller did not become ready"
+                    await asyncio.sleep(0.2)
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    assert "gpuscale_controller_dry_run 1.0" in await resp.text()
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+            assert await asyncio.wait_for(proc.wait(), 20) == 0
 
 
 async def test_top_and_the_kubectl_plugin(installed):
