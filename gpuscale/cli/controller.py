@@ -222,7 +222,7 @@ def _observer(metrics: ControllerMetrics, hints_policy_idle_for: float, pool_lab
             metrics.idle_gpus.labels(node).set(count)
         previous = last.get("at")
         if previous is not None and now > previous:
-            metrics.idle_gpu_hours.inc(sum(idle.values()) * (now - previous) / 3600.0)
+            metrics.idle_gpu_seconds.inc(sum(idle.values()) * (now - previous))
         last["at"] = now
         pools: dict[str, int] = {}
         remediated = held = 0

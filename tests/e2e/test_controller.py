@@ -13,6 +13,7 @@ import aiohttp
 
 from gpuscale.sim.exporters import SimExporters
 from gpuscale.sim.kubeapi import SimKubeApi
+from tests.adapter.test_selfmetrics import promtool_check
 from tests.controller.harness import scenario
 from tests.e2e.backends import free_port
 
@@ -101,6 +102,8 @@ async def test_the_controller_process_remediates_and_reports(tmp_path):
             assert "gpuscale_controller_leader 1.0" in text
             assert 'gpuscale_controller_pool_nodes{pool="gpu-a"} 3.0' in text
             assert re.search(r'gpuscale_controller_source_up\{source="scrape",target="[^"]+"\} 1.0', text)
+            code, out = await promtool_check(text.encode())
+            assert code == 0, out
             lease = api.get("coordination.k8s.io/v1", "Lease", "gpuscale-controller", namespace="gpuscale")
             assert lease["spec"]["holderIdentity"] == "e2e-replica"
 
