@@ -322,7 +322,8 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
             planners.append(ExpanderPlanner(pools_policy, prices=prices, activity=pool_activity(pools_policy)))
         actuator = KubeActuator(rest, dry_run=settings.dry_run, component=COMPONENT, instance=identity)
         elector = None
-        if settings.leader_elect:
+        # NB: a dry run writes nothing, the Lease included: it never competes with (or waits for) the acting replica.
+        if settings.leader_elect and not settings.dry_run:
             elector = LeaseElector(
                 rest,
                 namespace=settings.namespace,
@@ -391,7 +392,7 @@ async def run_controller(settings: ControllerSettings, stop: asyncio.Event) -> N
         "controller serving probes and metrics on %s (dry-run=%s, leader-elect=%s)",
         running.url,
         settings.dry_run,
-        settings.leader_elect,
+        running.elector is not None,
     )
     try:
         await running.cache.wait_synced(timeout=max(30.0, 2 * settings.interval))

@@ -68,3 +68,29 @@ def test_the_observer_counts_pools_remediations_and_idle_gpu_time():
     assert "gpuscale_controller_idle_gpu_seconds_total 60.0" in text
     assert 'gpuscale_controller_pool_nodes{pool="p1"} 2.0' in text and "gpuscale_controller_pools 2.0" in text
     assert "gpuscale_controller_remediated_nodes 1.0" in text
+
+
+async def test_a_dry_run_takes_no_lease(tmp_path):
+    from gpuscale.cli.controller import start_controller
+    from gpuscale.settings import ControllerSettings
+    from gpuscale.sim.kubeapi import SimKubeApi
+
+    async with SimKubeApi() as api:
+        api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuscale"}})
+        settings = ControllerSettings(
+            kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig"),
+            scrape_url=["http://127.0.0.1:1/metrics"],
+            dry_run=True,
+            port=0,
+            bind_address="127.0.0.1",
+        )
+        running = await start_controller(settings)
+        try:
+            assert running.elector is None
+            await running.cache.wait_synced(timeout=10)
+            result = await running.controller.reconcile_once()
+            assert result.leading and result.outcomes == []
+            assert api.list("coordination.k8s.io/v1", "Lease", namespace="gpuscale") == []
+            assert "no telemetry source answered" in "; ".join(running.ready())
+        finally:
+            await running.stop()
