@@ -39,21 +39,34 @@ DCGM_FIELDS = {
     "DCGM_FI_DEV_FB_FREE": lambda g: 41000 - g,
     "DCGM_FI_DEV_POWER_USAGE": lambda g: 400.5 + g,
 }
-TRITON_COUNTERS = ("nv_inference_request_success", "nv_inference_queue_duration_us",
-                   "nv_inference_compute_infer_duration_us")
+TRITON_COUNTERS = (
+    "nv_inference_request_success",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_infer_duration_us",
+)
 
 
 def gpu_labels(n: int, g: int) -> dict[str, str]:
     pod = (n * GPUS_PER_NODE + g) // 2
-    return {"gpu": str(g), "UUID": f"GPU-{n:05d}-{g}", "pci_bus_id": f"00000000:{g:02X}:00.0",
-            "device": f"nvidia{g}", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": f"node-{n:05d}",
-            "DCGM_FI_DRIVER_VERSION": "580.95.05", "container": "main", "namespace": f"team-{pod % 50}",
-            "pod": f"pod-{pod:05d}", "pod_uid": ""}
+    return {
+        "gpu": str(g),
+        "UUID": f"GPU-{n:05d}-{g}",
+        "pci_bus_id": f"00000000:{g:02X}:00.0",
+        "device": f"nvidia{g}",
+        "modelName": "NVIDIA H100 80GB HBM3",
+        "Hostname": f"node-{n:05d}",
+        "DCGM_FI_DRIVER_VERSION": "580.95.05",
+        "container": "main",
+        "namespace": f"team-{pod % 50}",
+        "pod": f"pod-{pod:05d}",
+        "pod_uid": "",
+    }
 
 
 def triton_labels(p: int) -> list[dict[str, str]]:
-    return [{"model": m, "version": "1", "pod": f"pod-{p:05d}", "namespace": f"team-{p % 50}"}
-            for m in ("bert", "resnet")]
+    return [
+        {"model": m, "version": "1", "pod": f"pod-{p:05d}", "namespace": f"team-{p % 50}"} for m in ("bert", "resnet")
+    ]
 
 
 def _label_text(labels: dict[str, str]) -> str:
@@ -85,13 +98,29 @@ def prometheus_answers() -> dict[str, bytes]:
     now = time.time()
     out = {}
     for field, f in DCGM_FIELDS.items():
-        result = [{"metric": {"__name__": field, **gpu_labels(n, g), "instance": f"10.0.{n // 250}.{n % 250}:9400",
-                              "job": "dcgm-exporter"}, "value": [now, str(f(g))]}
-                  for n in range(NODES) for g in range(GPUS_PER_NODE)]
+        result = [
+            {
+                "metric": {
+                    "__name__": field,
+                    **gpu_labels(n, g),
+                    "instance": f"10.0.{n // 250}.{n % 250}:9400",
+                    "job": "dcgm-exporter",
+                },
+                "value": [now, str(f(g))],
+            }
+            for n in range(NODES)
+            for g in range(GPUS_PER_NODE)
+        ]
         out[field] = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
     for name in (*TRITON_COUNTERS, "nv_inference_pending_request_count"):
-        result = [{"metric": {**labels, "instance": f"10.1.{p // 250}.{p % 250}:8002", "job": "triton"},
-                   "value": [now, "12.5"]} for p in range(TRITON_PODS) for labels in triton_labels(p)]
+        result = [
+            {
+                "metric": {**labels, "instance": f"10.1.{p // 250}.{p % 250}:8002", "job": "triton"},
+                "value": [now, "12.5"],
+            }
+            for p in range(TRITON_PODS)
+            for labels in triton_labels(p)
+        ]
         out[name] = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
     return out
 
@@ -112,8 +141,9 @@ def _fake_prometheus(queue: mp.Queue) -> None:
             if promql not in combined:
                 parts = [json.loads(answers[n]) for n in regex.group(1).split("|") if n in answers]
                 result = [item for part in parts for item in part["data"]["result"]]
-                combined[promql] = json.dumps({"status": "success", "data": {"resultType": "vector",
-                                                                              "result": result}}).encode()
+                combined[promql] = json.dumps(
+                    {"status": "success", "data": {"resultType": "vector", "result": result}}
+                ).encode()
             return combined[promql]
         m = pattern.search(promql)
         return answers[m.group(0)] if m else b'{"status":"success","data":{"resultType":"vector","result":[]}}'
@@ -169,12 +199,18 @@ async def bench_prometheus(port: int, cycles: int) -> None:
     health = source.health()[0]
     assert health.healthy, health.error
     pods = len(store.objects("gpu_utilization", "Pod"))
-    print(f"prometheus: {len(source.promql)} queries/refresh, {snapshot.series_count} series, "
-          f"{snapshot.device_count} GPUs, {pods} pods")
-    print(f"  refresh CPU: median {sorted(cpu)[len(cpu) // 2]:.3f} s (min {min(cpu):.3f}) per cycle "
-          f"[goal <= 1 s]; peak RSS {peak:.0f} MB [goal <= 300 MB]")
-    print(f"  peer: json.loads of the same answers alone {peer:.3f} s -> gpuscale's refresh is "
-          f"{min(cpu) / peer:.1f}x that")
+    print(
+        f"prometheus: {len(source.promql)} queries/refresh, {snapshot.series_count} series, "
+        f"{snapshot.device_count} GPUs, {pods} pods"
+    )
+    print(
+        f"  refresh CPU: median {sorted(cpu)[len(cpu) // 2]:.3f} s (min {min(cpu):.3f}) per cycle "
+        f"[goal <= 1 s]; peak RSS {peak:.0f} MB [goal <= 300 MB]"
+    )
+    print(
+        f"  peer: json.loads of the same answers alone {peer:.3f} s -> gpuscale's refresh is "
+        f"{min(cpu) / peer:.1f}x that"
+    )
 
 
 def bench_scrape(cycles: int) -> None:
@@ -189,10 +225,15 @@ def bench_scrape(cycles: int) -> None:
     from gpuscale.sources.scrape import ScrapeSource
 
     catalogue = load_catalogue()
-    source = ScrapeSource([], series=catalogue.series_names, windowed_series=catalogue.windowed_series,
-                          history_seconds=600)
-    pods = {f"http://10.1.0.{p}:8002/metrics": Target(f"http://10.1.0.{p}:8002/metrics",
-                                                     pod(f"team-{p % 50}", f"pod-{p:05d}")) for p in range(TRITON_PODS)}
+    source = ScrapeSource(
+        [], series=catalogue.series_names, windowed_series=catalogue.windowed_series, history_seconds=600
+    )
+    pods = {
+        f"http://10.1.0.{p}:8002/metrics": Target(
+            f"http://10.1.0.{p}:8002/metrics", pod(f"team-{p % 50}", f"pod-{p:05d}")
+        )
+        for p in range(TRITON_PODS)
+    }
     attributor = Attributor(lambda url: pods.get(url, Target(url)))
     cpu = []
     t = time.time() - 10 * cycles
@@ -214,9 +255,11 @@ def bench_scrape(cycles: int) -> None:
                 list(family.samples)
         peer = time.process_time() - c0
     print(f"scrape: {len(dcgm) + len(triton)} pages, {snapshot.series_count} series, {snapshot.device_count} GPUs")
-    print(f"  parse+ingest+aggregate CPU: median {sorted(cpu)[len(cpu) // 2]:.3f} s (min {min(cpu):.3f}); "
-          f"peer: prometheus_client parsing the same pages alone {peer:.3f} s "
-          f"({peer / min(cpu):.1f}x gpuscale's whole refresh)")
+    print(
+        f"  parse+ingest+aggregate CPU: median {sorted(cpu)[len(cpu) // 2]:.3f} s (min {min(cpu):.3f}); "
+        f"peer: prometheus_client parsing the same pages alone {peer:.3f} s "
+        f"({peer / min(cpu):.1f}x gpuscale's whole refresh)"
+    )
 
 
 def main() -> None:

@@ -66,14 +66,16 @@ def _allowed_keys(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]
         if origin in (list, tuple, dict):
             ann = typing.get_args(ann)[-1]
         elif isinstance(ann, type) and issubclass(ann, BaseModel) and isinstance(part, str):
-            field = ann.model_fields.get(part)
+            field = {f.alias or n: f for n, f in ann.model_fields.items()}.get(part) or ann.model_fields.get(part)
             if field is None:
                 return None
             ann = field.annotation
         else:
             return None
     ann = _unwrap(ann)
-    return list(ann.model_fields) if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+        return None
+    return [f.alias or n for n, f in ann.model_fields.items()]  # NB: the spelling a user writes
 
 
 def _unwrap(ann: Any) -> Any:

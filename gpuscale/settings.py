@@ -126,8 +126,10 @@ class AdapterSettings(_Settings):
 
 class DemoSettings(_Settings):
     port: int = Field(8443, ge=0, le=65535, description="adapter port on 127.0.0.1 (0 = pick a free port)")
-    duration: Seconds | None = Field(None, description="stop after this long (default: run until Ctrl-C)")
-    refresh_interval: Seconds = Field(2.0, gt=0, description="adapter refresh interval")
+    duration: Seconds = Field(
+        60.0, gt=0, description="how long the autoscaling replay runs (the trace slice is sped up to fit)"
+    )
+    refresh_interval: Seconds = Field(1.0, gt=0, description="adapter refresh interval")
     config: str | None = Field(
         None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"
     )

@@ -49,7 +49,7 @@ KUBERNETES_VERSIONS = ("1.30", "1.32")
 # Every directory under deploy/ holding a kustomization.yaml (test_every_kustomization_is_rendered
 # fails when one is added without being listed here).
 ADAPTER_OVERLAYS = ("base", "overlays/prometheus", "overlays/embedded-scrape", "overlays/dev")
-OTHER_KUSTOMIZATIONS = ("dcgm-exporter", "examples")
+OTHER_KUSTOMIZATIONS = ("dcgm-exporter", "examples", "report/base", "report/with-configmap")
 COMPONENTS = ("components/cert-manager", "components/custom-only", "components/external-only")
 
 # Overlay + component, rendered through a temporary overlay that references both. The overlays that

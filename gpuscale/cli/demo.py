@@ -1,17 +1,20 @@
-"""`gpuscale demo`: a simulated GPU cluster, the adapter in front of it, and what the HPA sees.
+"""`gpuscale demo`: a simulated GPU cluster, the adapter in front of it, what the HPA sees, and an HPA at work.
 
 Starts the simulated Kubernetes API and exporters (gpuscale.sim), then the real adapter — the same
-`start_adapter` the `adapter` command runs — pointed at them, prints `kubectl get --raw` commands to paste,
-and every few seconds a table of what the metrics API answers, read over HTTP as the HPA would.
+`start_adapter` the `adapter` command runs — pointed at them, prints `kubectl get --raw` commands to paste
+and a table of what the metrics API answers. Then it replays a slice of a real LLM trace, sped up, as the
+Triton Deployment's load, while an HPA loop built on gpuscale.hpa reads the adapter over HTTP as the
+controller does and scales the Deployment through the API's scale subresource (demo_replay.py); it ends by
+itself and writes an HTML summary.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +23,9 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuscale.cli.adapter import start_adapter, wait_ready
+from gpuscale.cli.demo_replay import DemoReplay
 from gpuscale.model import format_quantity
+from gpuscale.replay.chart import write_html
 from gpuscale.settings import AdapterSettings, DemoSettings
 from gpuscale.sim.cluster import SimCluster
 
@@ -123,16 +128,22 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
     console = Console()
     if console.width < 150:  # NB: piped output defaults to 80 columns; the table needs ~150
         console = Console(width=150)
+    out_dir = Path(tempfile.mkdtemp(prefix="gpuscale-demo-"))
+    replay = DemoReplay.load(phase_s=settings.duration)
+    config = settings.config
+    if config is None and settings.policies is None:
+        config = str(replay.catalogue_file(out_dir, refresh_s=settings.refresh_interval))
     async with SimCluster() as cluster:
         adapter = await start_adapter(
             AdapterSettings(
                 scrape_url=cluster.scrape_urls,
+                discover_exporters=True,  # NB: the pods the HPA adds are found and scraped like any other
                 kubeconfig=cluster.kubeconfig,
                 insecure_port=settings.port,
                 bind_address="127.0.0.1",
                 refresh_interval=settings.refresh_interval,
                 log_level=settings.log_level,
-                config=settings.config,
+                config=config,
                 policies=settings.policies,
             ),
             port_flags={"insecure": "--port"},
@@ -155,20 +166,18 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
             console.print()
             example = f"{adapter.url}/apis/custom.metrics.k8s.io/v1beta2/namespaces/inference/pods/*/gpu_utilization"
             namespaces = sorted({w.namespace for w in cluster.scenario.workloads})
-            deadline = time.monotonic() + settings.duration if settings.duration else None
             async with aiohttp.ClientSession() as session:
                 async with session.get(example) as resp:
                     console.print("[dim]# one raw response:[/]")
                     console.print_json(json.dumps(await resp.json()))
-                while not stop.is_set():
+                console.print(await _table(session, adapter.url, namespaces))
+                summary = await replay.run(
+                    cluster, session=session, adapter_url=adapter.url, console=console, stop=stop
+                )
+                if not stop.is_set():
                     console.print(await _table(session, adapter.url, namespaces))
-                    timeout = 10.0
-                    if deadline is not None:
-                        timeout = min(timeout, deadline - time.monotonic())
-                        if timeout <= 0:
-                            break
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout)
+            page = write_html(summary, out_dir / "summary.html")
+            console.print(f"HTML summary of the autoscaling replay written to {page}")
         finally:
             await adapter.stop()
 

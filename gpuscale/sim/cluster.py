@@ -61,6 +61,19 @@ class SimCluster:
         """Every exporter endpoint; the adapter finds which pod serves each one through the API."""
         return sorted(self.exporters.dcgm_urls.values()) + sorted(self.exporters.triton_urls.values())
 
+    async def follow_scale(self) -> list[tuple[str, int, int]]:
+        """The Deployment and StatefulSet controllers' part: a workload whose ``spec.replicas`` was changed
+        through the API (e.g. its ``scale`` subresource, as the HPA writes it) gets that many pods, with their
+        exporters. Returns ``(namespace/name, old, new)`` per change; call it as often as you like."""
+        changes = []
+        for w in self.exporters.scenario.workloads:
+            obj = self.api.get("apps/v1", w.kind, w.name, namespace=w.namespace)
+            wanted = ((obj or {}).get("spec") or {}).get("replicas")
+            if isinstance(wanted, int) and wanted != w.replicas:
+                await self.exporters.set_replicas(w.key, wanted)
+                changes.append((w.key, w.replicas, wanted))
+        return changes
+
     def apply(self, objects: Iterable[dict[str, Any]]) -> None:
         """Make the API hold exactly ``objects`` (create, update in place, delete what disappeared)."""
         objects = list(objects)

@@ -27,7 +27,7 @@ def _words(text: str) -> str:
     [
         (["adapter"], "how often to scrape and refresh the store (default: 5s)"),
         (["adapter"], "timeout of one Prometheus query (at most --refresh-interval) (default: 10s)"),
-        (["demo"], "adapter refresh interval (default: 2s)"),
+        (["demo"], "adapter refresh interval (default: 1s)"),
         (["top"], "time between refreshes with --watch (default: 2s)"),
     ],
 )

@@ -99,6 +99,7 @@ def test_help_of_every_command(installed):
         ["gpuscale", "adapter", "--help"],
         ["gpuscale", "top", "--help"],
         ["gpuscale", "controller", "--help"],
+        ["gpuscale", "simulate", "--help"],
     ):
         done = installed.run(*args)
         assert done.returncode == 0 and "usage: gpuscale" in done.stdout, (args, done.stderr)
@@ -248,3 +249,19 @@ def test_policies_override_a_shipped_file(installed):
     done = installed.run("gpuscale", "demo", "--policies", str(empty), "--duration", "1s")
     assert done.returncode == 2 and "holds none of metrics.yaml" in done.stderr, done.stderr
     assert os.listdir(empty) == []
+
+
+def test_report_from_a_plain_install_writes_markdown_and_names_the_html_extra(installed, tmp_path):
+    """The report's policies ship in the wheel; without the html extra, -o html says which pip command to run."""
+    from gpuscale.sources.history_file import export_history
+    from tests.report.histories import add_pod, constant, history
+
+    h = history(hours=6)
+    add_pod(h, pod="p", requests=4, gpus=4, values=constant(sm_active=0.0, gpu_util_percent=0.0))
+    exported = tmp_path / "h.npz"
+    export_history(h, exported)
+    done = installed.run("gpuscale", "report", "--from", str(exported), "-o", "markdown")
+    assert done.returncode == 0, done.stderr
+    assert "request 1 GPU per pod instead of 4" in done.stdout
+    html = installed.run("gpuscale", "report", "--from", str(exported), "-o", "html")
+    assert html.returncode == 2 and "pip install 'gpuscale[html]'" in html.stderr, html.stderr

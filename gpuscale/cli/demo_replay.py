@@ -1,0 +1,232 @@
+"""The demo's autoscaling act: a real trace slice as the Triton Deployment's load, an HPA loop over HTTP.
+
+The slice (30 minutes of the Azure LLM conversation trace, package data) is binned per trace minute and
+offered to ``inference/triton-bert`` sped up ``speedup`` times, its rate scaled to the simulated model's
+capacity (the shape is the trace's, the level the demo's). The controller's clock runs at the same speed:
+the HPA loop (hpa_loop.py, on gpuscale.hpa) syncs every 15 trace-seconds, its stabilization windows and
+policy periods are in trace time, and the adapter's rate window is shortened to the same 60 trace-seconds
+(a demo catalogue, unless --config/--policies is given). The simulated Deployment controller
+(``SimCluster.follow_scale``) gives the Deployment the pods the HPA asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import asdict, dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import yaml
+from rich.console import Console
+
+from gpuscale.cli.hpa_loop import HpaLoop
+from gpuscale.errors import SourceUnavailable
+from gpuscale.hpa import SYNC_PERIOD_SECONDS, parse_manifests
+from gpuscale.hpa.spec import HorizontalPodAutoscaler
+from gpuscale.metrics.catalogue import DEFAULT_CATALOGUE_PATH
+from gpuscale.model import parse_quantity
+from gpuscale.replay.results import SCHEMA, Event, Sample
+from gpuscale.replay.traces import Trace, read_trace
+from gpuscale.sim.cluster import SimCluster
+from gpuscale.sim.load import PiecewiseLinearLoad
+
+DATA = files("gpuscale.replay") / "data"
+TRACE_FILE = "azure-conv-15-45min.csv.gz"
+WORKLOAD = "inference/triton-bert"
+MEAN_REPLICAS = 2.7  # the slice's mean rate in replicas' worth of the simulated Triton's capacity
+SLO_QUEUE_S = 0.05  # the demo's SLO on the mean queue time (Triton bert: a few ms of compute)
+
+
+@dataclass
+class DemoReplay:
+    trace: Trace
+    hpa: HorizontalPodAutoscaler
+    speedup: float
+    bin_s: float = 60.0
+
+    @classmethod
+    def load(cls, *, phase_s: float) -> DemoReplay:
+        trace = read_trace(DATA / TRACE_FILE)
+        hpa = parse_manifests((DATA / "demo-hpa.yaml").read_text(encoding="utf-8"), source="demo-hpa.yaml")[0]
+        return cls(trace, hpa, speedup=max(1.0, trace.duration_s / phase_s))
+
+    def catalogue_file(self, out_dir: Path, *, refresh_s: float) -> Path:
+        """The shipped catalogue with its windows and max-age in trace time (at least two refreshes)."""
+        data = yaml.safe_load(DEFAULT_CATALOGUE_PATH.read_text(encoding="utf-8"))
+        defaults = data.setdefault("defaults", {})
+        defaults["window"] = f"{max(2.5 * refresh_s, 60.0 / self.speedup):.3f}s"
+        defaults["max_age"] = f"{max(5 * refresh_s, 60.0 / self.speedup):.3f}s"
+        path = out_dir / "demo-metrics.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        return path
+
+    def load_model(self, *, start_s: float, capacity_rps: float) -> tuple[PiecewiseLinearLoad, float]:
+        """The slice's per-minute rate as a load starting at sim time ``start_s``; and the scale factor."""
+        bins = np.bincount((self.trace.arrival_s // self.bin_s).astype(int)) / self.bin_s
+        factor = MEAN_REPLICAS * capacity_rps / float(bins.mean())
+        points = tuple(
+            (start_s + (i + 0.5) * self.bin_s / self.speedup, float(rate * factor)) for i, rate in enumerate(bins)
+        )
+        return PiecewiseLinearLoad(((start_s, points[0][1]), *points)), factor
+
+    async def run(
+        self,
+        cluster: SimCluster,
+        *,
+        session: aiohttp.ClientSession,
+        adapter_url: str,
+        console: Console,
+        stop: asyncio.Event,
+    ) -> dict[str, Any]:
+        """Replay the slice; print a line per change and every few trace-minutes; return the summary document."""
+        workload = cluster.exporters.scenario.workload(WORKLOAD)
+        sim_now = cluster.exporters.sim.now
+        load, factor = self.load_model(
+            start_s=sim_now - cluster.exporters.sim.start, capacity_rps=workload.capacity_rps
+        )
+        cluster.exporters.set_load(WORKLOAD, load)
+        loop = HpaLoop(self.hpa, session=session, adapter_url=adapter_url, kube_url=cluster.api.url)
+        console.print(
+            f"\n[bold]Autoscaling[/] {WORKLOAD} with the HPA [bold]{self.hpa.name}[/] "
+            f"(inference_queue_compute_ratio, target 1) on {len(self.trace)} requests of the Azure LLM conversation "
+            f"trace (30 min, rate ×{factor:.0f}), {self.speedup:.0f}× faster than real time:"
+        )
+        follower = asyncio.create_task(_follow(cluster, stop))
+        timeline: list[Sample] = []
+        events: list[Event] = []
+        queue_times: list[float] = []
+        started = time.monotonic()
+        period = SYNC_PERIOD_SECONDS / self.speedup
+        last_print = -1e9
+        try:
+            k = 0
+            while not stop.is_set():
+                k += 1
+                wake = started + k * period
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), max(0.0, wake - time.monotonic()))
+                if stop.is_set():
+                    break
+                now = (time.monotonic() - started) * self.speedup  # the controller's clock, in trace seconds
+                if now > self.trace.duration_s:
+                    break
+                try:
+                    result = await loop.sync(now)
+                except SourceUnavailable as e:  # NB: the controller logs and retries next sync; so does the demo
+                    console.print(f"  [dim]{int(now // 60):02d}:{int(now % 60):02d}  sync failed: {e}[/]")
+                    continue
+                d = result.decision
+                signals = await _signals(loop, session, adapter_url)
+                ready = sum(1 for p in result.pods if p.ready and not p.deleting)
+                sample = Sample(
+                    now,
+                    d.desired_replicas,
+                    ready,
+                    len(result.pods),
+                    signals["queue"],
+                    0,
+                    signals["util"],
+                    signals["sm"],
+                )
+                timeline.append(sample)
+                queue_times.append(signals["queue_time"])
+                if d.rescale:
+                    why = "; ".join(
+                        f"{p.metric}={p.usage_milli / 1000:g}" if p.replicas is not None else p.error
+                        for p in d.proposals
+                    )
+                    events.append(Event(now, d.current_replicas, d.desired_replicas, d.reason, why))
+                if d.rescale or now - last_print >= 120:
+                    last_print = now
+                    console.print(
+                        _line(
+                            now,
+                            load.rate_at(sim_now - cluster.exporters.sim.start + now / self.speedup),
+                            d,
+                            ready,
+                            signals,
+                        ),
+                        highlight=False,
+                    )
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+        return self.summary(timeline, events, queue_times)
+
+    def summary(self, timeline: list[Sample], events: list[Event], queue_times: list[float]) -> dict[str, Any]:
+        period = SYNC_PERIOD_SECONDS
+        qt = np.array(queue_times or [0.0])
+        minutes = {int(s.t // 60) for s in timeline}
+        bad = {int(s.t // 60) for s, q in zip(timeline, queue_times, strict=True) if q > SLO_QUEUE_S}
+        gpu_hours = sum(s.pods for s in timeline) * period / 3600.0
+        result = {
+            "hpa": self.hpa.name,
+            "source": "gpuscale/replay/data/demo-hpa.yaml (live, over HTTP)",
+            "gpu_hours": gpu_hours,
+            "replica_hours": gpu_hours,
+            # NB: percentiles of the adapter's per-sync mean queue time, not of single requests
+            "queue_time_s": {f"p{q}": float(np.percentile(qt, q)) for q in (50, 95, 99)} | {"max": float(qt.max())},
+            "slo": {"queue_s": SLO_QUEUE_S, "quantile": 0.5, "violating_minutes": len(bad), "minutes": len(minutes)},
+            "max_replicas": max((s.pods for s in timeline), default=0),
+            "scale_ups": sum(1 for e in events if e.to_replicas > e.from_replicas),
+            "scale_downs": sum(1 for e in events if e.to_replicas < e.from_replicas),
+            "timeline": [asdict(s) for s in timeline],
+            "events": [
+                {"t": e.t, "from": e.from_replicas, "to": e.to_replicas, "reason": e.reason, "why": e.why}
+                for e in events
+            ],
+        }
+        return {
+            "schema": SCHEMA,
+            "trace": {
+                "name": TRACE_FILE.removesuffix(".gz"),
+                "requests": len(self.trace),
+                "duration_s": self.trace.duration_s,
+                "speedup": self.speedup,
+            },
+            "settings": {"slo_queue_s": SLO_QUEUE_S, "slo_quantile": 0.5, "startup_s": 0.0},
+            "results": [result],
+        }
+
+
+async def _follow(cluster: SimCluster, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await cluster.follow_scale()
+        await asyncio.sleep(0.05)
+
+
+async def _signals(loop: HpaLoop, session: aiohttp.ClientSession, adapter_url: str) -> dict[str, float]:
+    """What the adapter serves about the Deployment's pods now: queue (sum), queue time, GPU util and SM (mean)."""
+    base = f"{adapter_url}/apis/custom.metrics.k8s.io/v1beta1/namespaces/{loop.namespace}/pods/*/"
+    selector = "?labelSelector=app%3Dtriton-bert"
+    out: dict[str, float] = {}
+    for key, metric, how in (
+        ("queue", "inference_queue_depth", sum),
+        ("queue_time", "inference_queue_time_seconds", np.mean),
+        ("util", "gpu_utilization", np.mean),
+        ("sm", "gpu_sm_active", np.mean),
+        ("ratio", "inference_queue_compute_ratio", np.mean),
+    ):
+        try:
+            async with session.get(base + metric + selector) as resp:
+                items = (await resp.json()).get("items", []) if resp.status == 200 else []
+        except aiohttp.ClientError:
+            items = []  # NB: shown as 0 on this line; the HPA's own reads decide, and report their errors
+        values = [parse_quantity(i["value"]) for i in items]
+        out[key] = float(how(values)) if values else 0.0
+    return out
+
+
+def _line(now: float, rps: float, d: Any, ready: int, s: dict[str, float]) -> str:
+    change = f"{d.current_replicas} → {d.desired_replicas}" if d.rescale else f"{d.current_replicas}"
+    return (
+        f"  {int(now // 60):02d}:{int(now % 60):02d}  load {rps:6.0f} req/s │ replicas {change:<7} (ready {ready}) │ "
+        f"queue:compute {s['ratio']:5.2f} │ queue {s['queue']:6.0f} │ GPU util {s['util']:5.1f} % │ "
+        f"SM active {s['sm']:5.1f} %" + (f"  [{d.reason}]" if d.rescale else "")
+    )

@@ -1,0 +1,161 @@
+"""An HPA controller loop over HTTP, built on gpuscale.hpa: what kube-controller-manager does each sync.
+
+Per sync, for one HorizontalPodAutoscaler: read the target's ``scale`` subresource (replicas and the pod
+selector), list the selected pods, read each metric from the metrics APIs exactly as the controller's
+metrics client asks (``custom.metrics.k8s.io/v1beta2`` for Pods and Object metrics, ``external.metrics.k8s.io
+/v1beta1`` for External ones), run ``gpuscale.hpa.Autoscaler.reconcile`` and, when it rescales, write the
+``scale`` subresource. The demo runs it against the simulated API and the real adapter; ``now`` is passed
+in, so a replay can run the controller's clock faster than the wall clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from gpuscale.errors import SourceUnavailable
+from gpuscale.hpa import Autoscaler, Decision, MetricUnavailable, PodInfo
+from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscaler, MetricIdentifier
+from gpuscale.model import milli_value, parse_quantity
+
+_RESOURCES = {"Deployment": "deployments.apps", "StatefulSet": "statefulsets.apps", "ReplicaSet": "replicasets.apps"}
+
+
+def _selector_query(selector: Mapping[str, Any] | None) -> str:
+    labels = (selector or {}).get("matchLabels") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+@dataclass
+class Fetched:
+    """One sync's answers from the metrics APIs (thousandths); implements gpuscale.hpa's Readings."""
+
+    pod_values: dict[str, dict[str, int] | None]
+    object_values: dict[str, int | None]
+    external_values: dict[str, int | None]
+
+    def pods(self, metric: MetricIdentifier) -> Mapping[str, int]:
+        return _or_unavailable(self.pod_values.get(metric.name), metric.name)
+
+    def object(self, described: CrossVersionObjectReference, metric: MetricIdentifier) -> int:
+        return _or_unavailable(self.object_values.get(metric.name), metric.name)
+
+    def external(self, metric: MetricIdentifier) -> int:
+        return _or_unavailable(self.external_values.get(metric.name), metric.name)
+
+
+def _or_unavailable(value: Any, name: str) -> Any:
+    if value is None:
+        raise MetricUnavailable(f"unable to get metric {name}")
+    return value
+
+
+@dataclass
+class SyncResult:
+    decision: Decision
+    fetched: Fetched
+    pods: list[PodInfo]
+
+
+class HpaLoop:
+    """One HPA, reconciled on demand (``sync``); the caller chooses the period and the clock."""
+
+    def __init__(
+        self, hpa: HorizontalPodAutoscaler, *, session: aiohttp.ClientSession, adapter_url: str, kube_url: str
+    ) -> None:
+        self.hpa = hpa
+        self.session = session
+        self.adapter_url = adapter_url.rstrip("/")
+        self.kube_url = kube_url.rstrip("/")
+        self.namespace = hpa.metadata.namespace
+        self.autoscaler = Autoscaler(hpa)
+        ref = hpa.spec.scale_target_ref
+        group = "apps/v1" if ref.kind in _RESOURCES else (ref.api_version or "apps/v1")
+        self.scale_path = f"/apis/{group}/namespaces/{self.namespace}/{ref.kind.lower()}s/{ref.name}/scale"
+
+    async def _json(self, url: str) -> tuple[int, Any]:
+        try:
+            async with self.session.get(url) as resp:
+                return resp.status, (await resp.json() if resp.status == 200 else None)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise SourceUnavailable(url, str(e) or type(e).__name__) from e
+
+    async def _metric(self, path: str) -> list[dict[str, Any]] | None:
+        status, body = await self._json(self.adapter_url + path)
+        if status != 200 or not body or not body.get("items"):
+            return None  # NB: a 404, a 503 or an empty list: the controller counts the metric as invalid
+        return body["items"]
+
+    async def fetch(self, selector: str) -> Fetched:
+        pods: dict[str, dict[str, int] | None] = {}
+        objects: dict[str, int | None] = {}
+        external: dict[str, int | None] = {}
+        base = f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{self.namespace}"
+        for spec in self.hpa.spec.metrics:
+            name = spec.metric_name
+            if spec.pods is not None:
+                items = await self._metric(f"{base}/pods/*/{name}?labelSelector={quote(selector)}")
+                pods[name] = (
+                    None
+                    if items is None
+                    else {i["describedObject"]["name"]: milli_value(parse_quantity(i["value"])) for i in items}
+                )
+            elif spec.object is not None:
+                ref = spec.object.described_object
+                resource = _RESOURCES.get(ref.kind, ref.kind.lower() + "s")
+                items = await self._metric(f"{base}/{resource}/{ref.name}/{name}")
+                objects[name] = None if items is None else milli_value(parse_quantity(items[0]["value"]))
+            elif spec.external is not None:
+                query = _selector_query(spec.external.metric.selector)
+                path = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{self.namespace}/{name}"
+                items = await self._metric(path + (f"?labelSelector={quote(query)}" if query else ""))
+                external[name] = None if items is None else sum(milli_value(parse_quantity(i["value"])) for i in items)
+        return Fetched(pods, objects, external)
+
+    async def list_pods(self, selector: str) -> list[PodInfo]:
+        status, body = await self._json(
+            f"{self.kube_url}/api/v1/namespaces/{self.namespace}/pods?labelSelector={quote(selector)}"
+        )
+        if status != 200:
+            raise SourceUnavailable(self.kube_url, f"listing pods answered HTTP {status}", kind="http_status")
+        out = []
+        for pod in body["items"]:
+            conditions = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions") or []}
+            out.append(
+                PodInfo(
+                    pod["metadata"]["name"],
+                    phase=pod.get("status", {}).get("phase", "Pending"),
+                    ready=conditions.get("Ready") == "True",
+                    deleting=bool(pod["metadata"].get("deletionTimestamp")),
+                )
+            )
+        return out
+
+    async def sync(self, now: float) -> SyncResult:
+        """One reconcile at controller time ``now`` (seconds); writes the scale subresource on a change."""
+        status, scale = await self._json(self.kube_url + self.scale_path)
+        if status != 200:
+            raise SourceUnavailable(
+                self.kube_url, f"reading {self.scale_path} answered HTTP {status}", kind="http_status"
+            )
+        selector = scale["status"].get("selector") or ""
+        pods = await self.list_pods(selector)
+        fetched = await self.fetch(selector)
+        decision = self.autoscaler.reconcile(
+            now,
+            spec_replicas=scale["spec"]["replicas"],
+            status_replicas=scale["status"].get("replicas"),
+            pods=pods,
+            readings=fetched,
+        )
+        if decision.rescale:
+            body = {**scale, "spec": {"replicas": decision.desired_replicas}}
+            async with self.session.put(self.kube_url + self.scale_path, json=body) as resp:
+                if resp.status != 200:
+                    text = await resp.text()
+                    raise SourceUnavailable(self.kube_url, f"scale update answered HTTP {resp.status}: {text[:200]}")
+        return SyncResult(decision, fetched, pods)

@@ -1,0 +1,302 @@
+"""`gpuscale simulate`: replay a request trace (or a metric history) through real HPA manifests, offline.
+
+Trace mode: ``gpuscale simulate --trace TRACE --hpa A.yaml --hpa B.yaml`` runs the serving model with each
+manifest's HPA in the loop and prints, per manifest, GPU-hours, queue time percentiles, minutes violating the
+SLO and the scaling events (``--output json`` for the documented schema, ``--html FILE`` for a chart).
+History mode: ``gpuscale simulate --history METRICS.csv --hpa A.yaml`` (or ``--prometheus-url``) replays what
+a cluster really reported through the manifests' HPA algorithm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from rich.console import Console
+from rich.table import Table
+
+from gpuscale.config import Seconds
+from gpuscale.errors import ConfigError, SourceUnavailable
+from gpuscale.hpa import parse_manifests
+from gpuscale.hpa.spec import HorizontalPodAutoscaler
+from gpuscale.metrics.catalogue import load_catalogue
+from gpuscale.replay.history import MetricHistory, history_from_samples, parse_history_csv, promql_for, replay_history
+from gpuscale.replay.results import SCHEMA, Outcome
+from gpuscale.replay.serving import ServingProfile
+from gpuscale.replay.signals import check_metrics
+from gpuscale.replay.simulate import ReplaySettings, replay
+from gpuscale.replay.traces import read_trace
+
+_PROFILE = ServingProfile()
+
+
+class SimulateSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hpa: list[str] = Field(default_factory=list, description="autoscaling/v2 HPA manifest (repeatable)")
+    trace: str | None = Field(
+        None, description="request trace: Azure LLM CSV, Mooncake JSONL, or CSV timestamp,input_tokens,output_tokens"
+    )
+    history: str | None = Field(None, description="metric history instead of a trace: CSV timestamp,pod,metric,value")
+    prometheus_url: str | None = Field(None, description="metric history from this Prometheus (range queries)")
+    history_end: str | None = Field(None, description="end of the Prometheus history: RFC 3339 or Unix seconds (now)")
+    history_span: Seconds = Field(3600.0, gt=0, description="length of the Prometheus history")
+    history_step: Seconds = Field(15.0, gt=0, description="resolution of the Prometheus range queries")
+    query: list[str] = Field(
+        default_factory=list, description="METRIC=PROMQL giving per-pod values (default: from the catalogue)"
+    )
+    conserve_load: bool = Field(
+        True, description="history: spread the observed load over the replicas the HPA decides (else replay as seen)"
+    )
+    output: Literal["table", "json"] = Field("table", description="table or json (schema: gpuscale.simulate/v1)")
+    html: str | None = Field(None, description="also write a self-contained HTML chart to this file")
+    rate_scale: float = Field(
+        1.0, gt=0, description="offer this many times the trace's requests (same arrival pattern)"
+    )
+    seed: int = Field(0, description="seed of --rate-scale's fractional repeats")
+    start: Seconds = Field(0.0, ge=0, description="skip this much of the trace")
+    duration: Seconds | None = Field(None, gt=0, description="replay only this much of the trace")
+    startup: Seconds = Field(180.0, ge=0, description="model load: a new replica is ready this long after it starts")
+    initial_replicas: int | None = Field(None, ge=1, description="replicas at the start (default: minReplicas)")
+    slo_queue: Seconds = Field(2.0, gt=0, description="SLO: queue time a minute's requests may wait...")
+    slo_quantile: float = Field(0.95, gt=0, lt=1, description="...at this quantile")
+    refresh_interval: Seconds = Field(5.0, gt=0, description="the adapter's refresh interval (metric delay)")
+    step: Seconds = Field(0.25, gt=0, le=1.0, description="simulation step")
+    prefill_ms_per_token: float = Field(_PROFILE.prefill_s_per_token * 1e3, gt=0, description="prefill cost")
+    decode_iteration_ms: float = Field(_PROFILE.decode_iteration_s * 1e3, gt=0, description="decode iteration cost")
+    max_batch: int = Field(_PROFILE.max_batch, ge=1, description="running sequences per replica")
+    kv_cache_tokens: int = Field(_PROFILE.kv_capacity_tokens, ge=1, description="KV cache per replica, tokens")
+    gpus_per_replica: int = Field(_PROFILE.gpus_per_replica, ge=1, description="GPUs per replica (GPU-hours)")
+    config: str | None = Field(None, description="metric catalogue YAML (default: the shipped one)")
+    policies: str | None = Field(None, description="directory whose metrics.yaml overrides the shipped one")
+    log_level: str = Field("warning", description="debug, info, warning or error")
+
+    @model_validator(mode="after")
+    def _check(self) -> SimulateSettings:
+        if not self.hpa:
+            raise ValueError("hpa: give at least one HPA manifest (--hpa FILE)")
+        given = [f for f in ("trace", "history", "prometheus_url") if getattr(self, f)]
+        if not given:
+            raise ValueError(
+                "trace: give a request trace (--trace FILE) or a metric history (--history, --prometheus-url)"
+            )
+        if len(given) > 1:
+            raise ValueError(f"{given[1].replace('_', '-')}: give one of --trace, --history or --prometheus-url")
+        for q in self.query:
+            if "=" not in q:
+                raise ValueError(f"query: expected METRIC=PROMQL (got {q!r})")
+        return self
+
+    def profile(self) -> ServingProfile:
+        return ServingProfile(
+            prefill_s_per_token=self.prefill_ms_per_token / 1e3,
+            decode_iteration_s=self.decode_iteration_ms / 1e3,
+            max_batch=self.max_batch,
+            kv_capacity_tokens=self.kv_cache_tokens,
+            gpus_per_replica=self.gpus_per_replica,
+        )
+
+    def replay_settings(self) -> ReplaySettings:
+        return ReplaySettings(
+            startup_s=self.startup,
+            step_s=self.step,
+            refresh_s=self.refresh_interval,
+            initial_replicas=self.initial_replicas,
+            slo_queue_s=self.slo_queue,
+            slo_quantile=self.slo_quantile,
+        )
+
+
+def load_hpas(paths: list[str]) -> list[tuple[str, HorizontalPodAutoscaler]]:
+    out = []
+    for path in paths:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read HPA manifest: {e.strerror}", path=path) from None
+        out.extend((path, hpa) for hpa in parse_manifests(text, source=path))
+    return out
+
+
+def run_simulate(settings: SimulateSettings) -> dict:
+    """The whole report as the JSON document (schema ``gpuscale.simulate/v1``)."""
+    catalogue = load_catalogue(settings.config, policies=settings.policies)
+    hpas = load_hpas(settings.hpa)
+    if settings.trace is None:
+        return run_history(settings, hpas, catalogue)
+    check_metrics(hpas, catalogue)
+    trace = read_trace(settings.trace).window(start_s=settings.start, duration_s=settings.duration)
+    if not len(trace):
+        raise ConfigError("no requests in the chosen window (--start/--duration)", path=settings.trace)
+    trace = trace.scaled(settings.rate_scale, seed=settings.seed)
+    profile, replay_settings = settings.profile(), settings.replay_settings()
+    outcomes = [
+        replay(trace, hpa, catalogue=catalogue, profile=profile, settings=replay_settings, source=source)
+        for source, hpa in hpas
+    ]
+    return document(
+        trace_name=trace.name,
+        requests=len(trace),
+        duration_s=trace.duration_s,
+        profile=profile,
+        settings=replay_settings,
+        outcomes=outcomes,
+        rate_scale=settings.rate_scale,
+        seed=settings.seed,
+    )
+
+
+def document(*, trace_name, requests, duration_s, profile, settings, outcomes: list[Outcome], **extra) -> dict:
+    from dataclasses import asdict
+
+    return {
+        "schema": SCHEMA,
+        "trace": {"name": trace_name, "requests": requests, "duration_s": round(duration_s, 3), **extra},
+        "profile": asdict(profile),
+        "settings": asdict(settings),
+        "results": [o.to_json() for o in outcomes],
+    }
+
+
+def run_history(settings: SimulateSettings, hpas: list[tuple[str, HorizontalPodAutoscaler]], catalogue) -> dict:
+    for source, hpa in hpas:
+        for i, spec in enumerate(hpa.spec.metrics):
+            if catalogue.get(spec.metric_name) is None:
+                kind = spec.type.lower()
+                raise ConfigError(
+                    f"spec.metrics[{i}].{kind}.metric.name: {spec.metric_name!r} is not in the metric catalogue",
+                    path=source,
+                )
+    if settings.history:
+        try:
+            text = Path(settings.history).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read metric history: {e.strerror}", path=settings.history) from None
+        history, name = parse_history_csv(text, source=settings.history), settings.history
+    else:
+        assert settings.prometheus_url is not None
+        history = asyncio.run(_prometheus_history(settings, hpas, catalogue))
+        name = settings.prometheus_url
+    outcomes = [
+        replay_history(
+            history, hpa, source=source, conserve=settings.conserve_load, initial_replicas=settings.initial_replicas
+        )
+        for source, hpa in hpas
+    ]
+    return {
+        "schema": SCHEMA,
+        "mode": "history",
+        "history": {
+            "source": name,
+            "start": history.start,
+            "duration_s": round(history.end - history.start, 3),
+            "metrics": sorted(history.series),
+            "conserve_load": settings.conserve_load,
+        },
+        "results": [o.to_json() for o in outcomes],
+    }
+
+
+async def _prometheus_history(settings: SimulateSettings, hpas, catalogue) -> MetricHistory:
+    overrides = dict(q.split("=", 1) for q in settings.query)
+    names = sorted({spec.metric_name for _, hpa in hpas for spec in hpa.spec.metrics})
+    end = _instant(settings.history_end) if settings.history_end else time.time()
+    start = end - settings.history_span
+    url = settings.prometheus_url.rstrip("/") + "/api/v1/query_range"  # type: ignore[union-attr]
+    samples: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        for name in names:
+            definition = catalogue.get(name)
+            promql = overrides.get(name) or promql_for(definition, window_s=catalogue.window(definition))
+            form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{settings.history_step:g}"}
+            try:
+                async with session.post(url, data=form) as resp:
+                    body = await resp.json(content_type=None)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                raise SourceUnavailable(url, f"range query for {name} failed: {e or type(e).__name__}") from None
+            if not isinstance(body, dict) or body.get("status") != "success":
+                reason = body.get("error") if isinstance(body, dict) else "not a Prometheus answer"
+                raise SourceUnavailable(url, f"range query for {name} ({promql}) failed: {reason}")
+            for series in body["data"]["result"]:
+                pod = series.get("metric", {}).get("pod")
+                if pod:
+                    samples.setdefault(name, {})[pod] = [(float(t), float(v)) for t, v in series["values"]]
+    if not samples:
+        raise SourceUnavailable(url, f"no per-pod series of {', '.join(names)} between {start:.0f} and {end:.0f}")
+    return history_from_samples(samples)
+
+
+def _instant(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise ConfigError(f"--history-end: not RFC 3339 or Unix seconds (got {text!r})") from None
+
+
+def render_table(doc: dict, console: Console) -> None:
+    if doc.get("mode") == "history":
+        h = doc["history"]
+        table = Table(
+            title=f"{h['source']}: {h['duration_s'] / 60:.1f} min of {', '.join(h['metrics'])}", header_style="bold"
+        )
+        for col in ("HPA", "observed replica-h", "HPA replica-h", "max replicas", "up/down"):
+            table.add_column(col, justify="left" if col == "HPA" else "right")
+        for r in doc["results"]:
+            table.add_row(
+                r["hpa"],
+                f"{r['observed_replica_hours']:.2f}",
+                f"{r['hpa_replica_hours']:.2f}",
+                str(r["max_replicas"]),
+                f"{r['scale_ups']}/{r['scale_downs']}",
+            )
+        console.print(table)
+        return
+    trace = doc["trace"]
+    slo = doc["settings"]
+    table = Table(
+        title=f"{trace['name']}: {trace['requests']} requests over {trace['duration_s'] / 60:.1f} min "
+        f"(SLO: p{slo['slo_quantile'] * 100:g} queue time ≤ {slo['slo_queue_s']:g} s per minute)",
+        header_style="bold",
+    )
+    for col in ("HPA", "GPU-h", "queue p50 s", "p95 s", "p99 s", "TTFT p95 s", "SLO min", "max pods", "up/down"):
+        table.add_column(col, justify="left" if col == "HPA" else "right")
+    for r in doc["results"]:
+        q = r["queue_time_s"]
+        table.add_row(
+            r["hpa"],
+            f"{r['gpu_hours']:.2f}",
+            f"{q['p50']:.2f}",
+            f"{q['p95']:.2f}",
+            f"{q['p99']:.2f}",
+            f"{r['ttft_s']['p95']:.2f}",
+            f"{r['slo']['violating_minutes']}/{r['slo']['minutes']}",
+            str(r["max_replicas"]),
+            f"{r['scale_ups']}/{r['scale_downs']}",
+        )
+    console.print(table)
+
+
+def main_simulate(settings: SimulateSettings) -> None:
+    doc = run_simulate(settings)
+    if settings.html:
+        from gpuscale.replay.chart import write_html
+
+        write_html(doc, settings.html)
+    if settings.output == "json":
+        sys.stdout.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    else:
+        console = Console(width=max(Console().width, 110))
+        render_table(doc, console)
+        if settings.html:
+            console.print(f"chart written to {settings.html}")

@@ -1,0 +1,35 @@
+"""The HorizontalPodAutoscaler's algorithm, as a pure module: manifest → replica decisions.
+
+Learned from kubernetes/kubernetes ``pkg/controller/podautoscaler/horizontal.go`` (reconcile, stabilization,
+scaling policies) and ``replica_calculator.go`` (per-metric proposals), and from
+``pkg/apis/autoscaling/v2/defaults.go`` and ``pkg/apis/autoscaling/validation`` (what the API server fills
+in and rejects). No I/O and no clock: the caller passes the time and the metric readings, so replay can run
+an hour of syncs in milliseconds and the demo can run the same code against a live adapter.
+
+    spec.py        autoscaling/v2 manifests: parse, validate like the API server, apply the documented defaults
+    replicas.py    one metric's proposal (Pods / Object / External; Value / AverageValue), tolerance,
+                   missing metrics and not-yet-ready pods as the controller treats them
+    controller.py  one HPA over time: several metrics → the largest proposal, invalid metrics, min/max,
+                   behavior (stabilization windows, Pods/Percent policies over periodSeconds, selectPolicy)
+
+Feature gates: ``behavior.scaleUp/scaleDown.tolerance`` (HPAConfigurableTolerance, Kubernetes ≥ 1.33) is
+honoured as if the gate were on; scale to zero (HPAScaleToZero) is not: minReplicas must be ≥ 1, as the
+API server requires by default. CPU/memory Resource metrics are not modelled.
+"""
+
+from gpuscale.hpa.controller import Autoscaler, Decision, MetricUnavailable, PodInfo, Readings
+from gpuscale.hpa.spec import HorizontalPodAutoscaler, parse_manifests
+
+SYNC_PERIOD_SECONDS = 15.0
+"""kube-controller-manager's --horizontal-pod-autoscaler-sync-period default (podautoscaler/config/v1alpha1)."""
+
+__all__ = [
+    "SYNC_PERIOD_SECONDS",
+    "Autoscaler",
+    "Decision",
+    "HorizontalPodAutoscaler",
+    "MetricUnavailable",
+    "PodInfo",
+    "Readings",
+    "parse_manifests",
+]

@@ -1,0 +1,285 @@
+"""The serving model: replicas with continuous batching behind a load balancer, and what each one reports.
+
+Each replica runs an LLM server the way vLLM schedules by default (FCFS, prefill first, then one decode
+iteration for every running sequence):
+
+- admission: the head of the waiting queue is scheduled while fewer than ``max_batch`` sequences run, the
+  prompts being prefilled total at most ``prefill_token_budget`` tokens (vLLM's max_num_batched_tokens; a
+  longer prompt goes alone), and its whole KV footprint (input + output tokens) fits in the KV cache (a
+  conservative reservation; vLLM allocates blocks as it goes and preempts instead). Until then it waits:
+  that is the queue depth and the queue time a server reports;
+- prefill: ``a·n + b·n²`` seconds for an n-token prompt (linear layers + attention);
+- decode: one iteration emits a token for every running sequence and takes ``c + d·(KV tokens held)``
+  seconds (weights read once per iteration, then every sequence's KV cache).
+
+Defaults: Llama-3-8B on one A100-SXM4-80GB, from microsoft/vidur's profiling tables
+(``data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv`` and the Llama-2-7B table beside it:
+4,096 prompt tokens take about 6.6 ms per layer in the linear layers, × 32 layers ≈ 0.21 s, i.e. ≈ 52 µs
+per prompt token; a decode batch of up to 128 tokens about 0.38 ms per layer, × 32 ≈ 12 ms per iteration),
+with the attention and KV terms from the model's shape: 32 layers × 8 KV heads × 128 dims × 2 (K, V) × 2
+bytes = 128 KiB of KV cache per token, read once per iteration at ≈ 1.5 TB/s (≈ 0.09 µs per KV token);
+(80 GB × 0.9 − 16 GB of weights) / 128 KiB ≈ 430,000 tokens of KV cache; vLLM's default ``max_num_seqs``
+256. A model is a profile: pass your own numbers (they are flags of ``gpuscale simulate``).
+
+What each replica reports, as the catalogue defines the metrics (counters are updated when a request
+completes, as Triton and vLLM do): GPU util = share of the last second with a kernel running (it saturates
+at 100 as soon as one request runs); SM and tensor activity follow the batch's fill (decode at batch 1
+keeps about a fifth of the SMs busy and a full batch about 70 %, prefill about 90 %: illustrative
+numbers in the range of reference/gpu-metrics.md's fixtures, not measurements); queue depth = waiting
+requests; queue time, queue:compute ratio and requests/s over the catalogue's 60 s window.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuscale.replay.traces import Trace
+
+
+@dataclass(frozen=True)
+class ServingProfile:
+    """Costs of one replica (seconds) and its limits."""
+
+    name: str = "llama-3-8b-a100-80gb"
+    prefill_s_per_token: float = 52e-6
+    prefill_s_per_token_squared: float = 2.6e-9  # attention: 4·layers·d_model FLOPs per token pair at ~200 TFLOP/s
+    decode_iteration_s: float = 0.012
+    decode_s_per_kv_token: float = 9e-8
+    max_batch: int = 256
+    prefill_token_budget: int = 8192  # vLLM max_num_batched_tokens: prompt tokens scheduled at once
+    kv_capacity_tokens: int = 430_000
+    gpus_per_replica: int = 1
+    sm_active_idle_batch: float = 0.2  # decode at batch 1
+    sm_active_full_batch: float = 0.7  # decode at max_batch
+    sm_active_prefill: float = 0.9
+    tensor_per_sm: float = 0.6  # tensor-pipe activity as a share of SM activity (BF16 GEMMs)
+
+    def prefill_s(self, tokens: int) -> float:
+        return self.prefill_s_per_token * tokens + self.prefill_s_per_token_squared * tokens * tokens
+
+
+@dataclass
+class Counters:
+    """Cumulative counters of one replica, as its exporters expose them."""
+
+    success: int = 0
+    queue_s: float = 0.0
+    compute_s: float = 0.0
+
+
+@dataclass
+class Replica:
+    """One server. ``ready_at`` is when its model is loaded and it joins the Service's endpoints."""
+
+    name: str
+    created: float
+    ready_at: float
+    profile: ServingProfile
+    deleting_since: float | None = None
+    gone_at: float | None = None
+    waiting: deque[int] = field(default_factory=deque)
+    prefilling: deque[list[float]] = field(default_factory=deque)  # [request, seconds left]
+    decoding: list[tuple[float, int]] = field(default_factory=list)  # heap of (finish iteration, request)
+    iterations: float = 0.0
+    kv_reserved: int = 0
+    prefill_tokens: int = 0  # prompt tokens in ``prefilling``
+    n_decoding: int = 0
+    kv_base: float = 0.0  # Σ (input_i − start_iteration_i) over decoding requests
+    counters: Counters = field(default_factory=Counters)
+    busy_s: deque[tuple[float, float, float]] = field(default_factory=deque)  # (busy, sm·s, tensor·s) per step
+
+    def ready(self, now: float) -> bool:
+        return now >= self.ready_at and self.deleting_since is None
+
+    @property
+    def running(self) -> int:
+        return len(self.prefilling) + self.n_decoding
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.waiting) + self.running
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+
+class Requests:
+    """Per-request state of a replay (arrays indexed by request number)."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.arrival = trace.arrival_s
+        self.input = trace.input_tokens
+        self.output = trace.output_tokens
+        n = len(trace)
+        self.admitted = np.full(n, np.nan)
+        self.first_token = np.full(n, np.nan)
+        self.finished = np.full(n, np.nan)
+        self.rejected = np.zeros(n, dtype=bool)
+
+
+class ServingModel:
+    """Replicas of one Deployment fed by a least-outstanding-requests balancer, advanced ``step_s`` at a time."""
+
+    def __init__(self, trace: Trace, *, profile: ServingProfile, step_s: float = 0.25) -> None:
+        self.profile = profile
+        self.requests = Requests(trace)
+        self.step_s = step_s
+        self.replicas: list[Replica] = []
+        self.next_arrival = 0
+        self.unrouted: deque[int] = deque()  # requests with no ready replica to go to
+        self._serial = 0
+
+    # --- the Deployment ----------------------------------------------------------------------------
+
+    def add_replica(self, now: float, *, startup_s: float) -> Replica:
+        self._serial += 1
+        replica = Replica(f"server-{self._serial:03d}", now, now + startup_s, self.profile)
+        self.replicas.append(replica)
+        return replica
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.deleting_since is None]
+
+    def scale_to(self, now: float, replicas: int, *, startup_s: float) -> None:
+        """The Deployment's new replica count: new pods start loading; surplus pods are deleted the way a
+        ReplicaSet picks them (not-ready before ready, newest first) and drain their running requests;
+        their waiting requests go back to the balancer."""
+        live = self.live()
+        for _ in range(replicas - len(live)):
+            self.add_replica(now, startup_s=startup_s)
+        if replicas < len(live):
+            victims = sorted(live, key=lambda r: (r.ready(now), -r.created, r.name))[: len(live) - replicas]
+            for r in victims:
+                r.deleting_since = now
+                self.unrouted.extend(r.waiting)
+                r.waiting.clear()
+                if r.idle:
+                    r.gone_at = now
+
+    # --- time ----------------------------------------------------------------------------------------
+
+    def advance(self, now: float) -> None:
+        """Route the arrivals of [now, now + step) and run every replica for one step."""
+        end = now + self.step_s
+        arrival = self.requests.arrival
+        ready = [r for r in self.replicas if r.ready(now)]
+        if ready:
+            while self.unrouted:
+                self._route(self.unrouted.popleft(), ready)
+        while self.next_arrival < len(arrival) and arrival[self.next_arrival] < end:
+            i = self.next_arrival
+            self.next_arrival += 1
+            if ready:
+                self._route(i, ready)
+            else:
+                self.unrouted.append(i)
+        for r in self.replicas:
+            if r.gone_at is None:
+                self._run(r, now)
+                if r.deleting_since is not None and r.idle:
+                    r.gone_at = end
+
+    @staticmethod
+    def _route(i: int, ready: list[Replica]) -> None:
+        best = ready[0]
+        for r in ready[1:]:
+            if r.outstanding < best.outstanding:
+                best = r
+        best.waiting.append(i)
+
+    def _admit(self, r: Replica, now: float) -> None:
+        req, p = self.requests, self.profile
+        while r.waiting and r.running < p.max_batch:
+            i = r.waiting[0]
+            need = int(req.input[i] + req.output[i])
+            if need > p.kv_capacity_tokens:
+                r.waiting.popleft()
+                req.rejected[i] = True  # NB: can never fit; a real server answers 400 (context too long)
+                continue
+            if r.kv_reserved + need > p.kv_capacity_tokens:
+                break
+            if r.prefilling and r.prefill_tokens + int(req.input[i]) > p.prefill_token_budget:
+                break
+            r.waiting.popleft()
+            r.kv_reserved += need
+            r.prefill_tokens += int(req.input[i])
+            req.admitted[i] = max(now, req.arrival[i])
+            r.prefilling.append([i, p.prefill_s(int(req.input[i]))])
+
+    def _run(self, r: Replica, now: float) -> None:
+        p, req = self.profile, self.requests
+        budget = self.step_s
+        busy = sm = 0.0
+        self._admit(r, now)
+        while budget > 1e-12 and (r.prefilling or r.n_decoding):
+            t = now + self.step_s - budget
+            if r.prefilling:
+                head = r.prefilling[0]
+                use = min(budget, head[1])
+                head[1] -= use
+                budget -= use
+                busy += use
+                sm += use * p.sm_active_prefill
+                if head[1] <= 1e-12:
+                    r.prefilling.popleft()
+                    i = int(head[0])
+                    r.prefill_tokens -= int(req.input[i])
+                    req.first_token[i] = t + use
+                    heapq.heappush(r.decoding, (r.iterations + float(req.output[i]), i))
+                    r.n_decoding += 1
+                    r.kv_base += float(req.input[i]) - r.iterations
+                    if not r.prefilling:
+                        self._admit(r, t + use)
+                continue
+            kv_tokens = r.kv_base + r.n_decoding * r.iterations
+            iteration_s = p.decode_iteration_s + p.decode_s_per_kv_token * kv_tokens
+            fill = min(1.0, r.n_decoding / p.max_batch)
+            activity = p.sm_active_idle_batch + (p.sm_active_full_batch - p.sm_active_idle_batch) * fill
+            next_finish = r.decoding[0][0]
+            possible = budget / iteration_s
+            if r.iterations + possible < next_finish:
+                r.iterations += possible
+                busy += budget
+                sm += budget * activity
+                budget = 0.0
+                break
+            use = (next_finish - r.iterations) * iteration_s
+            r.iterations = next_finish
+            budget -= use
+            busy += use
+            sm += use * activity
+            done_at = now + self.step_s - budget
+            while r.decoding and r.decoding[0][0] <= r.iterations + 1e-9:
+                finish, i = heapq.heappop(r.decoding)
+                r.n_decoding -= 1
+                r.kv_base -= float(req.input[i]) - (finish - float(req.output[i]))
+                r.kv_reserved -= int(req.input[i] + req.output[i])
+                req.finished[i] = done_at
+                c = r.counters
+                c.success += 1
+                c.queue_s += req.admitted[i] - req.arrival[i]
+                c.compute_s += done_at - req.admitted[i]
+            self._admit(r, done_at)
+        r.busy_s.append((busy, sm, sm * p.tensor_per_sm))
+        if len(r.busy_s) > max(1, round(1.0 / self.step_s)):
+            r.busy_s.popleft()
+
+    def gpu_activity(self, r: Replica) -> tuple[float, float, float]:
+        """(GPU util %, SM active %, tensor active %) over the last second, as DCGM samples them."""
+        if not r.busy_s:
+            return 0.0, 0.0, 0.0
+        span = len(r.busy_s) * self.step_s
+        busy, sm, tensor = (sum(x) for x in zip(*r.busy_s, strict=True))
+        return 100 * busy / span, 100 * sm / span, 100 * tensor / span
+
+    def done(self) -> bool:
+        return (
+            self.next_arrival >= len(self.requests.arrival)
+            and not self.unrouted
+            and all(r.idle for r in self.replicas if r.gone_at is None)
+        )

@@ -1,0 +1,108 @@
+"""Replay a request trace through the serving model with one HPA manifest in the loop.
+
+The clock advances in ``step_s`` steps; every ``refresh_s`` the adapter view refreshes; every ``sync_s``
+(the controller's 15 s) the HPA reconciles on what the adapter last served and, when it rescales, the
+Deployment's new pods start loading (ready ``startup_s`` later) or surplus pods drain. Deterministic: no
+clock, no randomness (the balancer breaks ties by order), so the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, Decision, PodInfo
+from gpuscale.hpa.spec import HorizontalPodAutoscaler
+from gpuscale.metrics.catalogue import Catalogue
+from gpuscale.replay.results import Event, Outcome, Sample, summarize
+from gpuscale.replay.serving import ServingModel, ServingProfile
+from gpuscale.replay.signals import AdapterView
+from gpuscale.replay.traces import Trace
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    startup_s: float = 180.0  # model load before a new replica is ready
+    step_s: float = 0.25
+    refresh_s: float = 5.0  # the adapter's --refresh-interval
+    sync_s: float = SYNC_PERIOD_SECONDS
+    initial_replicas: int | None = None  # default: the manifest's minReplicas, ready at t = 0
+    slo_queue_s: float = 2.0
+    slo_quantile: float = 0.95
+    max_tail_s: float = 1800.0  # after the last arrival, stop draining after this long
+
+
+def replay(
+    trace: Trace,
+    hpa: HorizontalPodAutoscaler,
+    *,
+    catalogue: Catalogue,
+    profile: ServingProfile,
+    settings: ReplaySettings,
+    source: str = "",
+) -> Outcome:
+    model = ServingModel(trace, profile=profile, step_s=settings.step_s)
+    view = AdapterView(model, catalogue=catalogue)
+    auto = Autoscaler(hpa)
+    spec = settings.initial_replicas or hpa.min_replicas
+    spec = max(hpa.min_replicas, min(spec, hpa.spec.max_replicas))
+    for _ in range(spec):
+        model.add_replica(0.0, startup_s=0.0)
+    per_refresh = max(1, round(settings.refresh_s / settings.step_s))
+    per_sync = max(1, round(settings.sync_s / settings.step_s))
+    last_step = int((trace.duration_s + settings.max_tail_s) / settings.step_s) + 1
+    timeline: list[Sample] = []
+    events: list[Event] = []
+    for k in range(last_step + 1):
+        now = k * settings.step_s
+        if k % per_refresh == 0:
+            view.refresh(now)
+        if k and k % per_sync == 0:
+            pods = [
+                PodInfo(r.name, ready=now >= r.ready_at, deleting=r.deleting_since is not None)
+                for r in model.replicas
+                if r.gone_at is None
+            ]
+            decision = auto.reconcile(now, spec_replicas=spec, pods=pods, readings=view)
+            if decision.rescale:
+                events.append(Event(now, spec, decision.desired_replicas, decision.reason, _why(decision)))
+                model.scale_to(now, decision.desired_replicas, startup_s=settings.startup_s)
+                spec = decision.desired_replicas
+            timeline.append(_sample(now, spec, model))
+        if now > trace.duration_s and model.done():
+            break
+        model.advance(now)
+    return summarize(
+        name=hpa.name,
+        source=source,
+        trace=trace,
+        model=model,
+        end_s=now,  # NB: the last request has completed (or the tail ran out)
+        timeline=timeline,
+        events=events,
+        slo_queue_s=settings.slo_queue_s,
+        slo_quantile=settings.slo_quantile,
+    )
+
+
+def _why(decision: Decision) -> str:
+    parts = [f"{p.metric}={p.usage_milli / 1000:g}→{p.replicas}" for p in decision.proposals if p.replicas is not None]
+    parts += [p.error for p in decision.proposals if p.replicas is None]
+    return "; ".join(parts)
+
+
+def _sample(now: float, spec: int, model: ServingModel) -> Sample:
+    live = [r for r in model.replicas if r.gone_at is None]
+    ready = [r for r in live if r.ready(now)]
+    util = [model.gpu_activity(r) for r in ready]
+    return Sample(
+        t=now,
+        desired=spec,
+        ready=len(ready),
+        pods=len(live),
+        queue=sum(len(r.waiting) for r in live) + len(model.unrouted),
+        running=sum(r.running for r in live),
+        gpu_util=float(np.mean([u[0] for u in util])) if util else 0.0,
+        sm_active=float(np.mean([u[1] for u in util])) if util else 0.0,
+    )

@@ -1,0 +1,196 @@
+"""Request traces: (arrival offset, input tokens, output tokens) per request, from the formats users have.
+
+Formats, chosen by the file's content (``.gz`` is read transparently):
+
+- Azure LLM inference trace 2023 CSV: ``TIMESTAMP,ContextTokens,GeneratedTokens`` (wall clock with up to
+  7 fractional digits, 100 ns).
+- Mooncake FAST'25 JSONL: ``{"timestamp": ms, "input_length": n, "output_length": n, ...}``. Its timestamps
+  have coarse resolution (about one distinct value per 3 s), so equal timestamps are part of the format and
+  kept in file order; anywhere else a repeated timestamp is an error (a merged or duplicated file).
+- Plain CSV: ``timestamp,input_tokens,output_tokens`` with timestamp in seconds (float) or ISO 8601.
+
+Bad rows are errors naming the file, the line and the field: unsorted or repeated timestamps, missing,
+non-integer or negative token counts. Offsets start at 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from importlib.abc import Traversable
+from pathlib import Path
+
+import numpy as np
+
+from gpuscale.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests sorted by arrival; arrays of equal length."""
+
+    name: str
+    arrival_s: np.ndarray  # float64 seconds from the first request
+    input_tokens: np.ndarray  # int64
+    output_tokens: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1]) if len(self) else 0.0
+
+    def window(self, *, start_s: float = 0.0, duration_s: float | None = None, speedup: float = 1.0) -> Trace:
+        """The requests in [start, start + duration), re-based to 0 and compressed ``speedup`` times."""
+        end = np.inf if duration_s is None else start_s + duration_s
+        keep = (self.arrival_s >= start_s) & (self.arrival_s < end)
+        arrival = (self.arrival_s[keep] - start_s) / speedup
+        return Trace(self.name, arrival, self.input_tokens[keep], self.output_tokens[keep])
+
+    def scaled(self, factor: float, *, seed: int = 0) -> Trace:
+        """The same arrival pattern with ``factor`` times the requests: each request is repeated
+        ⌊factor⌋ times and once more with probability frac(factor) (seeded, so deterministic); the
+        traces' README suggests scaling the rate this way rather than compressing time, which would
+        also shrink the bursts relative to a replica's start-up delay."""
+        if factor == 1.0:
+            return self
+        if factor <= 0:
+            raise ValueError("rate scale must be positive")
+        whole = int(factor)
+        copies = np.full(len(self), whole, dtype=np.int64)
+        copies += np.random.default_rng(seed).random(len(self)) < factor - whole
+        index = np.repeat(np.arange(len(self)), copies)
+        return Trace(self.name, self.arrival_s[index], self.input_tokens[index], self.output_tokens[index])
+
+
+def read_trace(path: str | Path | Traversable) -> Trace:
+    """Load a trace file (any format above); ConfigError naming the file, line and field otherwise."""
+    if isinstance(path, str):
+        path = Path(path)
+    try:
+        raw = path.read_bytes()
+        text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise ConfigError(f"cannot read trace: {getattr(e, 'strerror', None) or e}", path=str(path)) from None
+    except UnicodeDecodeError:
+        raise ConfigError("not a text file (expected CSV or JSON lines)", path=str(path)) from None
+    return parse_trace(text, source=str(path))
+
+
+def parse_trace(text: str, *, source: str) -> Trace:
+    first = text.lstrip()[:1]
+    rows = _jsonl_rows(text, source) if first == "{" else _csv_rows(text, source)
+    name = Path(source).name.removesuffix(".gz")
+    if not rows:
+        raise ConfigError("no requests in the trace", path=source)
+    lines, times, inputs, outputs, repeats_allowed = zip(*rows, strict=True)
+    arrival = np.asarray(times, dtype=np.float64)
+    steps = np.diff(arrival)
+    bad = np.flatnonzero(steps < 0)
+    if len(bad):
+        i = int(bad[0]) + 1
+        raise ConfigError(f"line {lines[i]}: timestamp goes back in time (the trace must be sorted)", path=source)
+    same = np.flatnonzero(steps == 0)
+    if len(same) and not repeats_allowed[0]:
+        i = int(same[0]) + 1
+        raise ConfigError(f"line {lines[i]}: timestamp repeats line {lines[i - 1]}'s (duplicate row?)", path=source)
+    return Trace(
+        name,
+        arrival - arrival[0],
+        np.asarray(inputs, dtype=np.int64),
+        np.asarray(outputs, dtype=np.int64),
+    )
+
+
+def _tokens(value: object, *, field: str, line: int, source: str) -> int:
+    if value is None or value == "":
+        raise ConfigError(f"line {line}: {field} is missing", path=source)
+    try:
+        n = int(value) if not isinstance(value, float) or value.is_integer() else None
+    except (TypeError, ValueError):
+        n = None
+    if n is None or isinstance(value, bool):
+        raise ConfigError(f"line {line}: {field} must be a whole number of tokens (got {value!r})", path=source)
+    if n < 0:
+        raise ConfigError(f"line {line}: {field} must not be negative (got {n})", path=source)
+    return n
+
+
+Row = tuple[int, float, int, int, bool]
+
+
+def _jsonl_rows(text: str, source: str) -> list[Row]:
+    out = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"line {line_no}: not JSON: {e.msg}", path=source) from None
+        if not isinstance(obj, dict):
+            raise ConfigError(f"line {line_no}: expected a JSON object", path=source)
+        ts = obj.get("timestamp")
+        if isinstance(ts, bool) or not isinstance(ts, int | float):
+            raise ConfigError(f"line {line_no}: timestamp must be a number of milliseconds (got {ts!r})", path=source)
+        ins = _tokens(obj.get("input_length"), field="input_length", line=line_no, source=source)
+        outs = _tokens(obj.get("output_length"), field="output_length", line=line_no, source=source)
+        out.append((line_no, ts / 1000.0, ins, outs, True))
+    return out
+
+
+_AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_PLAIN = ("timestamp", "input_tokens", "output_tokens")
+
+
+def _csv_rows(text: str, source: str) -> list[Row]:
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None:
+        raise ConfigError("empty file", path=source)
+    header = [h.strip() for h in header]
+    if tuple(header[:3]) == _AZURE:
+        columns = _AZURE
+    elif tuple(header[:3]) == _PLAIN:
+        columns = _PLAIN
+    else:
+        raise ConfigError(
+            f"line 1: unknown header {','.join(header)!r}; expected {','.join(_PLAIN)} "
+            f"(seconds or ISO 8601), {','.join(_AZURE)} (Azure LLM trace) or Mooncake JSON lines",
+            path=source,
+        )
+    out = []
+    for line_no, row in enumerate(reader, 2):
+        if not row or not "".join(row).strip():
+            continue
+        row += [""] * (3 - len(row))
+        ts = parse_timestamp(row[0].strip(), column=columns[0], line=line_no, source=source)
+        ins = _tokens(row[1].strip(), field=columns[1], line=line_no, source=source)
+        outs = _tokens(row[2].strip(), field=columns[2], line=line_no, source=source)
+        out.append((line_no, ts, ins, outs, False))
+    return out
+
+
+def parse_timestamp(text: str, *, column: str, line: int, source: str) -> float:
+    if not text:
+        raise ConfigError(f"line {line}: {column} is missing", path=source)
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    # NB: datetime takes at most 6 fractional digits; the Azure trace has 7 (100 ns)
+    head, dot, frac = text.partition(".")
+    try:
+        when = datetime.fromisoformat(head.replace(" ", "T"))
+    except ValueError:
+        raise ConfigError(
+            f"line {line}: {column} is not seconds or an ISO 8601 time (got {text!r})", path=source
+        ) from None
+    if dot and not frac.isdigit():
+        raise ConfigError(f"line {line}: {column} is not seconds or an ISO 8601 time (got {text!r})", path=source)
+    return when.timestamp() + (float("0." + frac) if dot else 0.0)
