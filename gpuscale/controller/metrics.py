@@ -1,8 +1,8 @@
 """The controller's own /metrics (prometheus-client, one registry per controller so tests never share state).
 
 What an operator looks at: actions taken (by action and result), actions the circuit breaker held back, nodes
-under remediation, GPU nodes per pool, requested-but-idle GPUs and the GPU-seconds (hours / 3600) they have idled, reconcile
-duration and failures, leadership, and the health of every source (exporters, Prometheus, the watch caches).
+under remediation, GPU nodes per pool, requested-but-idle GPUs and the GPU-seconds (hours × 3600) they have idled,
+reconcile duration and failures, leadership, and the health of every source (exporters, Prometheus, the caches).
 """
 
 from __future__ import annotations
