@@ -386,6 +386,25 @@ async def _serve(running: RunningController, settings: ControllerSettings) -> we
     return runner
 
 
+async def _synced_or_stopped(cache: ObjectCache, stop: asyncio.Event, *, every: float) -> bool:
+    """Wait for the caches' first sync (unready meanwhile, a warning every ``every`` seconds); False if stopped."""
+    while not stop.is_set():
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            synced = asyncio.ensure_future(cache.wait_synced(timeout=every))
+            await asyncio.wait([stopped, synced], return_when=asyncio.FIRST_COMPLETED)
+            if synced.done():
+                error = synced.exception()
+                if error is None:
+                    return True
+                log.warning("%s; still waiting", error)
+            else:
+                synced.cancel()
+        finally:
+            stopped.cancel()
+    return False
+
+
 async def run_controller(settings: ControllerSettings, stop: asyncio.Event) -> None:
     running = await start_controller(settings)
     log.info(
@@ -395,7 +414,8 @@ async def run_controller(settings: ControllerSettings, stop: asyncio.Event) -> N
         running.elector is not None,
     )
     try:
-        await running.cache.wait_synced(timeout=max(30.0, 2 * settings.interval))
+        if not await _synced_or_stopped(running.cache, stop, every=max(30.0, 2 * settings.interval)):
+            return
         wake = asyncio.Event()
         if running.elector is not None:
             running.tasks.append(asyncio.create_task(running.elector.run(stop), name="leader-election"))

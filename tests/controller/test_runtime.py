@@ -233,3 +233,17 @@ async def test_a_custom_resource_that_is_not_installed_stays_empty_when_optional
     assert cache.absent == ["scheduling.x-k8s.io/v1alpha1 PodGroup"]
     with pytest.raises(KindNotServed, match="serves no kind Widget"):
         await ObjectCache(rest, [WatchSpec("v1", "Widget")]).refresh_once()
+
+
+async def test_caches_started_while_the_api_is_away_sync_once_it_is_back(api, rest):
+    await api.go_away()
+    cache = ObjectCache(rest, [WatchSpec("v1", "Node")], backoff_max_seconds=0.05)
+    try:
+        await cache.start()  # no exception: discovery goes on in the background
+        assert not cache.synced and "discovery" in cache.last_errors
+        api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-a"}})
+        await api.come_back()
+        await cache.wait_synced(timeout=10)
+        assert cache.get("v1", "Node", "gpu-a") is not None and "discovery" not in cache.last_errors
+    finally:
+        await cache.stop()

@@ -134,3 +134,49 @@ async def test_the_controller_process_remediates_and_reports(tmp_path):
         err.close()
         await exporters.stop()
         await api.stop()
+
+
+async def test_the_controller_waits_for_an_api_that_is_not_up_yet(tmp_path):
+    api = SimKubeApi()
+    await api.start()
+    exporters = SimExporters()
+    await exporters.start(scenario(1))
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    await api.go_away()
+    port = free_port()
+    command = [sys.executable, "-m", "gpuscale.cli.main", "controller", "--kubeconfig", kubeconfig, "--port", str(port)]
+    command += ["--bind-address", "127.0.0.1", "--interval", "0.5s", "--no-leader-elect"]
+    command += ["--scrape-url", next(iter(exporters.dcgm_urls.values()))]
+    err = open(tmp_path / "stderr", "wb")  # noqa: SIM115
+    proc = await asyncio.create_subprocess_exec(*command, stderr=err)
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def readyz() -> tuple[int, str]:
+                assert proc.returncode is None, (tmp_path / "stderr").read_text()
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
+                        return r.status, await r.text()
+                except aiohttp.ClientError:
+                    return 0, ""
+
+            async def waiting() -> bool:
+                status, text = await readyz()
+                return status == 503 and "discovery" in text
+
+            await _until(waiting)
+            await api.come_back()
+
+            async def ready() -> bool:
+                return (await readyz())[0] == 200
+
+            await _until(ready)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        err.close()
+        await exporters.stop()
+        await api.stop()
