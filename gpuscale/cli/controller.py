@@ -75,9 +75,8 @@ def watch_specs(
     ]
     if settings.health and settings.health_drain:
         specs.append(WatchSpec("policy/v1", "PodDisruptionBudget"))
-    if settings.gangs or settings.expander:
-        # NB: only this controller's own Events (what the capacity planners check to say things once).
-        specs.append(WatchSpec("v1", "Event", field_selector=f"source={COMPONENT}"))
+    # NB: only this controller's own Events (what planners check to say a thing once).
+    specs.append(WatchSpec("v1", "Event", field_selector=f"source={COMPONENT}"))
     if settings.expander:
         expander = pools_policy.expander
         specs.append(

@@ -213,6 +213,11 @@ async def test_drain_evicts_through_the_api_respecting_budgets_and_gangs(tmp_pat
         assert "exporter" in names, "DaemonSet pods are skipped"
         assert {"train-0", "train-1"} <= names, "the gang's budget allows 1 of 2: none of the gang is evicted"
         assert "serve-0" in names, "the PDB refused (429) and the pod stays"
+        held = [e for e in h.events("gpu-00") if e["reason"] == "GangDrainHeld"]
+        assert len(held) == 1 and "PodDisruptionBudget default/train" in held[0]["message"]
+        await h.reconcile()
+        (again,) = [e for e in h.events("gpu-00") if e["reason"] == "GangDrainHeld"]
+        assert again["count"] == 1, "said once, not repeated every reconcile"
         evictions = [o for o in result.outcomes if o.write.__class__.__name__ == "Evict"]
         assert sorted((o.write.name, o.result) for o in evictions) == [("lonely", "applied"), ("serve-0", "refused")]
         api.patch("policy/v1", "PodDisruptionBudget", "train", {"spec": {"maxUnavailable": 2}}, namespace="default")
