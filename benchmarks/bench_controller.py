@@ -2,21 +2,22 @@
 
 The cluster: dcgm-exporter text per node from the simulator's renderers (``sim.exporters.render_dcgm``, signals
 from ``sim.load``), one Pod per GPU holder (a quarter of the nodes run 8-GPU training gangs labelled
-``scheduling.x-k8s.io/pod-group``, the rest one-GPU inference/batch pods, some idle), 100 pending gangs of 4 pods,
-10 nodes reporting a fatal Xid. The simulated Kubernetes API runs in a separate process (so the figures are the
-controller's CPU alone) and counts the requests it serves by verb.
+``scheduling.x-k8s.io/pod-group``, the rest one-GPU inference/batch pods, some idle), 100 pending coscheduling
+gangs (PodGroup, minMember 4) of 4 pods, 10 nodes reporting a fatal Xid; the batch-scheduling CRDs installed. The
+simulated Kubernetes API runs in a separate process (so the figures are the controller's CPU alone) and counts the
+requests it serves by verb.
 
 The controller side is exactly what `gpuscale controller` runs per reconcile, minus the HTTP scrapes (the bodies
 are parsed and ingested into the same ``ScrapeSource`` first, untimed): telemetry (read_devices → history), the
-health and hints planners, the actuator over HTTP to the simulated API. Timed with ``time.process_time``:
+planners, the actuator over HTTP to the simulated API. Timed with ``time.process_time``:
 
-    sync        the watch caches' first list of Nodes, Pods, PDBs, the state ConfigMap (paged, over HTTP)
-    reconcile1  telemetry + plan + apply: the 10 bad nodes remediated (and the hints written)
+    sync        the watch caches' first list of every kind the planners read (paged, over HTTP)
+    reconcile1  telemetry + plan + apply: the 10 bad nodes remediated, hints written, 100 gangs provisioned
     reconcile2  the same again after the caches relist: must plan and write nothing
     peer        `gpuscale top nodes`' per-GPU work on the same source (read_devices + diagnose every GPU)
 
-NB: the gang planner (ProvisioningRequests for pending gangs) is the ctl-gangs branch's; this benchmark runs the
-planners on this branch (health, hints) and the pending gangs' pods are in the caches, not yet planned for.
+Planners: health, hints, gangs (ProvisioningRequests for the 100 pending coscheduling PodGroups) and the
+priority expander, with the watch caches the CLI builds (``watch_specs``: the batch-scheduling CRDs installed).
 
     .venv/bin/python benchmarks/bench_controller.py [--nodes 1250] [--repeats 3]
 """
@@ -38,12 +39,15 @@ from typing import Any
 
 from kubernetes_asyncio.config import new_client_from_config
 
+from gpuscale.cli.controller import pool_activity, watch_specs
 from gpuscale.controller.actuator import KubeActuator
+from gpuscale.controller.capacity import ExpanderPlanner, GangCapacityPlanner
 from gpuscale.controller.health import HealthActions, HealthPlanner
 from gpuscale.controller.hints import HintActions, HintsPlanner, load_hints_policy
 from gpuscale.controller.loop import Controller
 from gpuscale.controller.metrics import ControllerMetrics
 from gpuscale.controller.observe import TelemetryFeed
+from gpuscale.controller.pools import load_pools_policy
 from gpuscale.controller.remediation_policy import load_remediation_policy
 from gpuscale.controller.telemetry import TELEMETRY_SERIES, ClusterTelemetry, TelemetryHistory
 from gpuscale.metrics.attribution import Attributor
@@ -51,11 +55,14 @@ from gpuscale.metrics.devices import gpu_statuses, read_devices
 from gpuscale.metrics.diagnosis import load_policy
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.pipeline import cyclic_gc_paused
+from gpuscale.pricing import load_prices
+from gpuscale.settings import ControllerSettings
+from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS
 from gpuscale.sim.exporters import render_dcgm
 from gpuscale.sim.load import H100_SXM, activity, device_signals, unit_hash
 from gpuscale.sim.scenario import GpuSlot, SimNode
 from gpuscale.sources.kuberest import KubeRest
-from gpuscale.sources.objects import ObjectCache, WatchSpec
+from gpuscale.sources.objects import ObjectCache
 from gpuscale.sources.scrape import ScrapeSource
 from gpuscale.sources.targets import target_resolver
 
@@ -114,7 +121,16 @@ def cluster(nodes: int, seed: int = 11) -> tuple[dict[str, str], list[dict[str, 
             if pod.startswith("serve-"):
                 labels["gpuscale.io/scrape"] = "triton"
             objects.append(_pod(ns, pod, name, labels, running=True))
+    objects.extend(BATCH_SCHEDULING_CRDS)
     for g in range(PENDING_GANGS):
+        objects.append(
+            {
+                "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+                "kind": "PodGroup",
+                "metadata": {"name": f"pending-{g:03d}", "namespace": NAMESPACES[g % len(NAMESPACES)]},
+                "spec": {"minMember": 4},
+            }
+        )
         for i in range(4):
             labels = {"scheduling.x-k8s.io/pod-group": f"pending-{g:03d}"}
             objects.append(_pod(NAMESPACES[g % len(NAMESPACES)], f"pending-{g:03d}-{i}", None, labels, running=False))
@@ -213,27 +229,24 @@ async def run(nodes: int, repeats: int) -> int:
             )
             client = await new_client_from_config(config_file=str(kubeconfig))
         rest = KubeRest(client)
-        cache = ObjectCache(
-            rest,
-            [
-                WatchSpec("v1", "Node"),
-                WatchSpec("v1", "Pod"),
-                WatchSpec("policy/v1", "PodDisruptionBudget"),
-                WatchSpec("v1", "ConfigMap", namespace="gpuscale"),
-            ],
-        )
+        settings = ControllerSettings(prometheus_url="http://unused", namespace="gpuscale")
+        pools = load_pools_policy()
+        cache = ObjectCache(rest, watch_specs(settings, pools))
         source = ScrapeSource(list(texts), series=set(TELEMETRY_SERIES), clock=lambda: NOW)
         for u, samples in parsed.items():
             source.ingest(u, samples, timestamp=NOW)
         attributor = Attributor(target_resolver(dict.fromkeys(texts), None))
         history = TelemetryHistory(window_seconds=600, idle_below=0.05)
         feed = IngestedFeed([source], attributor, history)
+        health = HealthPlanner(load_remediation_policy(), load_policy(), HealthActions(), state_namespace="gpuscale")
         controller = Controller(
             view=cache,
             telemetry=feed,
             planners=[
-                HealthPlanner(load_remediation_policy(), load_policy(), HealthActions(), state_namespace="gpuscale"),
-                HintsPlanner(load_hints_policy(), HintActions()),
+                health,
+                HintsPlanner(load_hints_policy(), HintActions(), being_replaced=health.remediates),
+                GangCapacityPlanner(pools, prices=load_prices()),
+                ExpanderPlanner(pools, prices=load_prices(), activity=pool_activity(pools)),
             ],
             actuator=KubeActuator(rest),
             metrics=ControllerMetrics(),
@@ -261,6 +274,9 @@ async def run(nodes: int, repeats: int) -> int:
             statuses = gpu_statuses(read_devices(source.read, attributor), load_policy())
             results["peer"].append(time.process_time() - t)
         calls.append((first_calls, second_calls))
+        for name, planned in second.planned.items():
+            for write in planned[:5]:
+                print(f"  reconcile 2 still plans ({name}): {write.why[:150]}")
         writes.append((len(first.writes), len(second.writes)))
         assert len(statuses) == nodes * 8
         await client.close()
@@ -268,7 +284,7 @@ async def run(nodes: int, repeats: int) -> int:
         server.join(10)
     print(f"sync calls: {sync_calls}")
     for label, key in (
-        ("watch caches' first list (nodes, pods, PDBs, state)", "sync"),
+        ("watch caches' first list (every kind the planners read)", "sync"),
         ("reconcile 1: telemetry + plan + apply", "reconcile1"),
         ("reconcile 2: nothing changed", "reconcile2"),
         ("peer: top's per-GPU diagnosis, same source", "peer"),

@@ -95,7 +95,7 @@ def format_quantity(value: float) -> str:
 
 
 def parse_duration(text: str | int | float) -> float:
-    """Parse a duration like "5s", "1m30s", "250ms", "2h" or a bare number of seconds → seconds.
+    """Parse a duration like "5s", "1m30s", "250ms", "2h", "7d" or a bare number of seconds → seconds.
 
     Raises ValueError naming the text when it does not parse.
     """
@@ -104,7 +104,7 @@ def parse_duration(text: str | int | float) -> float:
             raise ValueError(f"invalid duration {text!r}")
         return float(text)
     s = text.strip()
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
     total = 0.0
     i = 0
     if not s:
@@ -125,7 +125,7 @@ def parse_duration(text: str | int | float) -> float:
             k += 1
         unit = s[j:k]
         if unit not in units:
-            raise ValueError(f"invalid duration {text!r}: unknown unit {unit!r} (use ms, s, m or h)")
+            raise ValueError(f"invalid duration {text!r}: unknown unit {unit!r} (use ms, s, m, h or d)")
         total += number * units[unit]
         i = k
     return total

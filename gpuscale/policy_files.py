@@ -19,6 +19,8 @@ CATALOGUE_FILE = "metrics.yaml"
 DIAGNOSIS_FILE = "diagnosis.yaml"
 HEALTH_FILE = "health.yaml"
 PRICES_FILE = "prices.yaml"
+RIGHTSIZING_FILE = "rightsizing.yaml"
+GPUS_FILE = "gpus.yaml"
 POOLS_FILE = "pools.yaml"
 REMEDIATION_FILE = "remediation.yaml"
 HINTS_FILE = "hints.yaml"
@@ -30,6 +32,8 @@ POLICY_FILES = (
     POOLS_FILE,
     REMEDIATION_FILE,
     HINTS_FILE,
+    RIGHTSIZING_FILE,
+    GPUS_FILE,
 )
 
 PolicyPath = Path | Traversable

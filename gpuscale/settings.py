@@ -145,6 +145,10 @@ class ControllerSettings(_Settings):
     scrape_url: list[str] = Field(
         default_factory=list, description="dcgm-exporter /metrics URL to scrape (repeatable; the node from its labels)"
     )
+    discover_exporters: bool = Field(
+        False, description="scrape the dcgm-exporter pods found through the Kubernetes API (their node: the pod's)"
+    )
+    dcgm_exporter_selector: str = Field("app=nvidia-dcgm-exporter", description="label selector of dcgm-exporter pods")
     prometheus_url: str | None = Field(None, description="read DCGM series from this Prometheus-compatible server")
     prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
     scrape_timeout: Seconds = Field(5.0, gt=0, description="timeout of one exporter scrape or Prometheus query")
@@ -181,13 +185,16 @@ class ControllerSettings(_Settings):
     hint_safe_to_evict: bool = Field(
         False, description="hints: annotate idle GPU pods cluster-autoscaler.kubernetes.io/safe-to-evict=true"
     )
+    # --- gang-aware capacity (policies/pools.yaml; each also needs its `enabled` there) ---
+    gangs: bool = Field(True, description="ProvisioningRequests for pending gangs, NVLink-domain warnings")
+    expander: bool = Field(True, description="the cluster-autoscaler priority-expander ConfigMap from pool ranking")
 
     @model_validator(mode="after")
     def _check(self) -> ControllerSettings:
-        if self.prometheus_url and self.scrape_url:
-            raise ValueError("prometheus-url: give either --prometheus-url or --scrape-url, not both")
-        if not self.prometheus_url and not self.scrape_url:
-            raise ValueError("scrape-url: give --scrape-url (repeatable) or --prometheus-url")
+        if self.prometheus_url and (self.scrape_url or self.discover_exporters):
+            raise ValueError("prometheus-url: give either --prometheus-url or scrape targets, not both")
+        if not self.prometheus_url and not self.scrape_url and not self.discover_exporters:
+            raise ValueError("scrape-url: give --scrape-url (repeatable), --discover-exporters or --prometheus-url")
         if not self.retry_period < self.renew_deadline < self.lease_duration:
             raise ValueError("renew-deadline: needs --retry-period < --renew-deadline < --lease-duration")
         return self

@@ -49,7 +49,7 @@ KUBERNETES_VERSIONS = ("1.30", "1.32")
 # Every directory under deploy/ holding a kustomization.yaml (test_every_kustomization_is_rendered
 # fails when one is added without being listed here).
 ADAPTER_OVERLAYS = ("base", "overlays/prometheus", "overlays/embedded-scrape", "overlays/dev")
-OTHER_KUSTOMIZATIONS = ("dcgm-exporter", "examples")
+OTHER_KUSTOMIZATIONS = ("dcgm-exporter", "examples", "report/base", "report/with-configmap")
 COMPONENTS = ("components/cert-manager", "components/custom-only", "components/external-only")
 
 # Overlay + component, rendered through a temporary overlay that references both. The overlays that
@@ -173,7 +173,10 @@ def uses_cert_manager(variant: str) -> bool:
 def test_every_kustomization_is_rendered():
     found = {str(p.parent.relative_to(DEPLOY)) for p in DEPLOY.rglob("kustomization.yaml")}
     # deploy/controller and its components are rendered and checked by tests/test_deploy_controller.py.
-    controller = {"controller", *(f"controller/components/{c}" for c in ("drain", "safe-to-evict", "dry-run"))}
+    controller = {
+        "controller",
+        *(f"controller/components/{c}" for c in ("drain", "safe-to-evict", "dry-run", "embedded-scrape")),
+    }
     assert found == {*ADAPTER_OVERLAYS, *OTHER_KUSTOMIZATIONS, *COMPONENTS, *controller}
 
 

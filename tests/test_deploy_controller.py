@@ -22,19 +22,26 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpuscale.cli.controller import pool_activity, watch_specs
+from gpuscale.controller.capacity import ExpanderPlanner, GangCapacityPlanner
 from gpuscale.controller.health import HealthActions
 from gpuscale.controller.hints import HintActions, HintsPlanner, load_hints_policy
 from gpuscale.controller.leader import LeaseElector
+from gpuscale.controller.pools import load_pools_policy
+from gpuscale.pricing import load_prices
 from gpuscale.settings import ControllerSettings, add_arguments, from_arguments
+from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS, custom_resource_definition
 from gpuscale.sim.exporters import ManualClock
 from gpuscale.sim.kubeapi import AccessRule
 from tests.controller.harness import NAMESPACE, start_harness
 from tests.test_deploy import KUBECTL, KUBERNETES_VERSIONS
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "controller"
-COMPONENTS = ("drain", "safe-to-evict", "dry-run")
+COMPONENTS = ("drain", "safe-to-evict", "dry-run", "embedded-scrape")
 VARIANTS = ("", *COMPONENTS, "+".join(COMPONENTS))
 SA = "system:serviceaccount:gpuscale:gpuscale-controller"
+GANG_LABEL = "scheduling.x-k8s.io/pod-group"
+GPU = "nvidia.com/gpu"
 
 
 @cache
@@ -94,6 +101,8 @@ def test_args_are_what_the_controller_accepts(root, variant):
     assert settings.health_drain is ("drain" in variant)
     assert settings.hint_safe_to_evict is ("safe-to-evict" in variant)
     assert settings.dry_run is ("dry-run" in variant)
+    assert settings.discover_exporters is ("embedded-scrape" in variant)
+    assert (settings.prometheus_url is None) is ("embedded-scrape" in variant)
     port = next(p["containerPort"] for p in c["ports"] if p["name"] == "http")
     assert settings.port == port
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -150,11 +159,25 @@ def attributes(method: str, path_qs: str) -> dict[str, Any] | None:
     }
 
 
-async def test_rbac_allows_every_call_a_remediation_makes_and_nothing_unused(root, tmp_path):
+async def test_rbac_allows_every_call_the_planners_make_and_nothing_unused(root, tmp_path):
     rules = access_rules(render("drain", root))
     clock = ManualClock()
-    hints = HintsPlanner(load_hints_policy(), HintActions())
-    h = await start_harness(tmp_path, nodes=10, actions=HealthActions(drain=True), extra_planners=(hints,))
+    settings = ControllerSettings(prometheus_url="http://unused", health_drain=True)
+    pools = load_pools_policy()
+    planners = (
+        HintsPlanner(load_hints_policy(), HintActions()),
+        GangCapacityPlanner(pools, prices=load_prices()),
+        ExpanderPlanner(pools, prices=load_prices(), activity=pool_activity(pools)),
+    )
+    volcano_jobs = custom_resource_definition("batch.volcano.sh", "Job", "jobs", ["v1alpha1"], short_names=("vcjob",))
+    h = await start_harness(
+        tmp_path,
+        nodes=10,
+        actions=HealthActions(drain=True),
+        extra_planners=planners,
+        specs=watch_specs(settings, pools),
+        seed=(*BATCH_SCHEDULING_CRDS, volcano_jobs),
+    )
     try:
         elector = LeaseElector(h.rest, namespace=NAMESPACE, name="gpuscale-controller", identity="a", monotonic=clock)
         h.api.create(
@@ -166,6 +189,19 @@ async def test_rbac_allows_every_call_a_remediation_makes_and_nothing_unused(roo
                 "status": {"phase": "Running"},
             }
         )
+        # A pending coscheduling gang of two one-GPU pods.
+        group = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+        h.api.create({**group, "metadata": {"name": "tp", "namespace": "default"}, "spec": {"minMember": 2}})
+        for i in range(2):
+            h.api.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"tp-{i}", "namespace": "default", "labels": {GANG_LABEL: "tp"}},
+                    "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {GPU: "1"}}}]},
+                    "status": {"phase": "Pending"},
+                }
+            )
         mark = len(h.api.requests)
         await elector.try_acquire_or_renew()
         clock.advance(2)
@@ -177,7 +213,15 @@ async def test_rbac_allows_every_call_a_remediation_makes_and_nothing_unused(roo
             await h.reconcile()
             await h.reconcile()
             h.exporters.sim.clear_overrides()
-            await h.reconcile()
+            await h.reconcile_until_recovered()
+        assert h.api.list("autoscaling.x-k8s.io/v1", "ProvisioningRequest"), "the gang got its request"
+        # The gang goes (its request and template are deleted); a new pool re-ranks the expander's ConfigMap.
+        h.api.delete("scheduling.x-k8s.io/v1alpha1", "PodGroup", "tp", namespace="default")
+        for i in range(2):
+            h.api.delete("v1", "Pod", f"tp-{i}", namespace="default")
+        h.api.patch("v1", "Node", "gpu-05", {"metadata": {"labels": {"eks.amazonaws.com/nodegroup": "gpu-b"}}})
+        await h.reconcile()
+        assert not h.api.list("autoscaling.x-k8s.io/v1", "ProvisioningRequest")
         requests = [attributes(r.method, r.path_qs) for r in list(h.api.requests)[mark:]]
     finally:
         await h.close()
@@ -197,11 +241,14 @@ async def test_rbac_allows_every_call_a_remediation_makes_and_nothing_unused(roo
     assert not unused, f"granted but never used: {unused}"
 
 
-def test_safe_to_evict_adds_only_pod_patch(root):
-    base = {(r.verbs, r.api_groups, r.resources, r.resource_names) for r in access_rules(render("", root))}
-    extra = [
-        r
-        for r in access_rules(render("safe-to-evict", root))
-        if (r.verbs, r.api_groups, r.resources, r.resource_names) not in base
+def test_only_drain_adds_rbac(root):
+    def grants(variant: str) -> set:
+        return {(r.verbs, r.api_groups, r.resources, r.resource_names) for r in access_rules(render(variant, root))}
+
+    base = grants("")
+    assert grants("safe-to-evict") == grants("dry-run") == grants("embedded-scrape") == base
+    extra = grants("drain") - base
+    assert sorted((sorted(v), sorted(res)) for v, _, res, _ in extra) == [
+        (["create"], ["pods/eviction"]),
+        (["list", "watch"], ["poddisruptionbudgets"]),
     ]
-    assert [(sorted(r.verbs), sorted(r.resources)) for r in extra] == [(["patch"], ["pods"])]

@@ -19,24 +19,36 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpuscale.controller.actuator import KubeActuator
+from gpuscale.controller.capacity import ExpanderPlanner, GangCapacityPlanner
 from gpuscale.controller.drain import DrainPolicy
+from gpuscale.controller.gangs import GANG_KINDS
 from gpuscale.controller.health import HELD_BACK, RECORD, HealthActions, HealthPlanner
 from gpuscale.controller.hints import HintActions, HintsPlanner, idle_gpus, load_hints_policy
 from gpuscale.controller.leader import LeaseElector
 from gpuscale.controller.loop import Controller
 from gpuscale.controller.metrics import ControllerMetrics
 from gpuscale.controller.observe import TelemetryFeed
+from gpuscale.controller.pools import PoolsPolicy, load_pools_policy, pool_of
+from gpuscale.controller.provisioning import PROVISIONING_KINDS
 from gpuscale.controller.remediation_policy import load_remediation_policy
-from gpuscale.controller.telemetry import TELEMETRY_SERIES, ClusterTelemetry, TelemetryHistory
+from gpuscale.controller.telemetry import (
+    TELEMETRY_SERIES,
+    ClusterTelemetry,
+    TelemetryHistory,
+    mean_activity_by_node,
+)
 from gpuscale.controller.writes import ClusterView, Planner
 from gpuscale.errors import ConfigError
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.devices import device_queries
 from gpuscale.metrics.diagnosis import load_policy
 from gpuscale.policy_files import check_policies_dir
+from gpuscale.pricing import load_prices
+from gpuscale.selectors import LabelSelector
 from gpuscale.settings import ControllerSettings
 from gpuscale.sources.base import MetricsSource
-from gpuscale.sources.kube import load_api_client
+from gpuscale.sources.discovery import DiscoveryRules, discover
+from gpuscale.sources.kube import PodInfo, StaticClusterObjects, load_api_client
 from gpuscale.sources.kuberest import KubeRest
 from gpuscale.sources.objects import ObjectCache, WatchSpec
 from gpuscale.sources.targets import parse_scrape_targets, target_resolver
@@ -46,9 +58,12 @@ __all__ = ["RunningController", "start_controller"]
 log = logging.getLogger("gpuscale.controller")
 
 STATE_CONFIGMAP = "gpuscale-controller-state"
+COMPONENT = "gpuscale-controller"  # the Events' source.component and the writes' fieldManager
 
 
-def watch_specs(settings: ControllerSettings, *, extra_kinds: Iterable[tuple[str, str]] = ()) -> list[WatchSpec]:
+def watch_specs(
+    settings: ControllerSettings, pools_policy: PoolsPolicy, *, extra_kinds: Iterable[tuple[str, str]] = ()
+) -> list[WatchSpec]:
     """The kinds the planners read (what RBAC must allow to list and watch: see deploy/controller).
 
     ``extra_kinds``: (apiVersion, kind) other planners read; a custom resource whose CRD is not installed stays
@@ -60,7 +75,17 @@ def watch_specs(settings: ControllerSettings, *, extra_kinds: Iterable[tuple[str
     ]
     if settings.health and settings.health_drain:
         specs.append(WatchSpec("policy/v1", "PodDisruptionBudget"))
+    if settings.gangs or settings.expander:
+        # NB: only this controller's own Events (what the capacity planners check to say things once).
+        specs.append(WatchSpec("v1", "Event", field_selector=f"source={COMPONENT}"))
+    if settings.expander:
+        expander = pools_policy.expander
+        specs.append(
+            WatchSpec("v1", "ConfigMap", namespace=expander.namespace, field_selector=f"metadata.name={expander.name}")
+        )
     have = {(s.api_version, s.kind) for s in specs}
+    if settings.gangs:
+        extra_kinds = (*extra_kinds, *GANG_KINDS, *PROVISIONING_KINDS)
     for api_version, kind in extra_kinds:
         if (api_version, kind) not in have:
             have.add((api_version, kind))
@@ -86,6 +111,12 @@ class RunningController:
         if not self.cache.synced:
             missing = ", ".join(f"{k}: {e}" for k, e in sorted(self.cache.last_errors.items())) or "not listed yet"
             problems.append(f"watch caches not synced ({missing})")
+        health = self.feed.health()
+        if not health:
+            problems.append("no telemetry target (no exporter URL given or discovered)")
+        elif not any(h.healthy for h in health):
+            failing = "; ".join(f"{h.target}: {h.error or 'no answer'}" for h in health[:3])
+            problems.append(f"no telemetry source answered ({len(health)} failing: {failing})")
         last = self.controller.last
         if last is None:
             problems.append("no reconcile yet")
@@ -111,7 +142,11 @@ def _identity(settings: ControllerSettings) -> str:
     return settings.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _sources(settings: ControllerSettings) -> tuple[list[MetricsSource], Attributor]:
+def _sources(
+    settings: ControllerSettings, view: ClusterView | None = None
+) -> tuple[list[MetricsSource], Attributor, Callable[[], None] | None]:
+    """The metric source, the attributor placing its series on nodes, and (with --discover-exporters) the hook
+    that points the scrape source at the dcgm-exporter pods the watch cache holds before each refresh."""
     if settings.prometheus_url:
         from gpuscale.sources.prometheus import PrometheusSource
 
@@ -122,12 +157,59 @@ def _sources(settings: ControllerSettings) -> tuple[list[MetricsSource], Attribu
             timeout_seconds=settings.scrape_timeout,
             fresh_within_seconds=max(60.0, 3 * settings.interval),
         )
-        return [source], Attributor(target_resolver({}, None))
+        return [source], Attributor(target_resolver({}, None)), None
     from gpuscale.sources.scrape import ScrapeSource
 
     explicit = parse_scrape_targets(settings.scrape_url)
     scrape = ScrapeSource(explicit, series=set(TELEMETRY_SERIES), timeout_seconds=settings.scrape_timeout)
-    return [scrape], Attributor(target_resolver(explicit, None))
+    if not settings.discover_exporters or view is None:
+        return [scrape], Attributor(target_resolver(explicit, None)), None
+    targets = dict(explicit)
+    exporters = _ExporterPods()
+    rules = DiscoveryRules(LabelSelector.parse(settings.dcgm_exporter_selector), LabelSelector.nothing())
+
+    def rediscover() -> None:
+        selected = [
+            PodInfo.from_object(p)
+            for p in view.objects("v1", "Pod")
+            if rules.dcgm_selector.matches((p.get("metadata") or {}).get("labels") or {})
+        ]
+        exporters.pods = StaticClusterObjects(pods=selected)
+        targets.clear()
+        targets.update(explicit)
+        targets.update({u: owner for u, owner in discover(exporters.pods, rules).items() if u not in explicit})
+        scrape.set_targets(targets)
+
+    return [scrape], Attributor(target_resolver(targets, exporters)), rediscover  # type: ignore[arg-type]
+
+
+def pool_activity(policy: PoolsPolicy) -> Callable[[ClusterView, ClusterTelemetry], dict[str, float]]:
+    """pool → mean GPU activity of its reporting nodes now (what the expander ranks by), from the telemetry."""
+
+    def activity(view: ClusterView, telemetry: ClusterTelemetry) -> dict[str, float]:
+        by_node = mean_activity_by_node(telemetry)
+        sums: dict[str, list[float]] = {}
+        for node in view.objects("v1", "Node"):
+            name = (node.get("metadata") or {}).get("name", "")
+            pool = pool_of(node, labels=policy.pool_labels)
+            if pool is not None and name in by_node:
+                sums.setdefault(pool, []).append(by_node[name])
+        return {pool: sum(v) / len(v) for pool, v in sorted(sums.items())}
+
+    return activity
+
+
+class _ExporterPods:
+    """The dcgm-exporter pods last discovered: what places a scraped URL on its pod and node."""
+
+    def __init__(self) -> None:
+        self.pods = StaticClusterObjects()
+
+    def pod(self, namespace: str, name: str) -> PodInfo | None:
+        return self.pods.pod(namespace, name)
+
+    def pod_at(self, ip: str, port: int) -> PodInfo | None:
+        return self.pods.pod_at(ip, port)
 
 
 def _observer(metrics: ControllerMetrics, hints_policy_idle_for: float, pool_labels: tuple[str, ...]):
@@ -174,22 +256,30 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
     diagnosis = load_policy(settings.policies)
     remediation = load_remediation_policy(settings.policies)
     hints_policy = load_hints_policy(settings.policies)
+    pools_policy = load_pools_policy(settings.policies)
+    prices = load_prices(settings.policies)
     closers: list[Callable[[], Awaitable[object]]] = []
     try:
         api = await load_api_client(settings.kubeconfig)
         closers.append(api.close)
         rest = KubeRest(api)
         identity = _identity(settings)
-        cache = ObjectCache(rest, watch_specs(settings))
+        cache = ObjectCache(rest, watch_specs(settings, pools_policy))
         await cache.start()
         closers.append(cache.stop)
-        sources, attributor = _sources(settings)
+        sources, attributor, rediscover = _sources(settings, cache)
         history = TelemetryHistory(
             window_seconds=remediation.window,
             idle_below=hints_policy.idle.below,
             forget_after_seconds=max(3600.0, hints_policy.idle.for_seconds * 2),
         )
-        feed = TelemetryFeed(sources, attributor, history, max_age_seconds=max(60.0, 3 * settings.interval))
+        feed = TelemetryFeed(
+            sources,
+            attributor,
+            history,
+            max_age_seconds=max(60.0, 3 * settings.interval),
+            before_refresh=rediscover,
+        )
         closers.append(feed.close)
         health_by_source = lambda: [  # noqa: E731
             *((s.name, h) for s in sources for h in s.health()),
@@ -198,6 +288,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         metrics = ControllerMetrics(health_by_source)
         metrics.dry_run.set(1 if settings.dry_run else 0)
         planners: list[Planner] = []
+        health: HealthPlanner | None = None
         if settings.health:
             actions = HealthActions(
                 events=settings.health_events,
@@ -206,17 +297,16 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
                 cordon=settings.health_cordon,
                 drain=settings.health_drain,
             )
-            planners.append(
-                HealthPlanner(
-                    remediation,
-                    diagnosis,
-                    actions,
-                    DrainPolicy(),
-                    identity="gpuscale-controller",
-                    state_namespace=settings.namespace,
-                    state_name=STATE_CONFIGMAP,
-                )
+            health = HealthPlanner(
+                remediation,
+                diagnosis,
+                actions,
+                DrainPolicy(),
+                identity=COMPONENT,
+                state_namespace=settings.namespace,
+                state_name=STATE_CONFIGMAP,
             )
+            planners.append(health)
         if settings.hints:
             hint_actions = HintActions(
                 scale_down_disabled=settings.hint_scale_down_disabled,
@@ -224,8 +314,13 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
                 idle=settings.hint_idle,
                 safe_to_evict=settings.hint_safe_to_evict,
             )
-            planners.append(HintsPlanner(hints_policy, hint_actions))
-        actuator = KubeActuator(rest, dry_run=settings.dry_run, instance=identity)
+            being_replaced = health.remediates if health is not None else None
+            planners.append(HintsPlanner(hints_policy, hint_actions, being_replaced=being_replaced))
+        if settings.gangs and pools_policy.gangs.enabled:
+            planners.append(GangCapacityPlanner(pools_policy, prices=prices))
+        if settings.expander and pools_policy.expander.enabled:
+            planners.append(ExpanderPlanner(pools_policy, prices=prices, activity=pool_activity(pools_policy)))
+        actuator = KubeActuator(rest, dry_run=settings.dry_run, component=COMPONENT, instance=identity)
         elector = None
         if settings.leader_elect:
             elector = LeaseElector(

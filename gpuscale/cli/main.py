@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+from gpuscale.cli.report import ReportSettings, add_report_arguments, run_report
 from gpuscale.cli.top import TopSettings, add_top_arguments, run_top
 from gpuscale.errors import GpuscaleError
 from gpuscale.settings import AdapterSettings, ControllerSettings, DemoSettings, add_arguments, from_arguments
@@ -29,11 +30,13 @@ def _parser(prog: str = "gpuscale") -> tuple[argparse.ArgumentParser, dict[str, 
         "controller", help="GPU health remediation and autoscaler hints from DCGM telemetry (writes to the cluster)"
     )
     add_arguments(controller, ControllerSettings)
+    report = sub.add_parser("report", help="right-sizing and idle GPU cost from utilization history")
+    add_report_arguments(report)
     from gpuscale.cli.simulate import SimulateSettings
 
     simulate = sub.add_parser("simulate", help="replay a request trace through HPA manifests: cost, queue time, SLO")
     add_arguments(simulate, SimulateSettings)
-    return parser, {"adapter": adapter, "demo": demo, "top": top, "controller": controller, "simulate": simulate}
+    return parser, {"adapter": adapter, "demo": demo, "top": top, "controller": controller, "report": report, "simulate": simulate}
 
 
 def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
@@ -93,6 +96,8 @@ def main(argv: list[str] | None = None, *, prog: str = "gpuscale") -> int:
             top_settings = from_arguments(TopSettings, args)
             _logging(top_settings.log_level)
             asyncio.run(_until_signal(lambda stop: run_top(top_settings, stop)))
+        elif args.command == "report":
+            run_report(from_arguments(ReportSettings, args))
     except GpuscaleError as e:
         print(f"{prog} {args.command}: {e}", file=sys.stderr)
         return 2

@@ -105,6 +105,8 @@ class KubeActuator:
             except SourceUnavailable as e:
                 outcome = WriteOutcome(write, "failed", str(e))
             if memo and outcome.result == "dry-run":
+                if len(self._validated) >= 100_000:  # NB: bounded: a long dry run may see many distinct writes
+                    self._validated.clear()
                 self._validated.add(memo)
             self.outcomes[(action_of(write), outcome.result)] += 1
             level = logging.WARNING if outcome.result == "failed" else logging.INFO

@@ -4,6 +4,14 @@
 NVLink-domain warnings (``cliques.py``); ``ExpanderPlanner`` ("expander") plans the cluster-autoscaler priority
 expander ConfigMap (``expander.py``) from the pool activity the loop measures. Both read only ``view`` (whose
 caches must hold ``CAPACITY_KINDS``) and their policy, bound here; neither keeps state between reconciles.
+
+NB for the caches: the expander must see the ConfigMap ``expander.namespace``/``expander.name`` (default
+``kube-system/cluster-autoscaler-priority-expander``) and both planners the Events they emitted (to say each
+warning once); a cache restricted to other ConfigMaps or without Events makes the expander re-create (answered
+AlreadyExists) and the warnings repeat (folded into one Event's count by the actuator).
+
+The loop feeds ``ExpanderPlanner`` with pool activity from its telemetry, e.g.
+``lambda view, t: mean_activity_by_pool(view.objects("v1", "Node"), mean_activity_by_node(t), policy=policy)``.
 """
 
 from __future__ import annotations

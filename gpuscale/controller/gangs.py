@@ -8,7 +8,7 @@ A gang is *pending* when its scheduler holds it back for want of capacity:
 * coscheduling ``PodGroup`` (``scheduling.x-k8s.io/v1alpha1``): not ``Running``/``Finished``/``Failed`` and fewer
   pods bound to nodes than ``minMember``.
 * Kueue ``Workload`` (``kueue.x-k8s.io/v1beta2``): neither ``Admitted`` nor ``Finished``. Its Job stays suspended,
-  so it has no pods.
+  so it has no pods; once admitted, its pods are those owned by the Workload's owner (the Job).
 
 What a gang needs (its *pod sets*: how many pods of which shape) comes, in this order, from its unbound pods
 (grouped by shape), from the owning Job's pod template (``batch/v1`` Job: ``minMember`` pods; Volcano
@@ -371,8 +371,17 @@ def _cluster_queue_checks(view: ClusterView, workload: Mapping[str, Any]) -> set
     return names | {str(rule.get("name")) for rule in strategy if isinstance(rule, dict)}
 
 
-def _workload_gang(view: ClusterView, workload: Mapping[str, Any], provisioning: set[str], gpu_resource: str) -> Gang:
+def _workload_gang(
+    view: ClusterView,
+    workload: Mapping[str, Any],
+    provisioning: set[str],
+    pods_by_owner: Mapping[str, list[Mapping[str, Any]]],
+    gpu_resource: str,
+) -> Gang:
     spec = workload.get("spec") or {}
+    # NB: a Workload's pods are those of the job it stands for (its owner), once Kueue lets the job start.
+    owners = [ref.get("uid", "") for ref in _meta(workload).get("ownerReferences") or [] if ref.get("uid")]
+    pods = [p for uid in owners for p in pods_by_owner.get(uid, []) if _live(p)]
     done = _is_true(workload, "Admitted") or _is_true(workload, "Finished")
     pending = not done and not _meta(workload).get("deletionTimestamp")
     checks = {c.get("name", "") for c in (workload.get("status") or {}).get("admissionChecks") or []}
@@ -392,7 +401,7 @@ def _workload_gang(view: ClusterView, workload: Mapping[str, Any], provisioning:
         state="done" if done else "pending" if pending else "other",
         pod_sets=tuple(pod_sets),
         demand_from="workload" if pod_sets else "none",
-        pods=(),
+        pods=tuple(pods),
         covered_by=covering[0] if covering else None,
         needs_one_nvlink_domain=topology_required or _nvlink_required(workload, [p.template for p in pod_sets]),
     )
@@ -402,8 +411,12 @@ def gangs_of(view: ClusterView, *, gpu_resource: str = "nvidia.com/gpu") -> list
     """Every gang the view holds (pending, done or neither), in a stable order."""
     pods_by_volcano: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     pods_by_coscheduling: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    pods_by_owner: dict[str, list[Mapping[str, Any]]] = {}
     for pod in view.objects(*POD):
         meta = _meta(pod)
+        for ref in meta.get("ownerReferences") or []:
+            if ref.get("uid"):
+                pods_by_owner.setdefault(ref["uid"], []).append(pod)
         namespace = meta.get("namespace", "")
         annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
         group = next((annotations[a] for a in _VOLCANO_GROUP_ANNOTATIONS if annotations.get(a)), None)
@@ -421,5 +434,7 @@ def gangs_of(view: ClusterView, *, gpu_resource: str = "nvidia.com/gpu") -> list
             key = (_meta(pg).get("namespace", ""), _meta(pg).get("name", ""))
             gangs.append(_pod_group_gang(view, pg, framework, pods.get(key, []), gpu_resource))
     provisioning = _kueue_provisioning_checks(view)
-    gangs.extend(_workload_gang(view, wl, provisioning, gpu_resource) for wl in view.objects(*KUEUE_WORKLOAD))
+    gangs.extend(
+        _workload_gang(view, wl, provisioning, pods_by_owner, gpu_resource) for wl in view.objects(*KUEUE_WORKLOAD)
+    )
     return gangs

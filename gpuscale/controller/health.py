@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from gpuscale.controller.drain import DrainPolicy, plan_drain
+from gpuscale.controller.pools import pool_of
 from gpuscale.controller.remediation_policy import RemediationPolicy
 from gpuscale.controller.telemetry import ClusterTelemetry, NodeGpuTelemetry
 from gpuscale.controller.writes import ClusterView, Create, Emit, ObjectKey, Patch, Write
@@ -228,9 +229,7 @@ def _record(node: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _pool_of(node: Mapping[str, Any], labels: Sequence[str]) -> str:
-    # NB: the same rule as controller/pools.py's pool_of (first pool label present); nodes with none form one pool.
-    node_labels = _labels(node)
-    return next((node_labels[k] for k in labels if node_labels.get(k)), "")
+    return pool_of(node, labels=labels) or ""  # NB: nodes without a pool label form one pool for the breaker
 
 
 def _is_gpu_node(node: Mapping[str, Any], telemetry: ClusterTelemetry) -> bool:
@@ -316,6 +315,14 @@ class HealthPlanner:
             writes.extend(self._warnings(node, [p for p in problems if p.action == "warn"]))
         writes.extend(self._save_breaker(view, breaker, now=now))
         return writes
+
+    def remediates(self, node: Mapping[str, Any], telemetry: NodeGpuTelemetry) -> bool:
+        """Whether this planner takes a disruptive step on ``node`` for what ``telemetry`` shows (or keeps it out):
+        a remediating problem, taint or cordon switched on, not opted out. Pure; other planners ask it."""
+        if self._opted_out(node) or not telemetry.reporting or not (self.actions.taint or self.actions.cordon):
+            return False
+        problems = node_problems(telemetry, labels=_labels(node), policy=self.policy, diagnosis=self.diagnosis)
+        return any(p.action == "remediate" for p in problems)
 
     def _opted_out(self, node: Mapping[str, Any]) -> bool:
         labels, rule = _labels(node), self.policy.opt_out
@@ -518,11 +525,23 @@ class HealthPlanner:
 
     # -- recovery
 
-    def _recover(self, node: Mapping[str, Any], *, now: float) -> list[Write]:
+    def _recover(self, node: dict[str, Any], *, now: float) -> list[Write]:
         name = _name(node)
         key = ObjectKey("v1", "Node", name)
         annotations = _annotations(node)
         old = _record(node) or {}
+        # NB: undo only once the node has stayed clean for recovery.healthy_for (a flapping GPU stays out); when
+        # it was first seen clean is kept in the record, so a restart does not restart the wait.
+        clean_since = _parse_iso(old.get("clean_since", "")) if old.get("clean_since") else None
+        if self.policy.recovery.healthy_for > 0 and (
+            clean_since is None or now - clean_since < self.policy.recovery.healthy_for
+        ):
+            if clean_since is not None:
+                return []
+            record = json.dumps({**old, "clean_since": _iso(now)}, sort_keys=True)
+            return [
+                self._patch(node, f"{old.get('reason', '')}: clean since {_iso(now)}", annotations={RECORD: record})
+            ]
         message = f"GPU health problems cleared ({old.get('reason', 'unknown')} since {old.get('since', '?')})"
         writes: list[Write] = list(self._conditions(node, "True", "GpuRecovered", message, now=now))
         spec = node.get("spec") or {}

@@ -14,7 +14,7 @@ annotation carrying its marker, so a person's ``scale-down-disabled`` or ``safe-
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuscale.config import Seconds, read_yaml, validate
 from gpuscale.controller.drain import gang_of
-from gpuscale.controller.telemetry import ClusterTelemetry
+from gpuscale.controller.telemetry import ClusterTelemetry, NodeGpuTelemetry
 from gpuscale.controller.writes import ClusterView, Emit, ObjectKey, Patch, Write
 from gpuscale.errors import SelectorError
 from gpuscale.policy_files import HINTS_FILE, policy_file
@@ -36,6 +36,7 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 KARPENTER_POOL = "karpenter.sh/nodepool"
 IDLE_PODS = "gpuscale.io/idle-gpu-pods"
+UNDER_REMEDIATION = "gpuscale.io/tainted-by"  # the health planner's mark: the autoscaler should replace the node
 _MARKER = {
     SCALE_DOWN_DISABLED: "gpuscale.io/scale-down-disabled-by",
     DO_NOT_DISRUPT: "gpuscale.io/do-not-disrupt-by",
@@ -106,6 +107,9 @@ class HintsPlanner:
     actions: HintActions = field(default_factory=HintActions)
     identity: str = "gpuscale-controller"
     name: str = "hints"
+    being_replaced: Callable[[Mapping[str, Any], NodeGpuTelemetry], bool] | None = None
+    """Whether health remediation takes this node out now (so it is never protected, even in the reconcile that
+    remediates it); e.g. ``HealthPlanner.remediates``."""
 
     def plan(self, view: ClusterView, telemetry: ClusterTelemetry, *, now: float) -> list[Write]:
         protect, idle = self.policy.protect, self.policy.idle
@@ -151,6 +155,10 @@ class HintsPlanner:
                     reasons.append(f"inference {pod[0]}/{pod[1]} served recently")
                 if pod_idle[pod] >= idle.for_seconds:
                     idle_here.append(pod)
+            if (_meta(node).get("annotations") or {}).get(UNDER_REMEDIATION) or (
+                self.being_replaced is not None and self.being_replaced(node, tel)
+            ):
+                reasons = []  # NB: a node being replaced for bad GPUs must not be kept from scale-down
             if self.actions.scale_down_disabled:
                 karpenter = bool((_meta(node).get("labels") or {}).get(KARPENTER_POOL))
                 if karpenter and self.actions.karpenter:

@@ -110,6 +110,10 @@ class LeaseElector:
             created = await self.rest.request("POST", await self._path(), body=lease)
             if created.ok:
                 self._observe(created.body, now)
+            elif created.status != 409:  # NB: 409: another replica created it first, which is no problem
+                raise SourceUnavailable(
+                    "kubernetes", f"cannot create the Lease: HTTP {created.status} {created.message}"
+                )
             return created.ok
         if not answer.ok:
             raise SourceUnavailable("kubernetes", f"cannot read Lease: HTTP {answer.status} {answer.message}")
@@ -129,6 +133,8 @@ class LeaseElector:
         updated = await self.rest.request("PUT", await self._path(self.name), body=body)
         if updated.ok:
             self._observe(updated.body, now)
+        elif updated.status != 409:
+            raise SourceUnavailable("kubernetes", f"cannot update the Lease: HTTP {updated.status} {updated.message}")
         return updated.ok
 
     def _spec(self, now: str, *, acquire: str, transitions: int) -> dict[str, Any]:

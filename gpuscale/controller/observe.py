@@ -8,7 +8,7 @@ PCIe replay counter the health planner needs (``TELEMETRY_SERIES``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpuscale.controller.telemetry import TELEMETRY_SERIES, ClusterTelemetry, TelemetryHistory
 from gpuscale.metrics.attribution import Attributor
@@ -29,8 +29,10 @@ class TelemetryFeed:
         history: TelemetryHistory,
         *,
         max_age_seconds: float = 60.0,
+        before_refresh: Callable[[], None] | None = None,
     ) -> None:
         self.sources = list(sources)
+        self.before_refresh = before_refresh  # e.g. exporter discovery from the watch cache
         self.attributor = attributor
         self.history = history
         self.max_age_seconds = max_age_seconds
@@ -42,6 +44,8 @@ class TelemetryFeed:
         return [v for s in self.sources for v in s.read(query)]
 
     async def refresh(self, *, now: float) -> ClusterTelemetry:
+        if self.before_refresh is not None:
+            self.before_refresh()
         await asyncio.gather(*(s.refresh(now=now) for s in self.sources))
         self.attributor.begin_refresh()
         readings = read_devices(self.read, self.attributor, series=TELEMETRY_SERIES)

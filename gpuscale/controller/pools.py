@@ -38,6 +38,7 @@ __all__ = [
     "PoolsPolicy",
     "gpus_of_node",
     "load_pools_policy",
+    "mean_activity_by_pool",
     "pool_of",
     "pools_of",
 ]
@@ -234,3 +235,24 @@ def pools_of(
             )
         )
     return out
+
+
+def mean_activity_by_pool(
+    nodes: Iterable[Mapping[str, Any]], node_activity: Mapping[str, float], *, policy: PoolsPolicy
+) -> dict[str, float]:
+    """pool → mean GPU activity (0–1) of its nodes that have a figure, weighted by their GPU count.
+
+    ``node_activity`` is node name → mean activity of its GPUs (the controller's telemetry); a pool none of whose
+    nodes has a figure is left out (the expander then costs it as unmeasured, never as idle).
+    """
+    totals: dict[str, tuple[float, int]] = {}
+    for node in nodes:
+        name = (node.get("metadata") or {}).get("name", "")
+        pool = pool_of(node, labels=policy.pool_labels)
+        activity = node_activity.get(name)
+        gpus = gpus_of_node(node, gpu_resource=policy.gpu_resource).count
+        if pool is None or activity is None or gpus <= 0:
+            continue
+        weighted, count = totals.get(pool, (0.0, 0))
+        totals[pool] = (weighted + activity * gpus, count + gpus)
+    return {pool: weighted / count for pool, (weighted, count) in sorted(totals.items())}

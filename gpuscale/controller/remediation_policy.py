@@ -58,6 +58,10 @@ class OptOut(_Section):
     nvsentinel_label: str = "k8saas.nvidia.com/ManagedByNVSentinel"
 
 
+class RecoveryRule(_Section):
+    healthy_for: Seconds = Field(120.0, ge=0, description="a node's GPUs must stay clean this long before undo")
+
+
 class RemediationPolicy(_Section):
     version: Literal[1]
     signals: Signals
@@ -66,6 +70,7 @@ class RemediationPolicy(_Section):
     owns_accelerated_hardware_ready: bool = False
     taint: TaintRule
     breaker: BreakerRule = BreakerRule()
+    recovery: RecoveryRule = RecoveryRule()
     opt_out: OptOut = OptOut()
     pool_labels: tuple[str, ...] = Field(min_length=1)
 

@@ -62,9 +62,12 @@ class ObjectCache(Reflector):
         super().__init__(watch_timeout_seconds=watch_timeout_seconds, backoff_max_seconds=backoff_max_seconds)
         self._rest = rest
         self.specs = tuple(specs)
-        self._store: dict[tuple[str, str], dict[tuple[str, str], Mapping[str, Any]]] = {
-            (s.api_version, s.kind): {} for s in self.specs
-        }
+        # NB: one bucket per spec, so two narrow specs of one kind (ConfigMaps in two namespaces) never clear
+        # each other's objects on a relist; reads merge the buckets of a kind.
+        self._buckets: dict[WatchSpec, dict[tuple[str, str], Mapping[str, Any]]] = {s: {} for s in self.specs}
+        self._by_kind: dict[tuple[str, str], list[dict[tuple[str, str], Mapping[str, Any]]]] = {}
+        for spec, bucket in self._buckets.items():
+            self._by_kind.setdefault((spec.api_version, spec.kind), []).append(bucket)
         self.generation = 0
         self.absent: list[str] = []
         """Optional kinds the server does not serve (``apiVersion kind``)."""
@@ -86,7 +89,7 @@ class ObjectCache(Reflector):
         self._kinds = tuple(kinds)
 
     def _kind(self, spec: WatchSpec, path: str) -> _Kind:
-        bucket = self._store[(spec.api_version, spec.kind)]
+        bucket = self._buckets[spec]
         list_call = self._rest.list_call(path)
 
         async def call(**kwargs: Any) -> Any:
@@ -126,8 +129,16 @@ class ObjectCache(Reflector):
     # -- ClusterView
 
     def objects(self, api_version: str, kind: str, namespace: str | None = None) -> list[Mapping[str, Any]]:
-        bucket = self._store.get((api_version, kind), {})
-        return [bucket[k] for k in sorted(bucket) if namespace is None or k[0] == namespace]
+        buckets = self._by_kind.get((api_version, kind), ())
+        if len(buckets) == 1:
+            bucket = buckets[0]
+            return [bucket[k] for k in sorted(bucket) if namespace is None or k[0] == namespace]
+        merged = {k: o for b in buckets for k, o in b.items() if namespace is None or k[0] == namespace}
+        return [merged[k] for k in sorted(merged)]
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Mapping[str, Any] | None:
-        return self._store.get((api_version, kind), {}).get((namespace or "", name))
+        for bucket in self._by_kind.get((api_version, kind), ()):
+            found = bucket.get((namespace or "", name))
+            if found is not None:
+                return found
+        return None

@@ -22,7 +22,7 @@ from gpuscale.metrics.diagnosis import load_policy
 from gpuscale.sim.exporters import ManualClock, SimExporters
 from gpuscale.sim.kubeapi import SimKubeApi
 from gpuscale.sim.load import H100_SXM
-from gpuscale.sim.scenario import Scenario, SimNode
+from gpuscale.sim.scenario import Scenario, SimNode, SimWorkload
 from gpuscale.sources.kuberest import KubeRest
 from gpuscale.sources.objects import ObjectCache, WatchSpec
 from gpuscale.sources.scrape import ScrapeSource
@@ -32,7 +32,7 @@ NAMESPACE = "gpuscale"
 START = 1_790_000_000.0
 
 
-def scenario(nodes: int, *, gpus: int = 2, pool: str = "gpu-a") -> Scenario:
+def scenario(nodes: int, *, gpus: int = 2, pool: str = "gpu-a", workloads: tuple[SimWorkload, ...] = ()) -> Scenario:
     return Scenario(
         nodes=tuple(
             SimNode.build(
@@ -40,7 +40,7 @@ def scenario(nodes: int, *, gpus: int = 2, pool: str = "gpu-a") -> Scenario:
             )
             for i in range(nodes)
         ),
-        workloads=(),
+        workloads=workloads,
     )
 
 
@@ -59,6 +59,11 @@ class Harness:
         self.clock.advance(advance)
         await self.cache.refresh_once()
         return await self.controller.reconcile_once()
+
+    async def reconcile_until_recovered(self) -> ReconcileResult:
+        """Two reconciles: the first sees the node clean, the second comes after recovery.healthy_for (2 min)."""
+        await self.reconcile()
+        return await self.reconcile(advance=120.0)
 
     def node(self, name: str) -> dict[str, Any]:
         node = self.api.get("v1", "Node", name)
@@ -89,7 +94,11 @@ async def start_harness(
     leadership: Leadership | None = None,
     extra_planners: tuple[Planner, ...] = (),
     watch: tuple[WatchSpec, ...] = (),
+    specs: list[WatchSpec] | None = None,
+    seed: tuple[dict[str, Any], ...] = (),
+    workloads: tuple[SimWorkload, ...] = (),
 ) -> Harness:
+    """``specs`` replaces the default watch specs; ``seed`` objects (CRDs, namespaces) are created first."""
     closers: list[Any] = []
     clock = ManualClock(START)
     own_api = api is None
@@ -98,18 +107,20 @@ async def start_harness(
         await api.start()
         closers.append(api.stop)
         api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        for obj in seed:
+            api.create(obj)
     exporters = SimExporters()
-    await exporters.start(scenario(nodes), clock=clock)
+    await exporters.start(scenario(nodes, workloads=workloads), clock=clock)
     closers.append(exporters.stop)
     if own_api:
         for obj in exporters.kube_objects():
-            if obj["kind"] in ("Node", "Namespace"):
+            if obj["kind"] in ("Node", "Namespace") or (workloads and obj["kind"] == "Pod"):
                 api.apply(obj)
     kubeconfig = api.write_kubeconfig(tmp_path / f"kubeconfig-{len(list(tmp_path.iterdir()))}")
     client = await new_client_from_config(config_file=kubeconfig)
     closers.append(client.close)
     rest = KubeRest(client)
-    specs = [
+    specs = specs or [
         WatchSpec("v1", "Node"),
         WatchSpec("v1", "Pod"),
         WatchSpec("v1", "ConfigMap", namespace=NAMESPACE),

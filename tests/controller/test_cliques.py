@@ -115,3 +115,41 @@ def test_a_tensor_parallel_group_across_cliques_is_warned_on_its_leader(sim) -> 
     assert (warning.regarding.kind, warning.regarding.name) == ("Pod", "vllm-0")
     assert "rack-a: vllm-0-1; nvidia.com/gpu.clique=rack-b: vllm-0" in warning.message
     assert plan(sim) == []
+
+
+def test_an_admitted_kueue_gang_split_across_cliques_is_warned(sim) -> None:
+    job = sim.create(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "llm", "namespace": "ml"},
+            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "w", "image": "t"}]}}},
+        }
+    )
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "llm", "uid": job["metadata"]["uid"], "controller": True}
+    template = {"spec": {"containers": [{"name": "w", "image": "t", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
+    sim.create(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {"name": "job-llm", "namespace": "ml", "ownerReferences": [owner]},
+            "spec": {
+                "podSets": [
+                    {
+                        "name": "main",
+                        "count": 2,
+                        "template": template,
+                        "topologyRequest": {"required": "nvidia.com/gpu.clique"},
+                    }
+                ]
+            },
+            "status": {"conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted"}]},
+        }
+    )
+    for i, node in enumerate(("gb-2", "gb-3")):
+        pod = gpu_pod(f"llm-{i}", gpus=4, group={"batch.kubernetes.io/job-name": "llm"})
+        pod["metadata"]["ownerReferences"] = [owner]
+        bind(sim, pod, node)
+    (warning,) = plan(sim)
+    assert (warning.reason, warning.regarding.kind) == ("GangSpansNVLinkDomains", "Workload")
+    assert "rack-a: llm-0; nvidia.com/gpu.clique=rack-b: llm-1" in warning.message

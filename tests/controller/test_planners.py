@@ -128,6 +128,37 @@ class TestHints:
         removed = {w.key.name: w.patch["metadata"]["annotations"] for w in self.plan(objects, idle)}
         assert removed["a"] == {SCALE_DOWN_DISABLED: None, "gpuscale.io/scale-down-disabled-by": None}
 
+    def test_a_node_under_health_remediation_is_not_protected(self):
+        objects = [
+            node_obj("a", **{"gpuscale.io/tainted-by": "gpuscale-controller"}),
+            pod_obj("ml", "w0", labels=self.gang),
+        ]
+        tel = telemetry(gpu("a", 0, pod=("ml", "w0"), idle=0), gpu("a", 1, pod=("ml", "w0"), idle=0))
+        assert self.plan(objects, tel) == []
+        objects[0]["metadata"]["annotations"].update(
+            {SCALE_DOWN_DISABLED: "true", "gpuscale.io/scale-down-disabled-by": "x"}
+        )
+        (removed,) = self.plan(objects, tel)
+        assert removed.patch["metadata"]["annotations"][SCALE_DOWN_DISABLED] is None
+
+    def test_a_node_health_is_about_to_remediate_is_not_protected_in_the_same_reconcile(self):
+        from gpuscale.controller.health import HealthPlanner
+        from gpuscale.metrics.diagnosis import load_policy
+
+        health = HealthPlanner(load_remediation_policy(), load_policy())
+        objects = [
+            node_obj("a"),
+            node_obj("b"),
+            pod_obj("ml", "w0", labels=self.gang),
+            pod_obj("ml", "w1", labels=self.gang),
+        ]
+        bad = GpuTelemetry("a", "0", None, GpuSignals(last_xid=79, xid_counts={79: 1}), 0.0, pod=("ml", "w0"))
+        tel = telemetry(bad, gpu("a", 1, pod=("ml", "w0"), idle=0), gpu("b", 0, pod=("ml", "w1"), idle=0))
+        assert health.remediates(objects[0], tel.node("a")) and not health.remediates(objects[1], tel.node("b"))
+        planner = HintsPlanner(self.policy, HintActions(idle=False), being_replaced=health.remediates)
+        writes = planner.plan(StaticClusterView(objects), tel, now=0.0)
+        assert [w.key.name for w in writes] == ["b"]
+
     def test_a_persons_scale_down_disabled_is_left_alone(self):
         objects = [node_obj("a", **{SCALE_DOWN_DISABLED: "true"}), pod_obj("ml", "solo")]
         tel = telemetry(gpu("a", 0, pod=("ml", "solo"), idle=9999))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscale.controller.pools import DEFAULT_POOL_LABELS, load_pools_policy, pool_of, pools_of
+from gpuscale.controller.pools import DEFAULT_POOL_LABELS, load_pools_policy, mean_activity_by_pool, pool_of, pools_of
 from gpuscale.errors import ConfigError
 from gpuscale.pricing import load_prices
 
@@ -91,3 +91,14 @@ def test_bad_pools_file_names_file_and_field(tmp_path, body: str, named: str) ->
 def test_gang_backoff_doubles_up_to_the_max() -> None:
     gangs = load_pools_policy().gangs
     assert [gangs.backoff_seconds(n) for n in (1, 2, 3, 7)] == [60.0, 120.0, 240.0, 1800.0]
+
+
+def test_pool_activity_is_the_gpu_weighted_mean_of_measured_nodes() -> None:
+    nodes = [
+        gpu_node("h-1", pool="h100", gpus=8),
+        gpu_node("h-2", pool="h100", gpus=4),
+        gpu_node("h-3", pool="h100", gpus=8),  # no figure: not counted as idle
+        gpu_node("l-1", pool="l4", product="NVIDIA-L4", gpus=4),  # no figure at all: the pool is left out
+    ]
+    activity = mean_activity_by_pool(nodes, {"h-1": 0.9, "h-2": 0.3}, policy=load_pools_policy())
+    assert activity == {"h100": pytest.approx((0.9 * 8 + 0.3 * 4) / 12)}

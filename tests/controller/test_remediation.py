@@ -69,6 +69,8 @@ async def test_fatal_xid_gets_event_condition_taint_cordon_in_order_and_is_resto
 
     h.exporters.sim.clear_overrides()
     await h.reconcile()
+    assert h.node("gpu-01")["spec"]["unschedulable"] is True, "clean for 15 s is not recovered yet"
+    await h.reconcile(advance=120.0)  # recovery.healthy_for: 2 min
     node = h.node("gpu-01")
     assert condition(node)["status"] == "True" and condition(node)["reason"] == "GpuRecovered"
     assert TAINT not in taint_keys(node)
@@ -76,6 +78,26 @@ async def test_fatal_xid_gets_event_condition_taint_cordon_in_order_and_is_resto
     assert not any(k.startswith("gpuscale.io/") for k in node["metadata"].get("annotations", {}))
     assert [e["reason"] for e in h.events("gpu-01")] == ["GpuUnhealthy", "GpuRecovered"]
     assert (await h.reconcile()).writes == []
+
+
+async def test_a_flapping_gpu_keeps_its_node_out(cluster):
+    h = cluster
+    h.exporters.sim.override_gpu("gpu-01", 0, last_xid=79, xid_window=((79, 1),))
+    await h.reconcile()
+    h.exporters.sim.clear_overrides()
+    await h.reconcile()  # clean: the wait starts
+    record = json.loads(h.node("gpu-01")["metadata"]["annotations"][RECORD])
+    assert record["clean_since"] and len(h.events("gpu-01")) == 1
+    h.exporters.sim.override_gpu("gpu-01", 0, last_xid=79, xid_window=((79, 1),))
+    await h.reconcile(advance=60.0)  # back within the wait
+    assert "clean_since" not in json.loads(h.node("gpu-01")["metadata"]["annotations"][RECORD])
+    assert len(h.events("gpu-01")) == 1, "the same problem: no new Event"
+    h.exporters.sim.clear_overrides()
+    await h.reconcile(advance=60.0)
+    await h.reconcile(advance=90.0)
+    assert h.node("gpu-01")["spec"]["unschedulable"] is True, "the wait restarted"
+    await h.reconcile(advance=60.0)
+    assert not h.node("gpu-01")["spec"].get("unschedulable")
 
 
 async def test_a_node_cordoned_by_a_person_is_never_uncordoned(cluster):
@@ -87,7 +109,7 @@ async def test_a_node_cordoned_by_a_person_is_never_uncordoned(cluster):
     assert TAINT in taint_keys(node)
     assert CORDONED_BY not in node["metadata"]["annotations"], "we did not cordon it, so we do not claim it"
     h.exporters.sim.clear_overrides()
-    await h.reconcile()
+    await h.reconcile_until_recovered()
     node = h.node("gpu-00")
     assert TAINT not in taint_keys(node)
     assert node["spec"]["unschedulable"] is True, "the person's cordon stays"
@@ -129,7 +151,7 @@ async def test_breaker_holds_the_third_bad_node_of_a_pool_of_ten_and_remembers(t
         # The two recover; within the breaker's window they still count, even for a new controller instance.
         h.exporters.sim.clear_overrides()
         h.exporters.sim.override_gpu("gpu-07", 0, last_xid=79, xid_window=((79, 1),))
-        await h.reconcile()
+        await h.reconcile_until_recovered()
         assert TAINT not in taint_keys(h.node("gpu-03"))
         restarted = await start_harness(tmp_path, api=h.api, nodes=10)
         restarted.exporters.sim.override_gpu("gpu-07", 0, last_xid=79, xid_window=((79, 1),))
@@ -167,14 +189,32 @@ async def test_conflict_and_server_errors_are_retried(cluster):
     h = cluster
     h.api.fail_next(500, verb="patch", resource="nodes")
     h.api.fail_next(409, verb="patch", resource="nodes")
+    h.api.fail_next(429, verb="patch", resource="nodes", retry_after_seconds=0)
     h.api.fail_next(503, verb="create", resource="events")
     h.exporters.sim.override_gpu("gpu-00", 0, last_xid=79, xid_window=((79, 1),))
     result = await h.reconcile()
-    assert [(f.verb, f.code) for f in h.api.faults_served] == [("create", 503), ("patch", 500), ("patch", 409)]
+    assert [(f.verb, f.code) for f in h.api.faults_served] == [
+        ("create", 503),
+        ("patch", 500),
+        ("patch", 409),
+        ("patch", 429),
+    ]
     assert all(o.result == "applied" for o in result.outcomes)
     node = h.node("gpu-00")
     assert condition(node)["status"] == "False" and node["spec"]["unschedulable"] is True
-    assert h.actuator.retries == 3
+    assert h.actuator.retries == 4
+
+
+async def test_a_write_that_keeps_failing_is_reported_and_planned_again(cluster):
+    h = cluster
+    h.api.fail_next(500, verb="patch", resource="nodes", times=20)
+    h.exporters.sim.override_gpu("gpu-00", 0, last_xid=79, xid_window=((79, 1),))
+    result = await h.reconcile()
+    failed = [o for o in result.outcomes if o.result == "failed"]
+    assert failed and "HTTP 500 InternalError" in failed[0].detail
+    h.api.clear_faults()
+    await h.reconcile()
+    assert h.node("gpu-00")["spec"]["unschedulable"] is True, "the next reconcile plans it again"
 
 
 async def test_opted_out_nodes_are_left_alone(cluster):
@@ -210,7 +250,7 @@ async def test_a_vanished_gpu_is_remediated_and_its_return_restores_the_node(clu
     node = h.node("gpu-02")
     assert condition(node)["reason"] == "GpuVanished" and TAINTED_BY in node["metadata"]["annotations"]
     h.exporters.sim.restore_gpu("gpu-02", 1)
-    await h.reconcile()
+    await h.reconcile_until_recovered()
     assert condition(h.node("gpu-02"))["status"] == "True"
 
 
@@ -246,5 +286,39 @@ async def test_switched_off_steps_are_not_taken(tmp_path):
         node = h.node("gpu-00")
         assert condition(node)["status"] == "False"
         assert TAINT not in taint_keys(node) and not node["spec"].get("unschedulable")
+    finally:
+        await h.close()
+
+
+async def test_accelerated_hardware_ready_only_where_the_policy_says_we_own_it(tmp_path):
+    base = load_remediation_policy()
+    h = await start_harness(tmp_path, nodes=2, policy=base.model_copy(update={"owns_accelerated_hardware_ready": True}))
+    try:
+        # Another agent's condition on gpu-00 is never touched; its GpuHealthy is ours.
+        h.api.patch(
+            "v1",
+            "Node",
+            "gpu-00",
+            {"status": {"conditions": [{"type": "GpuMemWatch", "status": "False", "reason": "NVSentinel"}]}},
+            patch_type="strategic",
+            subresource="status",
+        )
+        h.exporters.sim.override_gpu("gpu-00", 0, last_xid=79, xid_window=((79, 1),))
+        await h.reconcile()
+        node = h.node("gpu-00")
+        assert condition(node, "AcceleratedHardwareReady")["status"] == "False"
+        assert condition(node, "GpuMemWatch") == {"type": "GpuMemWatch", "status": "False", "reason": "NVSentinel"}
+        h.exporters.sim.clear_overrides()
+        await h.reconcile_until_recovered()
+        node = h.node("gpu-00")
+        assert condition(node, "AcceleratedHardwareReady")["status"] == "True"
+        assert condition(node, "GpuMemWatch")["reason"] == "NVSentinel"
+    finally:
+        await h.close()
+    h = await start_harness(tmp_path, nodes=2)
+    try:
+        h.exporters.sim.override_gpu("gpu-00", 0, last_xid=79, xid_window=((79, 1),))
+        await h.reconcile()
+        assert condition(h.node("gpu-00"), "AcceleratedHardwareReady") is None, "not ours by default"
     finally:
         await h.close()

@@ -90,6 +90,12 @@ async def test_release_hands_over_at_once(api, rest):
     assert await b.try_acquire_or_renew() is True
 
 
+async def test_a_lease_that_cannot_be_written_is_logged_not_silent(api, rest, caplog):
+    lonely = LeaseElector(rest, namespace="missing", name="gpuscale-controller", identity="a")
+    assert await lonely.try_acquire_or_renew() is False
+    assert "cannot create the Lease: HTTP 404" in caplog.text
+
+
 async def test_only_the_leader_acts(tmp_path):
     clock = ManualClock()
     first = await start_harness(tmp_path, nodes=2)

@@ -103,6 +103,21 @@ async def test_the_controller_process_remediates_and_reports(tmp_path):
             assert re.search(r'gpuscale_controller_source_up\{source="scrape",target="[^"]+"\} 1.0', text)
             lease = api.get("coordination.k8s.io/v1", "Lease", "gpuscale-controller", namespace="gpuscale")
             assert lease["spec"]["holderIdentity"] == "e2e-replica"
+
+            # Every exporter failing: /readyz says so (and the node stays as it is: unknown is not recovered).
+            for node in exporters.dcgm_urls:
+                exporters.set_faults(node, status=503)
+            exporters.sim.clear_overrides()
+
+            async def unready() -> bool:
+                async with http.get(f"{base}/readyz") as r:
+                    return r.status == 503 and "no telemetry source answered" in await r.text()
+
+            await _until(unready)
+            assert api.get("v1", "Node", "gpu-02")["spec"]["unschedulable"] is True
+            for node in exporters.dcgm_urls:
+                exporters.set_faults(node)
+            await _until(ready)
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
         lease = api.get("coordination.k8s.io/v1", "Lease", "gpuscale-controller", namespace="gpuscale")

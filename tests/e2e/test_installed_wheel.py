@@ -98,6 +98,7 @@ def test_help_of_every_command(installed):
         ["gpuscale", "--help"],
         ["gpuscale", "adapter", "--help"],
         ["gpuscale", "top", "--help"],
+        ["gpuscale", "controller", "--help"],
         ["gpuscale", "simulate", "--help"],
     ):
         done = installed.run(*args)
@@ -151,6 +152,37 @@ async def test_adapter_serves_the_shipped_catalogue(installed):
             if proc.returncode is None:
                 proc.terminate()
             await asyncio.wait_for(proc.wait(), 20)
+
+
+async def test_controller_runs_on_the_shipped_policies(installed):
+    """The controller loads remediation.yaml, hints.yaml, health.yaml and diagnosis.yaml from the wheel."""
+    async with SimCluster() as cluster:
+        port = free_port()
+        args = ["gpuscale", "controller", "--kubeconfig", cluster.kubeconfig, "--port", str(port)]
+        args += ["--bind-address", "127.0.0.1", "--interval", "1s", "--dry-run", "--no-leader-elect"]
+        for url in cluster.scrape_urls:
+            args += ["--scrape-url", url]
+        proc = await installed.start(*args)
+        try:
+            deadline = time.monotonic() + 60
+            async with aiohttp.ClientSession() as session:
+                while True:
+                    if proc.returncode is not None:
+                        pytest.fail((await proc.stdout.read()).decode())
+                    try:
+                        async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
+                            if resp.status == 200:
+                                break
+                    except aiohttp.ClientError:
+                        pass
+                    assert time.monotonic() < deadline, "the installed controller did not become ready"
+                    await asyncio.sleep(0.2)
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    assert "gpuscale_controller_dry_run 1.0" in await resp.text()
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+            assert await asyncio.wait_for(proc.wait(), 20) == 0
 
 
 async def test_top_and_the_kubectl_plugin(installed):
@@ -217,3 +249,19 @@ def test_policies_override_a_shipped_file(installed):
     done = installed.run("gpuscale", "demo", "--policies", str(empty), "--duration", "1s")
     assert done.returncode == 2 and "holds none of metrics.yaml" in done.stderr, done.stderr
     assert os.listdir(empty) == []
+
+
+def test_report_from_a_plain_install_writes_markdown_and_names_the_html_extra(installed, tmp_path):
+    """The report's policies ship in the wheel; without the html extra, -o html says which pip command to run."""
+    from gpuscale.sources.history_file import export_history
+    from tests.report.histories import add_pod, constant, history
+
+    h = history(hours=6)
+    add_pod(h, pod="p", requests=4, gpus=4, values=constant(sm_active=0.0, gpu_util_percent=0.0))
+    exported = tmp_path / "h.npz"
+    export_history(h, exported)
+    done = installed.run("gpuscale", "report", "--from", str(exported), "-o", "markdown")
+    assert done.returncode == 0, done.stderr
+    assert "request 1 GPU per pod instead of 4" in done.stdout
+    html = installed.run("gpuscale", "report", "--from", str(exported), "-o", "html")
+    assert html.returncode == 2 and "pip install 'gpuscale[html]'" in html.stderr, html.stderr

@@ -1,0 +1,242 @@
+"""`gpuscale report`: right-sizing and activity-based GPU cost from utilization history.
+
+The composition root of the command::
+
+    --prometheus-url ─▶ sources/history (range queries, chunked) ─┐
+    --from FILE ─▶ sources/history_file ──────────────────────────┼─▶ History ─▶ report/build ─▶ Report
+                                                                  │                 (pure)         │
+    --export FILE ◀─ sources/history_file ◀───────────────────────┘        -o table|json|markdown|html
+                                                                                  └─▶ stdout or --output-file
+
+Errors are one line and exit 2 (``main`` prints GpuscaleError): the server down or refusing, a bad file, a
+missing extra for ``-o html`` (naming the pip command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gpuscale.config import Seconds
+from gpuscale.errors import ConfigError
+from gpuscale.settings import add_arguments
+
+__all__ = ["ReportSettings", "add_report_arguments", "run_report"]
+
+
+class ReportSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prometheus_url: str | None = Field(None, description="Prometheus-compatible server holding the DCGM history")
+    prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
+    prometheus_ca_file: str | None = Field(None, description="CA bundle that verifies --prometheus-url")
+    from_file: str | None = Field(None, description="(--from) make the report from a file written by --export")
+    export: str | None = Field(None, description="also write the fetched history to this file (.npz, documented)")
+    mode: str = Field("raw", description="raw (fetch samples) or summary (the TSDB summarises per series and chunk)")
+    chunk: Seconds = Field(86400.0, gt=0, description="summary mode: the span one server-side summary covers")
+    window: Seconds = Field(7 * 86400.0, gt=0, description="how far back the history goes")
+    step: Seconds = Field(60.0, gt=0, description="sample spacing of the history")
+    end: float | None = Field(None, description="end of the window, epoch seconds (default: now)")
+    output: str = Field("table", description="(-o) table, json, markdown or html")
+    output_file: str | None = Field(None, description="write the report here instead of stdout")
+    output_dir: str | None = Field(
+        None, description="write report.md and report.json here, plus copies named by the window's end (a CronJob)"
+    )
+    policies: str | None = Field(
+        None, description="directory whose rightsizing.yaml, gpus.yaml, prices.yaml, diagnosis.yaml override shipped"
+    )
+    kubeconfig: str | None = Field(
+        None, description="owners of pods kube-state-metrics does not describe, from the Kubernetes API"
+    )
+    in_cluster: bool = Field(False, description="use the pod's service account for the Kubernetes API")
+    configmap: str | None = Field(
+        None, description="NAMESPACE/NAME: also write report.md and report.json into this (existing) ConfigMap"
+    )
+    timeout: Seconds = Field(60.0, gt=0, description="per-query timeout")
+    retries: int = Field(3, ge=0, le=10, description="retries of a failed or timed-out query")
+    series_batch: int = Field(50, ge=1, description="nodes per range query (halved when the server refuses)")
+    max_points: int = Field(10_000, ge=10, le=11_000, description="steps per range query (Prometheus allows 11,000)")
+    no_progress: bool = Field(False, description="no progress bar (shown by default when stderr is a terminal)")
+
+    @model_validator(mode="after")
+    def _check(self) -> ReportSettings:
+        if bool(self.prometheus_url) == bool(self.from_file):
+            raise ValueError("prometheus-url: give --prometheus-url URL or --from FILE (one of them)")
+        if self.export and self.from_file:
+            raise ValueError("export: --export writes a fetched history; with --from there is nothing to fetch")
+        from gpuscale.report.formatters import FORMATTERS
+
+        if self.output not in FORMATTERS:
+            raise ValueError(f"output: unknown format {self.output!r}; valid: {', '.join(FORMATTERS)}")
+        if self.mode not in ("raw", "summary"):
+            raise ValueError(f"mode: {self.mode!r} is not raw or summary")
+        if self.mode == "summary" and (self.export or self.from_file):
+            raise ValueError("mode: --export and --from work on raw histories; summary mode keeps no samples")
+        if self.configmap is not None and len(self.configmap.split("/")) != 2:
+            raise ValueError(f"configmap: {self.configmap!r} is not NAMESPACE/NAME")
+        if self.step > self.window:
+            raise ValueError("step: longer than --window")
+        return self
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    add_arguments(parser, ReportSettings)
+    parser.add_argument("-o", dest="output", help=argparse.SUPPRESS)
+    parser.add_argument("--from", dest="from_file", help=argparse.SUPPRESS)
+
+
+async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) -> Any:
+    import aiohttp
+
+    from gpuscale.sources.history import FetchOptions, RangeClient, fetch_history
+    from gpuscale.sources.prometheus import _BearerToken, _FileError, _TlsContext
+
+    assert settings.prometheus_url is not None
+    try:
+        token = _BearerToken(None, settings.prometheus_token_file).current()
+        tls = (
+            _TlsContext(
+                ca_file=settings.prometheus_ca_file, client_cert=None, client_key=None, insecure_skip_verify=False
+            ).current()
+            if settings.prometheus_ca_file or settings.prometheus_url.startswith("https")
+            else None
+        )
+    except _FileError as e:
+        raise ConfigError(str(e)) from e
+    options = FetchOptions(
+        timeout_seconds=settings.timeout,
+        retries=settings.retries,
+        series_batch=settings.series_batch,
+        max_points=settings.max_points,
+    )
+    end = settings.end if settings.end is not None else now
+    async with aiohttp.ClientSession() as session:
+        client = RangeClient(
+            settings.prometheus_url,
+            session=session,
+            options=options,
+            headers={"Authorization": f"Bearer {token}"} if token else None,
+            ssl_context=tls,
+        )
+        if settings.mode == "summary":
+            from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
+            from gpuscale.sources.summary import fetch_summaries
+
+            idle = policy.diagnosis.diagnosis.idle
+            abnormal = set(policy.diagnosis.diagnosis.clock_events.abnormal)
+            return await fetch_summaries(
+                client,
+                start=end - settings.window,
+                end=end,
+                step=settings.step,
+                chunk=settings.chunk,
+                options=options,
+                idle_busy_percent=idle.busy_percent,
+                idle_sm_active=idle.sm_active,
+                throttle_bits=tuple(bit for bit, name in CLOCK_EVENT_BITS if name in abnormal),
+                progress=False if settings.no_progress else None,
+            )
+        return await fetch_history(
+            client,
+            start=end - settings.window,
+            end=end,
+            step=settings.step,
+            options=options,
+            progress=False if settings.no_progress else None,
+        )
+
+
+_CONFIGMAP_LIMIT = 1024 * 1024  # a ConfigMap holds at most 1 MiB
+
+
+async def _kubernetes(settings: ReportSettings, history: Any, report_texts: dict[str, str] | None) -> None:
+    """Owners from the Kubernetes API (before the report) or the ConfigMap write (after it)."""
+    from gpuscale.sources.kube import load_api_client
+
+    api = await load_api_client(settings.kubeconfig)
+    try:
+        if report_texts is None:
+            from gpuscale.sources.owners import owners_from_kubernetes
+
+            unknown = [p for p in history.pods if p not in history.owners]
+            found = await owners_from_kubernetes(api, unknown)
+            history.owners.update(found)
+            return
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        namespace, name = (settings.configmap or "").split("/")
+        size = sum(len(v.encode()) for v in report_texts.values())
+        if size > _CONFIGMAP_LIMIT:
+            raise ConfigError(f"--configmap {settings.configmap}: the report is {size} bytes, over a ConfigMap's 1 MiB")
+        try:
+            # NB: a patch of an existing ConfigMap: the CronJob's Role grants `patch` on this one name only.
+            await client.CoreV1Api(api).patch_namespaced_config_map(name, namespace, {"data": report_texts})
+        except ApiException as e:
+            hint = " (create it first: deploy/report creates an empty one)" if e.status == 404 else ""
+            raise ConfigError(f"--configmap {settings.configmap}: HTTP {e.status} {e.reason}{hint}") from e
+    finally:
+        await api.close()
+
+
+def _write_dir(directory: Path, report: Any) -> None:
+    from datetime import UTC, datetime
+
+    from gpuscale.report.formatters import as_json, markdown
+
+    stamp = datetime.fromtimestamp(report.window.end, UTC).strftime("%Y%m%dT%H%MZ")
+    texts = {"md": markdown(report), "json": as_json(report)}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for ext, text in texts.items():
+            for name in (f"report-{stamp}.{ext}", f"report.{ext}"):
+                tmp = directory / f".{name}.tmp"
+                tmp.write_text(text)
+                tmp.replace(directory / name)  # NB: a reader never sees half a report
+    except OSError as e:
+        raise ConfigError(f"--output-dir {directory}: {e.strerror or e}") from e
+
+
+def run_report(settings: ReportSettings) -> None:
+    from gpuscale.report.build import build_report
+    from gpuscale.report.formatters import formatter
+    from gpuscale.report.policy import load_report_policy
+    from gpuscale.sources.history_file import export_history, load_history
+
+    policy = load_report_policy(settings.policies)
+    render = formatter(settings.output)
+    now = time.time()
+    if settings.from_file:
+        history = load_history(settings.from_file)
+    else:
+        history = asyncio.run(_fetch(settings, now=now, policy=policy))
+        if settings.export:
+            export_history(history, settings.export)
+    if settings.kubeconfig or settings.in_cluster:
+        asyncio.run(_kubernetes(settings, history, None))
+    if settings.mode == "summary":
+        from gpuscale.report.summary import build_summary_report
+
+        report = build_summary_report(history, policy=policy, generated_at=now)
+    else:
+        report = build_report(history, policy=policy, generated_at=now)
+    text = render(report)
+    if settings.configmap:
+        from gpuscale.report.formatters import as_json, markdown
+
+        asyncio.run(_kubernetes(settings, None, {"report.md": markdown(report), "report.json": as_json(report)}))
+    if settings.output_dir:
+        _write_dir(Path(settings.output_dir), report)
+    elif settings.output_file:
+        try:
+            Path(settings.output_file).write_text(text)
+        except OSError as e:
+            raise ConfigError(f"--output-file {settings.output_file}: {e.strerror or e}") from e
+    else:
+        sys.stdout.write(text)

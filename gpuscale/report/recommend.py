@@ -1,0 +1,405 @@
+"""Per-workload right-sizing: the statistics of one workload → a typed ``Workload`` with its recommendations.
+
+Pure. Each recommendation carries the numbers it rests on (``evidence``) and a severity. The rules, in the
+order they are tried (docs/report.md has the table):
+
+* **not enough data** below ``min_history`` or ``min_samples``: the numbers are shown, nothing is recommended.
+* **fewer GPUs per pod**: GPUs needed = max(the most GPUs of one pod busy at once, the GPUs its peak memory
+  needs: ceil(peak FB of the pod × (1 + margin) / one GPU's memory)); recommended when below the request.
+  A count is a peak, not a p90: a pod cannot borrow a GPU for the minute it needs a second one.
+* **busy** (target compute share ≥ ``busy_share``): no smaller GPU, MIG slice or time-slicing — never a
+  downsizing for a busy workload.
+* **MIG profile**: for a 1-GPU need on a product with MIG profiles, the smallest profile whose memory holds
+  peak FB × (1 + margin) and whose compute share holds the target compute share (p90 + margin).
+* **smaller GPU**: the cheapest priced product whose memory holds the peak (+ margin) and whose throughput
+  (``tflops``) holds the target compute share × this product's throughput.
+* **time-slicing**: when 1 / target compute share leaves room for ``time_slicing_min_pods`` pods on one GPU.
+* **scale to zero**: a Deployment/StatefulSet whose GPUs were all idle for ``min_idle_stretch`` in one stretch.
+* **diagnosis**: a verdict other than idle/compute-bound/moderate that holds in ≥ 25 % of the workload's hours
+  ("tensor cores idle: check precision", under-filled, memory-bound, …), with the diagnosis' explanation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from gpuscale.metrics.diagnosis import GpuSignals, VerdictCode, diagnose
+from gpuscale.report.model import CostFigures, Recommendation, SignalStats, VerdictShare, Workload
+from gpuscale.report.policy import Product, ReportPolicy
+from gpuscale.report.stats import confidence, estimate
+from gpuscale.report.usage import SIGNALS, WorkloadUsage, longest_run
+
+HOURS_PER_MONTH = 730.0
+_UNITS = {"fb_used_mib": "mib", "gpus_busy": "gpus"}
+_DIAGNOSIS_MIN_SHARE = 0.25
+_NOT_RECOMMENDED = {VerdictCode.IDLE, VerdictCode.COMPUTE_BOUND, VerdictCode.MODERATE, VerdictCode.UNKNOWN}
+
+
+def _r(x: float, digits: int = 2) -> float:
+    return round(float(x), digits)
+
+
+def workload_report(
+    usage: WorkloadUsage,
+    *,
+    policy: ReportPolicy,
+    steps: int,
+    step_seconds: float,
+    requested_per_pod: float | None,
+    pod_count: int,
+    cost: CostFigures,
+) -> Workload:
+    rs = policy.rightsizing
+    held_any = usage.held_any(steps)
+    idx = np.flatnonzero(held_any)
+    samples = int(idx.size) if usage.samples is None else usage.samples
+    history_seconds = float((idx[-1] - idx[0] + 1) * step_seconds) if idx.size else 0.0
+    conf = confidence(
+        history_seconds=history_seconds, samples=samples, step_seconds=usage.sample_seconds or step_seconds
+    )
+    margin = rs.margin_fraction
+    percentiles = {
+        "target_p": rs.target_percentile,
+        "lower_p": rs.lower_bound_percentile,
+        "upper_p": rs.upper_bound_percentile,
+    }
+    product = policy.gpus.product(usage.product)
+    signals: dict[str, SignalStats] = {}
+    for name, hist in usage.histograms.items():
+        cap = 100.0 if name in SIGNALS and SIGNALS[name][2].ratio is None else None
+        if name == "fb_used_mib" and product is not None:
+            cap = product.memory_mib
+        est = estimate(hist, conf=conf, margin=margin, cap=cap, **percentiles)
+        if est is None:
+            continue
+        signals[name] = SignalStats(
+            unit=_UNITS.get(name, "percent"),  # type: ignore[arg-type]
+            p50=_r(est.p50),
+            p90=_r(est.p90),
+            p95=_r(est.p95),
+            max=_r(est.maximum),
+            target=_r(est.target),
+            lower_bound=_r(est.lower),
+            upper_bound=_r(est.upper) if math.isfinite(est.upper) else 1e300,
+            samples=est.samples,
+        )
+
+    # Observed requests when kube-state-metrics gave none: the most GPUs one pod held at once.
+    held_peak = max((float(p.held.max()) for p in usage.pods.values()), default=0.0)
+    requests_source = "kube-state-metrics" if requested_per_pod is not None else "observed"
+    requested = requested_per_pod if requested_per_pod is not None else held_peak
+
+    busy_total = usage.busy_total(steps)
+    idle_steps = held_any & (busy_total == 0)
+    longest_idle = longest_run(idle_steps) * step_seconds
+    activity = signals.get("activity_percent")
+    share_target = (activity.target / 100.0) if activity else None
+    busy = share_target is not None and share_target >= rs.busy_share
+
+    verdicts = _verdicts_over_time(usage, policy)
+    status = "ok" if history_seconds >= rs.min_history and samples >= rs.min_samples else "not-enough-data"
+    recs: list[Recommendation] = []
+    price = policy.prices.per_gpu_hour(product.name if product else usage.product) or policy.prices.per_gpu_hour(
+        usage.product
+    )
+    if status == "not-enough-data":
+        recs.append(
+            Recommendation(
+                kind="not-enough-data",
+                severity="info",
+                short=f"not enough data ({history_seconds / 3600:.1f} h)",
+                summary=(
+                    f"not enough data: {history_seconds / 3600:.1f} h and {samples} samples "
+                    f"(need {rs.min_history / 3600:g} h and {rs.min_samples})"
+                ),
+                evidence={"history_hours": _r(history_seconds / 3600), "samples": samples, "confidence": _r(conf, 3)},
+            )
+        )
+    else:
+        recs += _recommend(
+            usage,
+            policy=policy,
+            product=product,
+            signals=signals,
+            requested=requested,
+            share_target=share_target,
+            busy=busy,
+            longest_idle=longest_idle,
+            pod_count=pod_count,
+            price=price,
+            conf=conf,
+        )
+        recs += _diagnosis_recs(verdicts, policy)
+        if not any(r.kind != "diagnosis" for r in recs):
+            recs.append(
+                Recommendation(
+                    kind="keep",
+                    severity="ok",
+                    short="keep" + (" (busy)" if busy else ""),
+                    summary="keep the request: "
+                    + ("busy, no downsizing" if busy else "no smaller shape fits the measured use"),
+                    evidence={"activity_target_percent": activity.target if activity else None, "busy": str(busy)},
+                )
+            )
+    # Shares of recency-weighted GPU-time per 10 % band, from the activity histogram's 0.5-point buckets.
+    weights = usage.histograms["activity_percent"].weights
+    bands = np.array([weights[20 * k : 20 * k + 20].sum() for k in range(9)] + [weights[180:].sum()])
+    return Workload(
+        namespace=usage.key.namespace,
+        kind=usage.key.kind,
+        name=usage.key.name,
+        owner_source=usage.owner_source,
+        pods=pod_count,
+        product=usage.product,
+        pools=sorted(usage.pools),
+        gpus_requested_per_pod=_r(requested) if requested else None,
+        requests_source=requests_source,  # type: ignore[arg-type]
+        history_seconds=history_seconds,
+        samples=samples,
+        confidence=_r(conf, 3),
+        status=status,  # type: ignore[arg-type]
+        busy=busy,
+        activity_signal=usage.activity_source,
+        signals=signals,
+        activity_histogram=[_r(b / bands.sum(), 4) for b in bands] if bands.sum() else [0.0] * 10,
+        cost=cost,
+        longest_idle_seconds=longest_idle,
+        verdicts=verdicts,
+        recommendations=recs,
+    )
+
+
+def _recommend(
+    usage: WorkloadUsage,
+    *,
+    policy: ReportPolicy,
+    product: Product | None,
+    signals: dict[str, SignalStats],
+    requested: float,
+    share_target: float | None,
+    busy: bool,
+    longest_idle: float,
+    pod_count: int,
+    price: float | None,
+    conf: float,
+) -> list[Recommendation]:
+    rs = policy.rightsizing
+    margin = rs.margin_fraction
+    out: list[Recommendation] = []
+    peak_busy = max((float(p.busy.max()) for p in usage.pods.values()), default=0.0)
+    peak_pod_fb = max((float(p.fb_mib.max()) for p in usage.pods.values()), default=0.0)
+    fb = signals.get("fb_used_mib")
+    peak_gpu_fb = fb.max if fb else None
+    gpu_memory = product.memory_mib if product else None
+    for_memory = math.ceil(peak_pod_fb * (1 + margin) / gpu_memory) if gpu_memory else 1
+    needed = max(1, math.ceil(peak_busy), for_memory)
+    avg_pods = _average_pods(usage)
+    if requested and needed < requested:
+        freed = requested - needed
+        saving = freed * avg_pods * price * HOURS_PER_MONTH if price is not None else None
+        out.append(
+            Recommendation(
+                kind="fewer-gpus",
+                severity="critical" if freed / requested >= rs.fewer_gpus_critical_share else "warning",
+                short=f"fewer-gpus {requested:g}→{needed}",
+                summary=f"request {needed} GPU{'s' if needed > 1 else ''} per pod instead of {requested:g}: "
+                f"at most {peak_busy:g} busy at once, peak memory {peak_pod_fb / 1024:.1f} GiB per pod",
+                evidence={
+                    "gpus_requested": requested,
+                    "gpus_busy_max": peak_busy,
+                    "gpus_busy_p95": signals["gpus_busy"].p95 if "gpus_busy" in signals else None,
+                    "pod_fb_peak_mib": _r(peak_pod_fb),
+                    "gpu_memory_mib": gpu_memory,
+                    "gpus_for_memory": for_memory,
+                    "margin": margin,
+                    "recommended": needed,
+                    "average_pods": _r(avg_pods),
+                },
+                monthly_saving=_r(saving) if saving is not None else None,
+            )
+        )
+    if busy or share_target is None or peak_gpu_fb is None:
+        pass
+    elif needed == 1:
+        fit_fb = peak_gpu_fb * (1 + margin)
+        mig = _mig_fit(product, fb_mib=fit_fb, share=share_target) if product else None
+        if mig is not None and product is not None:
+            saving = (
+                price * (1 - mig.compute_share) * avg_pods * HOURS_PER_MONTH * min(requested, 1.0)
+                if price is not None
+                else None
+            )
+            out.append(
+                Recommendation(
+                    kind="mig-profile",
+                    severity="warning",
+                    short=f"mig {mig.profile}",
+                    summary=f"fits MIG {mig.profile} on {product.name}: peak FB {peak_gpu_fb / 1024:.1f} GiB "
+                    f"(+{margin:.0%} = {fit_fb / 1024:.1f} ≤ {mig.memory_mib / 1024:.1f} GiB), compute share "
+                    f"{share_target:.0%} ≤ {mig.compute_share:.0%}",
+                    evidence={
+                        "fb_peak_mib": _r(peak_gpu_fb),
+                        "fb_needed_mib": _r(fit_fb),
+                        "profile_memory_mib": mig.memory_mib,
+                        "compute_share_target": _r(share_target, 4),
+                        "profile_compute_share": _r(mig.compute_share, 4),
+                        "resource": f"nvidia.com/mig-{mig.profile}",
+                    },
+                    monthly_saving=_r(saving) if saving is not None else None,
+                )
+            )
+        smaller = _smaller_product(policy, product, fb_mib=fit_fb, share=share_target, price=price)
+        if smaller is not None and product is not None:
+            cand, cand_price = smaller
+            saving = (price - cand_price) * avg_pods * HOURS_PER_MONTH if price is not None else None
+            out.append(
+                Recommendation(
+                    kind="smaller-gpu",
+                    severity="warning",
+                    short=f"smaller-gpu {cand.name}",
+                    summary=f"a {cand.name} would do: peak FB {peak_gpu_fb / 1024:.1f} GiB fits its "
+                    f"{cand.memory_mib / 1024:.0f} GiB; {share_target:.0%} of a {product.name} is "
+                    f"{share_target * product.tflops / cand.tflops:.0%} of it",
+                    evidence={
+                        "fb_needed_mib": _r(fit_fb),
+                        "candidate_memory_mib": cand.memory_mib,
+                        "compute_share_target": _r(share_target, 4),
+                        "tflops_now": product.tflops,
+                        "tflops_candidate": cand.tflops,
+                        "price_now": price,
+                        "price_candidate": cand_price,
+                    },
+                    monthly_saving=_r(saving) if saving is not None else None,
+                )
+            )
+        pods_per_gpu = int(1.0 / share_target) if share_target > 0 else rs.time_slicing_min_pods
+        if gpu_memory:
+            pods_per_gpu = min(pods_per_gpu, int(gpu_memory // max(fit_fb, 1.0)))
+        if pods_per_gpu >= rs.time_slicing_min_pods:
+            out.append(
+                Recommendation(
+                    kind="time-slicing",
+                    severity="info",
+                    short=f"time-slicing {pods_per_gpu}/GPU",
+                    summary=f"time-slicing candidate: {pods_per_gpu} such pods fit one GPU "
+                    f"(compute share {share_target:.0%}, peak FB {peak_gpu_fb / 1024:.1f} GiB)",
+                    evidence={
+                        "compute_share_target": _r(share_target, 4),
+                        "fb_needed_mib": _r(fit_fb),
+                        "gpu_memory_mib": gpu_memory,
+                        "pods_per_gpu": pods_per_gpu,
+                    },
+                )
+            )
+    stz = rs.scale_to_zero
+    if usage.key.kind in stz.kinds and longest_idle >= stz.min_idle_stretch:
+        out.append(
+            Recommendation(
+                kind="scale-to-zero",
+                severity="warning" if longest_idle >= 4 * stz.min_idle_stretch else "info",
+                short=f"scale-to-zero (idle {longest_idle / 3600:.0f} h)",
+                summary=f"scale-to-zero candidate: every GPU idle for {longest_idle / 3600:.1f} h in one stretch "
+                f"(≥ {stz.min_idle_stretch / 3600:g} h)",
+                evidence={
+                    "longest_idle_hours": _r(longest_idle / 3600),
+                    "min_idle_stretch_hours": stz.min_idle_stretch / 3600,
+                },
+            )
+        )
+    return out
+
+
+def _average_pods(usage: WorkloadUsage) -> float:
+    """Mean number of pods alive while the workload held GPUs (a cost multiplier)."""
+    held = [p.held > 0 for p in usage.pods.values()]
+    if not held:
+        return 0.0
+    alive = np.sum(held, axis=0)
+    return float(alive[alive > 0].mean()) if (alive > 0).any() else 0.0
+
+
+def _mig_fit(product: Product, *, fb_mib: float, share: float):
+    fits = [m for m in product.mig if m.memory_mib >= fb_mib and m.compute_share >= share]
+    return min(fits, key=lambda m: (m.compute_share, m.memory_mib)) if fits else None
+
+
+def _smaller_product(policy: ReportPolicy, product: Product | None, *, fb_mib: float, share: float, price):
+    if product is None or price is None:
+        return None
+    best = None
+    for cand in policy.gpus.products:
+        cand_price = policy.prices.per_gpu_hour(cand.name)
+        if cand is product or cand_price is None or cand_price >= price:
+            continue
+        fits = cand.memory_mib >= fb_mib and share * product.tflops <= cand.tflops * policy.rightsizing.busy_share
+        if fits and (best is None or cand_price < best[1]):
+            best = (cand, cand_price)
+    return best
+
+
+def _verdicts_over_time(usage: WorkloadUsage, policy: ReportPolicy) -> list[VerdictShare]:
+    """Diagnose each hour's mean signals; the share of hours per verdict, with one hour's explanation."""
+    if not usage.block_counts:
+        return []
+    blocks = len(next(iter(usage.block_counts.values())))
+    counts: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    for b in range(blocks):
+        values = {
+            f: usage.block_sums[f][b] / usage.block_counts[f][b]
+            for f in usage.block_counts
+            if usage.block_counts[f][b] > 0
+        }
+        if not values:
+            continue
+        verdict = _diagnose_rounded(tuple(sorted((f, round(float(v), 3)) for f, v in values.items())), policy)
+        counts[verdict.code.value] += 1
+        examples.setdefault(verdict.code.value, verdict.explanation)
+    total = sum(counts.values())
+    return [
+        VerdictShare(code=code, share=_r(n / total, 3), hours=n, example=examples[code])
+        for code, n in counts.most_common()
+    ]
+
+
+_MEMO: dict[tuple[int, tuple[tuple[str, float], ...]], object] = {}
+_POLICIES: dict[int, object] = {}  # NB: holds each policy the memo is keyed by, so its id is never reused
+
+
+def _diagnose_rounded(values: tuple[tuple[str, float], ...], policy: ReportPolicy):
+    """``diagnose`` of block means rounded to 0.001 (well inside every threshold's precision), memoised per
+    policy: a long window gives a workload hundreds of near-identical blocks."""
+    key = (id(policy.diagnosis), values)
+    verdict = _MEMO.get(key)
+    if verdict is None:
+        if len(_MEMO) > 100_000:
+            _MEMO.clear()
+            _POLICIES.clear()
+        _POLICIES[id(policy.diagnosis)] = policy.diagnosis
+        verdict = _MEMO[key] = diagnose(GpuSignals.model_validate(dict(values)), policy.diagnosis)
+    return verdict
+
+
+def _diagnosis_recs(verdicts: list[VerdictShare], policy: ReportPolicy) -> list[Recommendation]:
+    out = []
+    texts = policy.diagnosis.diagnosis.verdicts
+    for v in verdicts:
+        code = VerdictCode(v.code)
+        if code in _NOT_RECOMMENDED or v.share < _DIAGNOSIS_MIN_SHARE:
+            continue
+        text = texts[code]
+        severity = text.severity.value if text.severity.value != "ok" else "info"
+        title = "tensor cores idle: check precision" if code is VerdictCode.PRECISION else code.value
+        out.append(
+            Recommendation(
+                kind="diagnosis",
+                severity=severity,  # type: ignore[arg-type]
+                short=f"{v.code} {v.share:.0%}",
+                summary=f"{title} in {v.share:.0%} of hours: {text.next_step}",
+                evidence={"verdict": v.code, "share": v.share, "hours": v.hours, "example": v.example},
+            )
+        )
+    return out

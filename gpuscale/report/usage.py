@@ -1,0 +1,284 @@
+"""From a History to what each workload used: per-workload accumulators in one pass over the GPUs.
+
+Pure. For every GPU, every pod that held it in the window contributes the steps it held it: its samples
+go into the workload's decaying histograms (one per signal), its busy/held flags into per-pod step arrays
+(how many of a pod's GPUs were busy at once), and its activity into GPU-hours. Nothing keeps the samples
+themselves: memory is the histograms plus two float32 arrays per pod.
+
+Definitions (docs/report.md says the same):
+
+* **activity** of a GPU-step, 0–1: SM_ACTIVE when reported, else GR_ENGINE_ACTIVE, else GPU_UTIL / 100.
+  The fallbacks are upper bounds of SM activity (a resident kernel is not a busy SM), so a downsizing
+  read from them is never optimistic.
+* **busy** GPU-step: above the diagnosis policy's idle thresholds (GPU_UTIL > ``idle.busy_percent`` or
+  SM_ACTIVE > ``idle.sm_active`` or GR_ENGINE_ACTIVE > ``idle.busy_percent`` / 100).
+* **held** GPU-step: a pod label was on the GPU's series at that step and some signal was sampled.
+  Steps without any sample (gaps, DCGM blanks, NaN) count nowhere; the report states the coverage.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuscale.metrics.history import GpuHistory, History, Owner, PodRef
+from gpuscale.report.stats import COUNT, MEMORY_MIB, PERCENT, Buckets, DecayingHistogram
+
+# Report signal → (history field, scale to the histogram's unit, buckets).
+SIGNALS: dict[str, tuple[str, float, Buckets]] = {
+    "gpu_util_percent": ("gpu_util_percent", 1.0, PERCENT),
+    "sm_active_percent": ("sm_active", 100.0, PERCENT),
+    "tensor_active_percent": ("tensor_active", 100.0, PERCENT),
+    "dram_active_percent": ("dram_active", 100.0, PERCENT),
+    "activity_percent": ("", 100.0, PERCENT),  # the activity as defined above
+    "fb_used_mib": ("fb_used_mib", 1.0, MEMORY_MIB),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadKey:
+    namespace: str
+    kind: str
+    name: str
+
+
+@dataclass(slots=True)
+class GpuActivity:
+    """One GPU's derived per-step arrays."""
+
+    activity: np.ndarray  # float32, 0–1, NaN = no sample
+    busy: np.ndarray  # bool
+    sampled: np.ndarray  # bool: some activity signal present
+    source: str  # which field the activity mostly came from
+
+
+def activity_of(gpu: GpuHistory, *, idle_busy_percent: float, idle_sm_active: float) -> GpuActivity:
+    steps = len(gpu.pod)
+    sm = gpu.values.get("sm_active")
+    gr = gpu.values.get("gr_engine_active")
+    util = gpu.values.get("gpu_util_percent")
+    nan = np.full(steps, np.nan, dtype=np.float32) if sm is None or gr is None or util is None else None
+    sm_nan = np.isnan(sm) if sm is not None else np.ones(steps, dtype=bool)
+    if sm is not None and not sm_nan.any() and sm.min() >= 0.0 and sm.max() <= 1.0:
+        activity = sm  # NB: the same array: its histogram is counted once (``_add_gpu``)
+    else:
+        from_util = util / np.float32(100.0) if util is not None else nan
+        fallback = np.where(~np.isnan(gr), gr, from_util) if gr is not None else from_util
+        activity = np.where(~sm_nan, sm, fallback) if sm is not None else fallback
+        activity = np.clip(activity, 0.0, 1.0).astype(np.float32)
+    # busy: above any idle threshold, for the signals present (NaN compares False)
+    busy = np.zeros(steps, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        for values, threshold in ((util, idle_busy_percent), (sm, idle_sm_active), (gr, idle_busy_percent / 100.0)):
+            if values is not None:
+                busy |= values > threshold
+    sampled = ~np.isnan(activity)
+    counts = {
+        "SM_ACTIVE": int(steps - sm_nan.sum()),
+        "GR_ENGINE_ACTIVE": int((~np.isnan(gr)).sum()) if gr is not None else 0,
+    }
+    counts["GPU_UTIL"] = int(sampled.sum()) - counts["SM_ACTIVE"] - counts["GR_ENGINE_ACTIVE"]
+    source = max(counts, key=lambda k: counts[k]) if sampled.any() else "none"
+    return GpuActivity(activity, busy & sampled, sampled, source)
+
+
+@dataclass(slots=True)
+class PodSteps:
+    held: np.ndarray  # float32[steps]: GPUs held at each step
+    busy: np.ndarray  # float32[steps]: of which busy
+    fb_mib: np.ndarray  # float32[steps]: FB used summed over the pod's GPUs (NaN-free)
+
+
+@dataclass(slots=True)
+class WorkloadUsage:
+    key: WorkloadKey
+    owner_source: str
+    histograms: dict[str, DecayingHistogram]
+    pods: dict[int, PodSteps] = field(default_factory=dict)
+    products: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    pools: set[str] = field(default_factory=set)
+    gpus: set[str] = field(default_factory=set)
+    activity_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # per hour block: summed signals and their counts, for the diagnosis over time
+    block_sums: dict[str, np.ndarray] = field(default_factory=dict)
+    block_counts: dict[str, np.ndarray] = field(default_factory=dict)
+    allocated_steps_by_product: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    active_steps_by_product: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    # summary mode: the pod arrays are per chunk, so the grid samples are counted by the TSDB instead
+    samples: int | None = None
+    sample_seconds: float | None = None
+
+    @property
+    def product(self) -> str | None:
+        return max(self.products, key=lambda p: self.products[p]) if self.products else None
+
+    @property
+    def activity_source(self) -> str:
+        return max(self.activity_sources, key=lambda p: self.activity_sources[p]) if self.activity_sources else "none"
+
+    def held_any(self, steps: int) -> np.ndarray:
+        out = np.zeros(steps, dtype=bool)
+        for p in self.pods.values():
+            out |= p.held > 0
+        return out
+
+    def busy_total(self, steps: int) -> np.ndarray:
+        out = np.zeros(steps, dtype=np.float32)
+        for p in self.pods.values():
+            out += p.busy
+        return out
+
+
+# Verdicts over time: the diagnosis of each block's mean signals. An hour, or longer for long windows so a
+# workload gets at most MAX_BLOCKS diagnoses (a week of hours; 30 days → 5-hour blocks).
+BLOCK_SECONDS = 3600.0
+MAX_BLOCKS = 168
+
+
+def block_seconds(window_seconds: float) -> float:
+    return BLOCK_SECONDS * max(1.0, float(np.ceil(window_seconds / BLOCK_SECONDS / MAX_BLOCKS)))
+
+
+DIAGNOSED_FIELDS = ("gpu_util_percent", "sm_active", "tensor_active", "dram_active", "gr_engine_active", "fb_used_mib")
+
+
+def owner_of(history, pod: PodRef) -> Owner:
+    """The owner kube-state-metrics (or the Kubernetes API) gave, else the pod itself (a bare pod)."""
+    return history.owners.get(pod) or Owner("Pod", pod.name, "none")
+
+
+def new_usage(key: WorkloadKey, owner_source: str, *, half_life_seconds: float, reference: float) -> WorkloadUsage:
+    return WorkloadUsage(
+        key,
+        owner_source,
+        {
+            name: DecayingHistogram(b, half_life_seconds=half_life_seconds, reference=reference)
+            for name, (_, _, b) in SIGNALS.items()
+        }
+        | {"gpus_busy": DecayingHistogram(COUNT, half_life_seconds=half_life_seconds, reference=reference)},
+    )
+
+
+def collect(history: History, *, half_life_seconds: float, idle_busy_percent: float, idle_sm_active: float):
+    """Per workload usage, per GPU activity (in ``history.gpus`` order)."""
+    steps = history.steps
+    reference = history.end
+    decay = np.exp2((history.times() + history.step_seconds - reference) / half_life_seconds)
+    block = (np.arange(steps) * history.step_seconds // block_seconds(steps * history.step_seconds)).astype(np.int64)
+    blocks = int(block[-1]) + 1 if steps else 0
+    workloads: dict[WorkloadKey, WorkloadUsage] = {}
+    activities: list[GpuActivity] = []
+    for gpu in history.gpus:
+        act = activity_of(gpu, idle_busy_percent=idle_busy_percent, idle_sm_active=idle_sm_active)
+        activities.append(act)
+        held = (gpu.pod >= 0) & act.sampled
+        if not held.any():
+            continue
+        for pod_index in pods_of(gpu.pod, held):
+            mask = held & (gpu.pod == pod_index)
+            pod = history.pods[int(pod_index)]
+            owner = owner_of(history, pod)
+            key = WorkloadKey(pod.namespace, owner.kind, owner.name)
+            usage = workloads.get(key)
+            if usage is None:
+                usage = workloads[key] = new_usage(
+                    key, owner.source, half_life_seconds=half_life_seconds, reference=reference
+                )
+            _add_gpu(usage, gpu, act, mask, decay, block, blocks, int(pod_index), history)
+    for usage in workloads.values():
+        hist = usage.histograms["gpus_busy"]
+        for p in usage.pods.values():
+            # NB: counts are small integers: their bucket is the value itself (one bincount, no bucket arithmetic)
+            held = p.held > 0
+            full = bool(held.all())
+            busy = (p.busy if full else p.busy[held]).astype(np.intp)
+            if busy.size:
+                np.clip(busy, 0, hist.buckets.count - 1, out=busy)
+                counts = np.bincount(busy, weights=decay if full else decay[held], minlength=hist.buckets.count)
+                hist.add_counts(counts, int(busy.size), float(busy.max()))
+    return workloads, activities
+
+
+def _add_gpu(
+    usage: WorkloadUsage,
+    gpu: GpuHistory,
+    act: GpuActivity,
+    mask: np.ndarray,
+    decay: np.ndarray,
+    block: np.ndarray,
+    blocks: int,
+    pod_index: int,
+    history: History,
+) -> None:
+    steps = len(mask)
+    # NB: a GPU held by one pod all window (the common case) is read in place; otherwise the steps of this pod.
+    full = bool(mask.all())
+    w = decay if full else decay[mask]
+    counts_of: dict[int, np.ndarray] = {}  # id(array) → bucket weights: the activity is often SM_ACTIVE itself
+    for name, (fld, scale, _) in SIGNALS.items():
+        values = act.activity if name == "activity_percent" else gpu.values.get(fld)
+        if values is None:
+            continue
+        hist = usage.histograms[name]
+        known = counts_of.get(id(values))
+        if known is not None and scale == 100.0:
+            hist.add_counts(*known)
+            continue
+        counts_of[id(values)] = hist.add(values if full else values[mask], weights=w, scale=scale)
+    pod = usage.pods.get(pod_index)
+    if pod is None:
+        pod = usage.pods[pod_index] = PodSteps(
+            np.zeros(steps, np.float32), np.zeros(steps, np.float32), np.zeros(steps, np.float32)
+        )
+    pod.held += mask
+    pod.busy += mask & act.busy
+    fb = gpu.values.get("fb_used_mib")
+    if fb is not None:
+        pod.fb_mib += np.where(mask & ~np.isnan(fb), fb, np.float32(0.0))
+    product = gpu.product or "unknown"
+    held = int(mask.sum())
+    usage.products[product] += held
+    usage.pools.add(history.node_pools.get(gpu.node, gpu.node))
+    usage.gpus.add(gpu.key)
+    usage.activity_sources[act.source] += held
+    a = act.activity if full else act.activity[mask]
+    usage.allocated_steps_by_product[product] += float(held)
+    usage.active_steps_by_product[product] += float(a.sum(dtype=np.float64))
+    # Block sums for the verdicts over time: the steps of each block summed as a reshaped view.
+    length = steps // blocks if blocks and steps % blocks == 0 else 0
+    for fld in DIAGNOSED_FIELDS:
+        values = gpu.values.get(fld)
+        if values is None:
+            continue
+        v = values if full else np.where(mask, values, np.float32(np.nan))
+        if fld not in usage.block_sums:
+            usage.block_sums[fld] = np.zeros(blocks)
+            usage.block_counts[fld] = np.zeros(blocks)
+        ok = ~np.isnan(v)
+        if length and block[length - 1] == 0 and (length == steps or block[length] == 1):
+            usage.block_sums[fld] += np.nansum(v.reshape(blocks, length), axis=1, dtype=np.float64)
+            usage.block_counts[fld] += ok.reshape(blocks, length).sum(axis=1)
+        else:
+            usage.block_sums[fld] += np.bincount(block[ok], weights=v[ok].astype(np.float64), minlength=blocks)
+            usage.block_counts[fld] += np.bincount(block[ok], minlength=blocks)
+
+
+def pods_of(pod: np.ndarray, held: np.ndarray) -> list[int]:
+    """The pod indices in ``pod`` where ``held``; most GPUs are held by one pod all window (no sort then)."""
+    first = int(pod[held][0]) if held.any() else -1
+    if first < 0 and not held.any():
+        return []
+    if (np.where(held, pod, first) == first).all():
+        return [first]
+    return [int(p) for p in np.unique(pod[held])]
+
+
+def longest_run(flags: np.ndarray) -> int:
+    """The length of the longest run of True in ``flags``."""
+    if not flags.any():
+        return 0
+    padded = np.concatenate(([False], flags, [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return int((edges[1::2] - edges[::2]).max())

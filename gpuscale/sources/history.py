@@ -1,0 +1,392 @@
+"""History from a Prometheus-compatible range API (Prometheus, VictoriaMetrics, Thanos, Mimir): ``fetch_history``.
+
+What is asked, and why it stays bounded
+---------------------------------------
+* **Which GPUs.** One ``/api/v1/label/Hostname/values`` call lists the nodes with DCGM series in the window;
+  the range queries then go out in **series batches** (``series_batch`` nodes per query, as
+  ``FIELD{Hostname=~"n1|n2|…"}``) and **time chunks** (at most ``max_points`` steps per query: Prometheus
+  refuses more than 11,000 points per series). Each answer is decoded straight into the History's float32
+  arrays and dropped, so memory is the grid (GPUs × steps × fields × 4 bytes) plus one answer.
+* **Refusals split the work.** A "too many samples / points / series" answer (HTTP 422 or 400 from
+  Prometheus' ``query.max-samples``, VictoriaMetrics' ``-search.max*``) halves the chunk — first the node
+  batch, then the time range — and asks again; at one node and one step it stops with the server's words.
+* **Retries.** Timeouts, refused connections and HTTP 429/5xx are retried ``retries`` times with doubling
+  backoff; then ``SourceUnavailable`` names the server, the query and the last error (exit 2, one line).
+* **Identity.** Four instant queries at the window's end, each ``last_over_time(X[window])`` so pods gone
+  before the end still answer: ``kube_pod_owner`` and ``kube_replicaset_owner`` (pod → ReplicaSet →
+  Deployment), ``kube_pod_container_resource_requests{resource="nvidia_com_gpu"}`` (GPUs requested, summed
+  over containers), ``kube_node_labels`` (the pool). Without kube-state-metrics, ``owners`` may come from the
+  Kubernetes API (the CLI passes what it listed); pods known to neither are bare pods, and the report says so.
+* **Which pod held a GPU.** The DCGM pod labels per series (``metrics/attribution``: ``exported_pod`` over
+  ``pod`` over ``pod_name``); a pod whose name matches ``exporter_pod_pattern`` is the exporter itself
+  (Prometheus' target labels on an idle GPU), not a workload.
+
+Visible gaps, never silent numbers: partial answers (``warnings``, VictoriaMetrics' ``isPartial``), a window
+that begins before the oldest sample (retention), a field no GPU reports — each becomes a line of
+``History.gaps``, which every report format prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from gpuscale.errors import SourceUnavailable, one_line
+from gpuscale.metrics.attribution import Target, attribute
+from gpuscale.metrics.history import FIELD_ALIASES, FIELDS, History, Owner, PodRef, clean, pool_of
+from gpuscale.model import format_duration
+
+DEFAULT_EXPORTER_POD = r"(nvidia-)?dcgm-exporter.*"
+_TOO_LARGE = re.compile(
+    r"too many|exceeded maximum resolution|max-samples|maxSamples|cannot select more than|"
+    r"search\.max|more than .* (points|series|samples)|query processing would load",
+    re.IGNORECASE,
+)
+_RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+class _TooLarge(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class FetchOptions:
+    timeout_seconds: float = 60.0
+    retries: int = 3
+    backoff_seconds: float = 1.0
+    max_points: int = 10_000
+    series_batch: int = 50
+    concurrency: int = 4
+    exporter_pod_pattern: str = DEFAULT_EXPORTER_POD
+
+
+class RangeClient:
+    """The few Prometheus HTTP API calls the report makes, with retries and clear errors."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        session: aiohttp.ClientSession,
+        options: FetchOptions,
+        headers: Mapping[str, str] | None = None,
+        ssl_context: Any = None,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._session = session
+        self._options = options
+        self._headers = dict(headers or {})
+        self._ssl = ssl_context
+        self._sleep = sleep
+        self.queries = 0
+        self.warnings: list[str] = []
+
+    async def _call(self, path: str, form: dict[str, str], *, method: str = "POST") -> Any:
+        o = self._options
+        last = ""
+        for attempt in range(o.retries + 1):
+            if attempt:
+                await self._sleep(o.backoff_seconds * 2 ** (attempt - 1))
+            self.queries += 1
+            try:
+                # NB: POST form data (no URL length limit) where the API allows it; label values are GET only.
+                async with self._session.request(
+                    method,
+                    self.url + path,
+                    data=form if method == "POST" else None,
+                    params=form if method == "GET" else None,
+                    headers=self._headers,
+                    ssl=self._ssl,
+                    timeout=aiohttp.ClientTimeout(total=o.timeout_seconds),
+                ) as resp:
+                    text = await resp.text(errors="replace")
+                    status = resp.status
+            except TimeoutError:
+                last = f"timed out after {o.timeout_seconds:g}s"
+                continue
+            except aiohttp.ClientError as e:
+                last = f"{type(e).__name__}: {e}"
+                continue
+            try:
+                body = json.loads(text)
+            except ValueError:
+                body = None
+            error = body.get("error") if isinstance(body, dict) else None
+            message = one_line(str(error or text), 300)
+            if status in (400, 422, 503) and _TOO_LARGE.search(message):
+                raise _TooLarge(message)
+            if status in _RETRY_STATUS:
+                last = f"HTTP {status}: {message}"
+                continue
+            if status != 200 or not isinstance(body, dict) or body.get("status") != "success":
+                raise SourceUnavailable(
+                    self.url, f"{path} {_short(form)} refused: HTTP {status}: {message}", kind="http_status"
+                )
+            for w in body.get("warnings") or []:
+                self.warnings.append(f"{_short(form)}: {one_line(str(w), 200)}")
+            if body.get("isPartial"):
+                self.warnings.append(f"{_short(form)}: the server answered with partial data (isPartial)")
+            return body.get("data")
+        raise SourceUnavailable(
+            self.url,
+            f"{path} {_short(form)} failed after {o.retries + 1} attempts: {last}",
+            kind="timeout" if "timed out" in last else "connection",
+        )
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        data = await self._call(
+            "/api/v1/query_range",
+            {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}", "nocache": "1"},
+        )
+        return _result(data, self.url, promql)
+
+    async def query(self, promql: str, *, at: float) -> list[dict[str, Any]]:
+        data = await self._call("/api/v1/query", {"query": promql, "time": f"{at:.3f}", "nocache": "1"})
+        return _result(data, self.url, promql)
+
+    async def label_values(self, label: str, *, match: str, start: float, end: float) -> list[str]:
+        data = await self._call(
+            f"/api/v1/label/{label}/values",
+            {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"},
+            method="GET",
+        )
+        if not isinstance(data, list):
+            raise SourceUnavailable(self.url, f"label values of {label}: not a list", kind="malformed")
+        return [str(v) for v in data]
+
+
+def _short(form: Mapping[str, str]) -> str:
+    return one_line(form.get("query") or form.get("match[]") or "", 160)
+
+
+def _result(data: Any, url: str, promql: str) -> list[dict[str, Any]]:
+    if not isinstance(data, dict) or not isinstance(data.get("result"), list):
+        raise SourceUnavailable(url, f"{one_line(promql, 120)}: the answer has no result list", kind="malformed")
+    return data["result"]
+
+
+def _regex_alternatives(values: Iterable[str]) -> str:
+    return "|".join(re.escape(v).replace("\\", "\\\\").replace('"', '\\"') for v in values)
+
+
+class Progress:
+    """A progress bar on a terminal (rich), nothing otherwise."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self._bar = None
+        if enabled and total:
+            from rich.console import Console
+            from rich.progress import Progress as RichProgress
+
+            # NB: on stderr: stdout carries the report (often piped into a file or jq)
+            self._bar = RichProgress(transient=True, console=Console(stderr=True))
+            self._task = self._bar.add_task("fetching history", total=total)
+            self._bar.start()
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+async def fetch_history(
+    client: RangeClient,
+    *,
+    start: float,
+    end: float,
+    step: float,
+    options: FetchOptions,
+    progress: bool | None = None,
+) -> History:
+    """The DCGM fields and workload identity over [start, end) at ``step`` (module docstring)."""
+    start = float(np.floor(start / step) * step)
+    steps = int(np.ceil((end - start) / step))
+    history = History(start=start, step_seconds=step, steps=steps, source=client.url)
+    nodes = await client.label_values(
+        "Hostname", match='{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_.*|DCGM_FI_DEV_FB_USED"}', start=start, end=end
+    )
+    batches: list[list[str] | None] = (
+        [nodes[i : i + options.series_batch] for i in range(0, len(nodes), options.series_batch)] if nodes else [None]
+    )
+    if not nodes:
+        history.gaps.append("no Hostname label on the DCGM series: fetched without series batching")
+    chunk = options.max_points * step
+    chunks = [(t, min(t + chunk, start + steps * step)) for t in np.arange(start, start + steps * step, chunk)]
+    names = [(fld, name) for fld, name in FIELDS.items()] + [
+        (fld, alias) for fld, aliases in FIELD_ALIASES.items() for alias in aliases
+    ]
+    work = [(fld, name, batch, c) for fld, name in names for batch in batches for c in chunks]
+    bar = Progress(len(work), enabled=sys.stderr.isatty() if progress is None else progress)
+    state = _Decoder(history, options)
+    semaphore = asyncio.Semaphore(options.concurrency)
+
+    async def one(fld: str, name: str, batch: list[str] | None, c: tuple[float, float]) -> None:
+        async with semaphore:
+            await _fetch_split(client, state, fld, name, batch, c[0], c[1], step)
+        bar.advance()
+
+    try:
+        await asyncio.gather(*(one(*w) for w in work))
+        await _identity(client, history, at=start + steps * step, window=steps * step)
+    finally:
+        bar.close()
+    state.finish(names)
+    history.gaps += [f"partial answer: {w}" for w in client.warnings]
+    return history
+
+
+async def _fetch_split(
+    client: RangeClient,
+    state: _Decoder,
+    fld: str,
+    name: str,
+    batch: list[str] | None,
+    t0: float,
+    t1: float,
+    step: float,
+) -> None:
+    selector = f'{name}{{Hostname=~"{_regex_alternatives(batch)}"}}' if batch else name
+    try:
+        # NB: end is the last step's start: query_range includes both ends.
+        result = await client.query_range(selector, start=t0, end=t1 - step, step=step)
+    except _TooLarge as e:
+        if batch and len(batch) > 1:
+            half = len(batch) // 2
+            for part in (batch[:half], batch[half:]):
+                await _fetch_split(client, state, fld, name, part, t0, t1, step)
+            return
+        if t1 - t0 > step:
+            mid = t0 + np.floor((t1 - t0) / step / 2) * step
+            await _fetch_split(client, state, fld, name, batch, t0, mid, step)
+            await _fetch_split(client, state, fld, name, batch, mid, t1, step)
+            return
+        raise SourceUnavailable(
+            client.url, f"refuses even one step of {name} for one node: {e} (raise its limits)", kind="too_large"
+        ) from None
+    state.add(fld, name, result)
+
+
+class _Decoder:
+    """Places range-query answers on the History's grid."""
+
+    def __init__(self, history: History, options: FetchOptions) -> None:
+        self.h = history
+        self._exporter = re.compile(options.exporter_pod_pattern)
+        self._gpus: dict[tuple[str, ...], Any] = {}
+        self._seen: dict[str, int] = {}
+        self.first_sample = np.inf
+
+    def add(self, fld: str, name: str, result: list[dict[str, Any]]) -> None:
+        h = self.h
+        for series in result:
+            labels = series.get("metric") or {}
+            values = series.get("values") or []
+            if not values:
+                continue
+            device = attribute(name, labels, Target(url=""))
+            pod_ref = device.pod
+            if pod_ref is not None and self._exporter.fullmatch(pod_ref.name):
+                pod_ref = None  # the exporter's own target labels on an idle GPU
+            key = device.key[:4]
+            gpu = self._gpus.get(key)
+            if gpu is None:
+                uuid = device.key[2] or "?"
+                mig = labels.get("GPU_I_ID")
+                gpu = self._gpus[key] = h.new_gpu(
+                    f"{uuid}/{mig}" if mig else uuid,
+                    node=device.node or labels.get("instance", "unknown"),
+                    product=labels.get("modelName") or None,
+                    mig_profile=labels.get("GPU_I_PROFILE") or None,
+                )
+            ts = np.fromiter((float(p[0]) for p in values), dtype=np.float64, count=len(values))
+            vs = clean(np.array([p[1] for p in values], dtype=np.float64))
+            idx = np.rint((ts - h.start) / h.step_seconds).astype(np.int64)
+            ok = (idx >= 0) & (idx < h.steps)
+            idx, vs = idx[ok], vs[ok]
+            if idx.size:
+                self.first_sample = min(self.first_sample, float(ts[ok][0]))
+            arr = gpu.values.get(fld)
+            if arr is None:
+                arr = gpu.values[fld] = h.empty_field()
+            fill = np.isnan(arr[idx])  # NB: an alias never overwrites the newer spelling's samples
+            arr[idx[fill]] = vs[fill]
+            if pod_ref is not None:
+                pi = h.pod_index(PodRef(pod_ref.namespace or "", pod_ref.name))
+                gpu.pod[idx] = pi
+            self._seen[fld] = self._seen.get(fld, 0) + 1
+
+    def finish(self, names: list[tuple[str, str]]) -> None:
+        h = self.h
+        if not h.gpus:
+            h.gaps.append("no DCGM series in the window: is dcgm-exporter scraped by this server?")
+            return
+        missing = sorted({FIELDS[f] for f, _ in names if f not in self._seen})
+        if missing:
+            h.gaps.append(f"not reported by any GPU: {', '.join(missing)}")
+        if np.isfinite(self.first_sample) and self.first_sample > h.start + 2 * h.step_seconds:
+            lost = self.first_sample - h.start
+            h.gaps.append(
+                f"no samples in the first {format_duration(lost)} of the window: the server's retention (or the "
+                "exporters' start) is shorter than the window"
+            )
+
+
+def _pod_of(labels: Mapping[str, str]) -> PodRef | None:
+    for pod_key, ns_key in (("exported_pod", "exported_namespace"), ("pod", "namespace")):
+        if labels.get(pod_key) and labels.get(ns_key):
+            return PodRef(labels[ns_key], labels[pod_key])
+    return None
+
+
+async def _identity(client: RangeClient, history: History, *, at: float, window: float) -> None:
+    """Owners, GPU requests and node pools from kube-state-metrics, when the server has them."""
+    w = format_duration(window)
+    owners, rs_owners, requests, node_labels = await asyncio.gather(
+        client.query(f"last_over_time(kube_pod_owner[{w}])", at=at),
+        client.query(f"last_over_time(kube_replicaset_owner[{w}])", at=at),
+        client.query(f'last_over_time(kube_pod_container_resource_requests{{resource="nvidia_com_gpu"}}[{w}])', at=at),
+        client.query(f"last_over_time(kube_node_labels[{w}])", at=at),
+    )
+    deployments: dict[tuple[str, str], tuple[str, str]] = {}
+    for s in rs_owners:
+        m = s.get("metric", {})
+        ns = m.get("exported_namespace") or m.get("namespace")
+        if ns and m.get("replicaset") and m.get("owner_kind") not in (None, "", "<none>"):
+            deployments[(ns, m["replicaset"])] = (m["owner_kind"], m.get("owner_name", ""))
+    for s in owners:
+        m = s.get("metric", {})
+        ref = _pod_of(m)
+        if ref is None:
+            continue
+        kind, name = m.get("owner_kind", ""), m.get("owner_name", "")
+        if kind in ("", "<none>"):
+            history.owners[ref] = Owner("Pod", ref.name)
+            continue
+        if kind == "ReplicaSet" and (ref.namespace, name) in deployments:
+            kind, name = deployments[(ref.namespace, name)]
+        history.owners[ref] = Owner(kind, name)
+    for s in requests:
+        ref = _pod_of(s.get("metric", {}))
+        if ref is not None:
+            history.requests[ref] = history.requests.get(ref, 0.0) + float(s["value"][1])
+    for s in node_labels:
+        m = s.get("metric", {})
+        node, pool = m.get("node"), pool_of(m)
+        if node and pool:
+            history.node_pools[node] = pool
+    if not owners:
+        history.gaps.append("no kube_pod_owner (kube-state-metrics) in the window: owners from the Kubernetes API")
+    if not requests:
+        history.gaps.append("no GPU requests from kube-state-metrics: requests are the GPUs seen per pod")

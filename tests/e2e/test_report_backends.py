@@ -1,0 +1,160 @@
+"""`gpuscale report` end to end against a real Prometheus (history loaded with ``promtool tsdb
+create-blocks-from openmetrics``) and a real VictoriaMetrics (``/api/v1/import``): the same fleet with known
+answers (tests/report/fleet.py), the same report from both, and ``--export`` / ``--from`` reproducing it offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from tests.e2e.backends import Backend, Backends, require
+from tests.report.fleet import fleet, openmetrics, vm_import
+
+pytestmark = [pytest.mark.e2e]
+
+HOURS = 6
+# Whole hours, an hour back: inside VictoriaMetrics' 1-day retention and clear of its 30 s latency offset.
+END = (int(time.time()) // 3600 - 1) * 3600
+
+
+def report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuscale", "report", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def fetch_json(url: str, *extra: str) -> dict:
+    done = report(
+        "--prometheus-url", url, "--end", str(END), "--window", f"{HOURS}h", "--step", "1m", "-o", "json", *extra
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+async def prometheus_with_blocks(backends: Backends, tmp_path) -> Backend:
+    promtool = require(__import__("shutil").which("promtool"), "promtool")
+    text = tmp_path / "history.om"
+    with text.open("w") as f:
+        f.writelines(openmetrics(fleet(end=END, hours=HOURS)))
+    data = backends.workdir / "prometheus" / "data"
+    data.mkdir(parents=True)
+    subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(text), str(data)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    prom = await backends.prometheus([])
+    await prom.wait_until(lambda: _ready(prom, "/-/ready"), what="ready")
+    return prom
+
+
+async def victoria_metrics_imported(backends: Backends) -> Backend:
+    vm = await backends.victoria_metrics([])
+    await vm.wait_until(lambda: _ready(vm, "/health"), what="healthy")
+    body = "".join(vm_import(fleet(end=END, hours=HOURS))).encode()
+    async with aiohttp.ClientSession() as s:
+        async with s.post(vm.url + "/api/v1/import", data=body) as resp:
+            assert resp.status == 204, await resp.text()
+        async with s.get(vm.url + "/internal/force_flush") as resp:
+            assert resp.status == 200
+
+    async def loaded() -> bool:
+        result = await vm.get_json(f"/api/v1/series?match[]=DCGM_FI_DEV_GPU_UTIL&start={END - 3600}&end={END}")
+        return len(result.get("data", [])) == 6
+
+    await vm.wait_until(loaded, what="the imported series")
+    return vm
+
+
+async def _ready(backend: Backend, path: str) -> bool:
+    session = await backend._http()
+    async with session.get(backend.url + path) as resp:
+        return resp.status == 200
+
+
+def check_known_answers(r: dict) -> None:
+    assert r["schema"] == "gpuscale.io/report/v1"
+    by_name = {w["name"]: w for w in r["workloads"]}
+    assert set(by_name) == {"trainer", "infer"}
+    trainer, infer = by_name["trainer"], by_name["infer"]
+    assert (trainer["kind"], trainer["gpus_requested_per_pod"], trainer["requests_source"]) == (
+        "Deployment",
+        4.0,
+        "kube-state-metrics",
+    )
+    (fewer,) = [x for x in trainer["recommendations"] if x["kind"] == "fewer-gpus"]
+    assert fewer["evidence"]["recommended"] == 1
+    assert infer["kind"] == "StatefulSet"
+    (mig,) = [x for x in infer["recommendations"] if x["kind"] == "mig-profile"]
+    assert mig["evidence"]["resource"] == "nvidia.com/mig-1g.10gb"
+    pools = {p["name"]: p["cost"] for p in r["pools"]}
+    assert pools["gpu-ondemand"]["allocated_hours"] == pytest.approx(4 * HOURS)
+    assert pools["gpu-ondemand"]["active_hours"] == pytest.approx(0.7 * HOURS)
+    assert pools["gpu-spot"]["unallocated_hours"] == pytest.approx(HOURS)
+    assert r["total"]["idle_hours"] == pytest.approx((4 - 0.7) * HOURS + (1 - 0.08) * HOURS)
+    (xid,) = [i for i in r["incidents"] if i["kind"] == "xid"]
+    assert (xid["value"], xid["node"], xid["first_seen"]) == ("79", "node-b", END - HOURS * 3600 + 3600)
+
+
+def test_report_from_real_prometheus_and_victoria_metrics_and_from_an_export(tmp_path):
+    async def start():
+        backends = Backends(tmp_path / "backends")
+        prom = await prometheus_with_blocks(backends, tmp_path)
+        vm = await victoria_metrics_imported(backends)
+        return backends, prom, vm
+
+    backends, prom, vm = asyncio.run(start())
+    try:
+        exported = tmp_path / "history.npz"
+        from_prom = fetch_json(prom.url, "--export", str(exported))
+        check_known_answers(from_prom)
+        from_vm = fetch_json(vm.url)
+        check_known_answers(from_vm)
+        for r in (from_prom, from_vm):
+            r.pop("generated_at"), r.pop("source")
+        assert from_vm == from_prom
+
+        offline = report("--from", str(exported), "-o", "json")
+        assert offline.returncode == 0, offline.stderr
+        again = json.loads(offline.stdout)
+        again.pop("generated_at"), again.pop("source")
+        assert again == from_prom
+
+        # Summary mode on the same data: what it calls exact is exactly raw mode's figures.
+        for url in (prom.url, vm.url):
+            summary = fetch_json(url, "--mode", "summary", "--chunk", "1h")
+            assert summary["mode"] == "summary"
+            check_known_answers(summary)
+            assert summary["total"] == from_prom["total"]
+            assert [p["cost"] for p in summary["pools"]] == [p["cost"] for p in from_prom["pools"]]
+            for w in summary["workloads"]:
+                (raw,) = [x for x in from_prom["workloads"] if x["name"] == w["name"]]
+                assert w["cost"] == raw["cost"]
+                assert {k: s["max"] for k, s in w["signals"].items()} == {
+                    k: s["max"] for k, s in raw["signals"].items()
+                }
+
+        table = report("--from", str(exported))
+        assert table.returncode == 0, table.stderr
+        assert max(len(line) for line in table.stdout.splitlines()) <= 120
+        assert "request 1 GPU per pod instead of 4" in table.stdout
+    finally:
+        asyncio.run(backends.stop())
+
+
+def test_a_backend_that_is_down_is_one_clear_line(tmp_path):
+    from tests.e2e.backends import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    done = report("--prometheus-url", url, "--window", "1h", "--retries", "0")
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"gpuscale report: {url}: ") and "Traceback" not in done.stderr
+    assert "failed after 1 attempts" in done.stderr

@@ -1,0 +1,103 @@
+"""`-o html` as a person sees it: one self-contained file, rendered by headless Chromium with no network, whose
+screenshot shows the three charts; and a clear one-line error when the ``html`` extra is not installed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gpuscale.report.build import build_report
+from gpuscale.report.html import ACTIVE_COLOUR, ALLOCATED_COLOUR, IDLE_COLOUR
+from gpuscale.report.policy import load_report_policy
+from gpuscale.sources.history_file import export_history
+from tests.report.histories import add_pod, constant, history
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
+
+
+def sample_history():
+    h = history(hours=24)
+    h.node_pools = {"node-a": "ondemand", "node-b": "spot"}
+
+    def daily(g, t):  # busy by day, idle by night
+        sm = np.where((t // 3600) % 24 < 12, 0.6, 0.02)
+        return {"sm_active": sm, "gpu_util_percent": sm * 150, "fb_used_mib": np.full(t.shape, 20_000.0)}
+
+    add_pod(h, pod="trainer-0", owner=("Job", "trainer"), requests=4, gpus=4, values=daily)
+    add_pod(h, pod="infer-0", node="node-b", requests=1, values=constant(sm_active=0.05, fb_used_mib=7000))
+    return h
+
+
+def colour_pixels(png, hex_colour: str, tolerance: float = 0.04) -> int:
+    rgb = np.array([int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5)])
+    return int((np.abs(png[:, :, :3] - rgb).max(axis=2) < tolerance).sum())
+
+
+@pytest.mark.e2e
+def test_the_html_report_renders_its_charts_in_headless_chromium(tmp_path):
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is required (bash .ci/setup --test)"
+    from matplotlib.image import imread
+
+    from gpuscale.report.formatters import formatter
+
+    report = build_report(sample_history(), policy=load_report_policy(), generated_at=0)
+    page = tmp_path / "report.html"
+    page.write_text(formatter("html")(report))
+    text = page.read_text()
+    assert "<script" not in text and " src=" not in text and "<link" not in text  # nothing to fetch
+    assert text.count("<svg") == 3
+
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1280,4000",
+            page.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    png = imread(shot)
+    assert png.shape[0] >= 4000 and png.shape[1] >= 1280
+    # each chart is drawn: the timeline's active and allocated areas, the pools' idle bars, the bands
+    assert colour_pixels(png, ACTIVE_COLOUR) > 2000
+    assert colour_pixels(png, ALLOCATED_COLOUR) > 2000
+    assert colour_pixels(png, IDLE_COLOUR) > 2000
+    assert colour_pixels(png, "#440154") > 1000  # the 0–10 % band of the distribution
+    blank = (png[:, :, :3] > 0.97).all(axis=2).mean()
+    assert blank < 0.97, f"{blank:.1%} of the page is white"
+
+
+def test_without_the_html_extra_the_error_names_the_pip_command(tmp_path):
+    path = tmp_path / "h.npz"
+    export_history(sample_history(), path)
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from gpuscale.cli.main import main\n"
+        f"sys.exit(main(['report', '--from', {str(path)!r}, '-o', 'html']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "gpuscale report: -o html needs matplotlib, which a plain install leaves out: "
+        "pip install 'gpuscale[html]' (or use -o markdown / -o json)"
+    )

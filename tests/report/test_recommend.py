@@ -1,0 +1,151 @@
+"""Right-sizing on histories with known answers: what each workload needed and what it should ask for instead."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuscale.report.build import build_report
+from gpuscale.report.policy import load_report_policy
+from tests.report.histories import H100, add_pod, constant, history
+
+DOWNSIZING = {"fewer-gpus", "smaller-gpu", "mig-profile", "time-slicing", "scale-to-zero"}
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_report_policy()
+
+
+def only(report, name: str):
+    (w,) = [w for w in report.workloads if w.name == name]
+    return w
+
+
+def kinds(workload) -> set[str]:
+    return {r.kind for r in workload.recommendations}
+
+
+def test_a_pod_using_one_of_four_gpus_is_told_to_request_one(policy):
+    h = history(hours=48)
+
+    def values(g, t):  # GPU 0 works (SM 70 %), the other three sit idle with nothing allocated
+        busy = g == 0
+        return {
+            "gpu_util_percent": np.full(t.shape, 98.0 if busy else 0.0),
+            "sm_active": np.full(t.shape, 0.7 if busy else 0.0),
+            "fb_used_mib": np.full(t.shape, 30_000.0 if busy else 0.0),
+        }
+
+    add_pod(h, pod="train-0", owner=("Deployment", "trainer"), requests=4, gpus=4, values=values)
+    w = only(build_report(h, policy=policy, generated_at=0), "trainer")
+    (rec,) = [r for r in w.recommendations if r.kind == "fewer-gpus"]
+    assert rec.evidence["recommended"] == 1
+    assert rec.evidence["gpus_requested"] == 4 and rec.evidence["gpus_busy_max"] == 1
+    assert rec.severity == "critical"  # 3 of 4 GPUs freed
+    # 3 GPUs × 1 pod × H100 price × 730 h
+    assert rec.monthly_saving == pytest.approx(3 * policy.prices.per_gpu_hour(H100) * 730)
+    assert w.signals["gpus_busy"].max == 1 and w.signals["gpus_busy"].p50 == 1
+
+
+def test_memory_keeps_a_gpu_count_that_activity_alone_would_cut(policy):
+    h = history(hours=48)
+    # Two GPUs, only one busy, but 100 GiB in use over the pod: one 80 GB GPU cannot hold it.
+    add_pod(h, pod="p", requests=2, gpus=2, values=constant(gpu_util_percent=50, sm_active=0.3, fb_used_mib=52_000))
+    w = only(build_report(h, policy=policy, generated_at=0), "app")
+    assert "fewer-gpus" not in kinds(w)
+
+
+def test_small_memory_and_low_sm_fit_a_small_mig_profile(policy):
+    h = history(hours=72)
+    add_pod(h, pod="infer-0", requests=1, values=constant(gpu_util_percent=60, sm_active=0.08, fb_used_mib=7 * 1024))
+    w = only(build_report(h, policy=policy, generated_at=0), "app")
+    (mig,) = [r for r in w.recommendations if r.kind == "mig-profile"]
+    assert mig.evidence["resource"] in ("nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb")
+    assert mig.evidence["fb_peak_mib"] == 7 * 1024
+    assert mig.evidence["fb_needed_mib"] == pytest.approx(7 * 1024 * 1.15)
+    assert "time-slicing" in kinds(w)
+
+
+def test_twelve_hours_of_history_give_low_confidence_and_wide_bounds(policy):
+    def at(hours):
+        h = history(hours=hours)
+        add_pod(h, pod="p", requests=1, values=constant(gpu_util_percent=40, sm_active=0.4, fb_used_mib=20_000))
+        return only(build_report(h, policy=policy, generated_at=0), "app")
+
+    short, week = at(12), at(24 * 7)
+    assert short.confidence == pytest.approx(0.5)
+    assert week.confidence == pytest.approx(7.0)
+    s, w = short.signals["sm_active_percent"], week.signals["sm_active_percent"]
+    # VPA: upper = p95·(1 + margin)·(1 + 1/confidence): ×3 at 12 h, ×1.14 at a week
+    assert s.upper_bound == pytest.approx(min(100.0, s.p95 * 1.15 * 3), rel=1e-3)
+    assert w.upper_bound == pytest.approx(w.p95 * 1.15 * (1 + 1 / 7), rel=1e-3)
+    assert s.upper_bound - s.target > 3 * (w.upper_bound - w.target)
+    assert s.lower_bound < w.lower_bound
+
+
+def test_below_the_minimum_history_nothing_is_recommended(policy):
+    h = history(hours=2)
+    add_pod(h, pod="p", requests=4, gpus=4, values=constant(gpu_util_percent=0, sm_active=0.0, fb_used_mib=0))
+    w = only(build_report(h, policy=policy, generated_at=0), "app")
+    assert w.status == "not-enough-data"
+    assert kinds(w) == {"not-enough-data"}
+    assert "2.0 h" in w.recommendations[0].summary
+
+
+def test_a_busy_pod_is_never_downsized(policy):
+    h = history(hours=48)
+    add_pod(
+        h,
+        pod="busy-0",
+        requests=4,
+        gpus=4,
+        values=constant(gpu_util_percent=99, sm_active=0.92, tensor_active=0.6, fb_used_mib=70_000),
+    )
+    w = only(build_report(h, policy=policy, generated_at=0), "app")
+    assert w.busy
+    assert not kinds(w) & DOWNSIZING
+    assert "keep" in kinds(w)
+
+
+def test_an_inference_deployment_idle_for_hours_is_a_scale_to_zero_candidate(policy):
+    h = history(hours=24)
+
+    def values(g, t):  # busy in the first 6 hours, idle for the next 18
+        busy = t < 6 * 3600
+        return {"gpu_util_percent": np.where(busy, 90.0, 0.0), "sm_active": np.where(busy, 0.9, 0.0)}
+
+    add_pod(h, pod="p", requests=1, values=values)
+    w = only(build_report(h, policy=policy, generated_at=0), "app")
+    (rec,) = [r for r in w.recommendations if r.kind == "scale-to-zero"]
+    assert rec.evidence["longest_idle_hours"] == pytest.approx(18.0)
+    assert w.longest_idle_seconds == 18 * 3600
+
+
+def test_tensor_cores_idle_on_busy_sms_is_a_precision_finding(policy):
+    h = history(hours=24)
+    add_pod(h, pod="p", requests=1, values=constant(gpu_util_percent=99, sm_active=0.9, tensor_active=0.02))
+    w = only(build_report(h, policy=policy, generated_at=0), "app")
+    (rec,) = [r for r in w.recommendations if r.kind == "diagnosis"]
+    assert rec.evidence["verdict"] == "precision" and rec.evidence["share"] == 1.0
+    assert rec.summary.startswith("tensor cores idle: check precision")
+
+
+def test_a_deployment_is_the_union_of_its_pods_over_time(policy):
+    h = history(hours=24)
+    half = h.steps // 2
+    add_pod(h, pod="app-a", requests=1, held=slice(0, half), values=constant(gpu_util_percent=50, sm_active=0.2))
+    add_pod(h, pod="app-b", requests=1, held=slice(half, None), values=constant(gpu_util_percent=50, sm_active=0.6))
+    w = only(build_report(h, policy=policy, generated_at=0), "app")
+    assert w.pods == 2 and w.samples == h.steps and w.history_seconds == 24 * 3600
+    assert w.signals["sm_active_percent"].max == 60.0
+    assert w.signals["sm_active_percent"].p50 in (20.0, 60.0)
+
+
+def test_a_pod_without_owner_is_a_bare_pod_and_the_gap_says_so(policy):
+    h = history(hours=6)
+    add_pod(h, pod="lonely", owner=None, values=constant(gpu_util_percent=50, sm_active=0.5))
+    report = build_report(h, policy=policy, generated_at=0)
+    w = only(report, "lonely")
+    assert (w.kind, w.owner_source, w.requests_source) == ("Pod", "none", "observed")
+    assert any("without a known owner" in g and "ml/lonely" in g for g in report.gaps)
