@@ -12,12 +12,15 @@ iteration for every running sequence):
 - decode: one iteration emits a token for every running sequence and takes ``c + d·(KV tokens held)``
   seconds (weights read once per iteration, then every sequence's KV cache).
 
-Defaults: Llama-3-8B on one A100-SXM4-80GB, from microsoft/vidur's profiling tables
-(``data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv`` and the Llama-2-7B table beside it:
-4,096 prompt tokens take about 6.6 ms per layer in the linear layers, × 32 layers ≈ 0.21 s, i.e. ≈ 52 µs
-per prompt token; a decode batch of up to 128 tokens about 0.38 ms per layer, × 32 ≈ 12 ms per iteration),
-with the attention and KV terms from the model's shape: 32 layers × 8 KV heads × 128 dims × 2 (K, V) × 2
-bytes = 128 KiB of KV cache per token, read once per iteration at ≈ 1.5 TB/s (≈ 0.09 µs per KV token);
+Defaults: Llama-3-8B on one A100-SXM4-80GB. The linear-layer costs are microsoft/vidur's A100 profile of
+Llama-2-7B (``data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv``, median times per operator,
+as quoted in a public excerpt of that table: at 4,096 tokens attn_pre_proj 1.72 + mlp_up_proj 3.04 +
+mlp_down_proj 1.45 ms, + attn_post_proj ≈ 0.4 ms (missing in that row; 0.42 at 3,072 tokens) ≈ 6.6 ms
+per layer, × 32 layers ≈ 0.21 s, i.e. ≈ 52 µs per prompt token; at 128 tokens ≈ 0.38 ms per layer, × 32 ≈
+12 ms per decode iteration). NB: Llama-3-8B's linear layers do about 20 % more work than Llama-2-7B's, so
+prefill is, if anything, underestimated by that much. The
+attention and KV terms come from Llama-3-8B's shape: 32 layers × 8 KV heads × 128 dims × 2 (K, V) × 2 bytes
+= 128 KiB of KV cache per token, read once per iteration at ≈ 1.5 TB/s (≈ 0.09 µs per KV token);
 (80 GB × 0.9 − 16 GB of weights) / 128 KiB ≈ 430,000 tokens of KV cache; vLLM's default ``max_num_seqs``
 256. A model is a profile: pass your own numbers (they are flags of ``gpuscale simulate``).
 
