@@ -130,7 +130,9 @@ def test_cli_json_and_table(tmp_path, capsys):
     assert r["hpa"] == "queue" and r["requests"]["completed"] == 400 and r["gpu_hours"] > 0
     page = tmp_path / "out.html"
     assert main(["simulate", "--trace", str(trace), "--hpa", str(manifest), "--html", str(page)]) == 0
-    assert "queue" in capsys.readouterr().out and page.read_text().count("<svg") == 2
+    out = capsys.readouterr().out
+    assert "queue" in out and page.read_text().count("<svg") == 2
+    assert "queue: scaling events" in out or "queue: no scaling events" in out
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         HPA.format(name="b", metric="inference_queue_depth", target="4", max=4).replace(
