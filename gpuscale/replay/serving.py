@@ -29,7 +29,10 @@ completes, as Triton and vLLM do): GPU util = share of the last second with a ke
 at 100 as soon as one request runs); SM and tensor activity follow the batch's fill (decode at batch 1
 keeps about a fifth of the SMs busy and a full batch about 70 %, prefill about 90 %: illustrative
 numbers in the range of reference/gpu-metrics.md's fixtures, not measurements); queue depth = waiting
-requests; queue time, queue:compute ratio and requests/s over the catalogue's 60 s window.
+requests; queue time, queue:compute ratio, requests/s and prompt/generation tokens/s over the catalogue's
+60 s window; the LLM servers' batch size (running sequences), KV-cache usage (reserved share, percent) and
+TTFT p50/p95 (of the first tokens of the window; none when there were none, as a histogram quantile of an
+empty window is NaN and is not served).
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ class Counters:
     success: int = 0
     queue_s: float = 0.0
     compute_s: float = 0.0
+    prompt_tokens: int = 0  # counted when the prompt's prefill completes
+    generation_tokens: int = 0  # counted when the request completes
 
 
 @dataclass
@@ -94,6 +99,7 @@ class Replica:
     kv_base: float = 0.0  # Σ (input_i − start_iteration_i) over decoding requests
     counters: Counters = field(default_factory=Counters)
     busy_s: deque[tuple[float, float, float]] = field(default_factory=deque)  # (busy, sm·s, tensor·s) per step
+    first_tokens: deque[tuple[float, float]] = field(default_factory=deque)  # (when, TTFT s), for the TTFT histogram
 
     def ready(self, now: float) -> bool:
         return now >= self.ready_at and self.deleting_since is None
@@ -233,6 +239,8 @@ class ServingModel:
                     i = int(head[0])
                     r.prefill_tokens -= int(req.input[i])
                     req.first_token[i] = t + use
+                    r.counters.prompt_tokens += int(req.input[i])
+                    r.first_tokens.append((t + use, t + use - float(req.arrival[i])))
                     heapq.heappush(r.decoding, (r.iterations + float(req.output[i]), i))
                     r.n_decoding += 1
                     r.kv_base += float(req.input[i]) - r.iterations
@@ -267,6 +275,7 @@ class ServingModel:
                 c.success += 1
                 c.queue_s += req.admitted[i] - req.arrival[i]
                 c.compute_s += done_at - req.admitted[i]
+                c.generation_tokens += int(req.output[i])
             self._admit(r, done_at)
         r.busy_s.append((busy, sm, sm * p.tensor_per_sm))
         if len(r.busy_s) > max(1, round(1.0 / self.step_s)):
