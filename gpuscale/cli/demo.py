@@ -28,6 +28,7 @@ from gpuscale.model import format_quantity
 from gpuscale.replay.chart import write_html
 from gpuscale.settings import AdapterSettings, DemoSettings
 from gpuscale.sim.cluster import SimCluster
+from gpuscale.sim.llm import demo_llm_servers
 
 _COLUMNS = [
     ("gpu_utilization", "GPU util %"),
@@ -79,7 +80,11 @@ def _commands(server: str, kubeconfig: str, top: str) -> list[tuple[str, str]]:
             f"{raw} '/apis/custom.metrics.k8s.io/v1beta1/namespaces/nim/pods/*/gpu_sm_active'",
         ),
         (
-            "the util trap side by side: GPU util, SM active and the verdict per pod",
+            "…though its own metrics (NIM) show requests waiting with the KV cache a third full",
+            f"{raw} '/apis/custom.metrics.k8s.io/v1beta1/namespaces/nim/pods/*/inference_kv_cache_usage'",
+        ),
+        (
+            "the util trap side by side: GPU util, SM active, batch, KV cache, TTFT and the verdicts per pod",
             f"{top} -n nim --adapter-url {server}",
         ),
         ("power per node", f"{raw} '/apis/custom.metrics.k8s.io/v1beta1/nodes/*/gpu_power_watts'"),
@@ -133,7 +138,7 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
     config = settings.config
     if config is None and settings.policies is None:
         config = str(replay.catalogue_file(out_dir, refresh_s=settings.refresh_interval))
-    async with SimCluster() as cluster:
+    async with SimCluster(llm=demo_llm_servers()) as cluster:
         adapter = await start_adapter(
             AdapterSettings(
                 scrape_url=cluster.scrape_urls,

@@ -74,6 +74,26 @@ class LlmServer:
             raise ValueError("max_num_seqs and kv_cache_tokens must be >= 1")
 
 
+def demo_llm_servers() -> dict[str, LlmServer]:
+    """What the demo's ``nim/llama3-8b`` pods serve (``demo_scenario``): NIM for LLMs, Llama 3 8B on one H100.
+
+    Long RAG-style prompts (2k tokens, a slow prefill) and a batch cap of 64 sequences: near the diurnal peak a
+    few requests wait while the KV cache is a third full and the SMs less than half busy — the serving side of
+    the utilisation trap (``gpuscale top`` calls it batch-limited).
+    """
+    server = LlmServer(
+        format="nim",
+        model="meta/llama3-8b-instruct",
+        max_num_seqs=64,
+        kv_cache_tokens=400_000,
+        prompt_tokens=2048.0,
+        output_tokens=256.0,
+        ttft_s=0.4,
+        itl_s=0.02,
+    )
+    return {"nim/llama3-8b": server}
+
+
 @dataclass(frozen=True, slots=True)
 class LlmRates:
     """One replica at an instant: gauges, per-second counter increments and mean latencies."""
