@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shlex
 import sys
@@ -10,6 +11,7 @@ import time
 
 import pytest
 
+from gpuscale.model import parse_quantity
 from tests.e2e.test_kubectl import KUBECTL, run
 
 pytestmark = pytest.mark.e2e
@@ -56,20 +58,34 @@ async def test_demo_prints_working_kubectl_commands_and_live_values():
                 or '"kind":"ExternalMetricValueList"' in out
                 or ('"kind":"APIResourceList"' in out)
             ), out[:200]
-        # The util trap is shown side by side: the LLM pods' GPU util and SM active, then top with both columns.
+        # The util trap is shown side by side: the LLM pods' GPU util and SM active, then what the NIM server itself
+        # reports (its KV-cache usage, scraped from its own /metrics), then top with all of them.
         nim = [c for c in commands if "/namespaces/nim/pods/*/" in c]
-        assert [c.rsplit("/", 1)[1].rstrip("'") for c in nim] == ["gpu_utilization", "gpu_sm_active"], nim
+        metrics = [c.rsplit("/", 1)[1].rstrip("'") for c in nim]
+        assert metrics == ["gpu_utilization", "gpu_sm_active", "inference_kv_cache_usage"], nim
+        code, out, err = await run(KUBECTL, *shlex.split(nim[-1])[1:])
+        kv = {i["describedObject"]["name"]: parse_quantity(i["value"]) for i in json.loads(out)["items"]}
+        assert len(kv) == 2 and all(0 < v < 100 for v in kv.values()), out  # percent, from the NIM gauge
         assert any(" -n nim " in t for t in tops), tops
         for command in tops:
             code, out, err = await run(*shlex.split(command))
             assert code == 0, (command, err)
             header = out.splitlines()[0].split()
-            assert {"UTIL", "SM", "VERDICT"} <= set(header), out[:300]
-            assert "under-filled" in out, out
+            assert {"UTIL", "SM", "VERDICT", "QUEUE", "BATCH", "KV", "TTFT95", "SERVING"} <= set(header), out[:300]
+            nim_rows = [line.split() for line in out.splitlines() if "llama3-8b-" in line]
+            assert len(nim_rows) == 2, out
+            for row in nim_rows:
+                # NIM pods near the demo's diurnal peak: requests wait at a capped batch while SMs idle.
+                cells = dict(zip(header[-len(row) :], row, strict=True))
+                assert cells["VERDICT"] == "under-filled" and cells["SERVING"] == "batch-limited", out
+                assert int(cells["QUEUE"]) >= 1 and int(cells["BATCH"]) > 0, out
+                assert cells["KV"].endswith("%") and cells["TTFT95"].endswith("s"), out
         rest = (await asyncio.wait_for(proc.stdout.read(), 40)).decode()
         table = "".join(lines[-3:]) + rest
-        # The util trap is on screen: the LLM pods at 100 % GPU util.
-        assert re.search(r"nim/llama3-8b-\S+\s+│\s+100\.0", table), table[-2000:]
+        # The util trap is on screen: the LLM pods at 100 % GPU util, with the queue their NIM server reports.
+        nim_rows = re.findall(r"nim/llama3-8b-\S+\s+│\s+100\.0\s+│.*", table)
+        assert len(nim_rows) >= 2, table[-2000:]  # the first table and, after the replay, the last
+        assert all(float(row.split("│")[7]) >= 1 for row in nim_rows), nim_rows
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:
         if proc.returncode is None:
