@@ -294,7 +294,7 @@ def test_max_attempts_gives_up_once(sim, tmp_path) -> None:
     reconcile(sim, policy)
     fail(sim, requests(sim)[0], "Failed", T0)
     writes = reconcile(sim, policy, now=T0 + 3600)
-    assert [type(w) for w in writes] == [Patch, Emit] and writes[1].reason == "ProvisioningGaveUp"
+    assert [type(w) for w in writes] == [Emit] and writes[0].reason == "ProvisioningGaveUp"
     assert reconcile(sim, policy, now=T0 + 7200) == []
     assert len(requests(sim)) == 1
 
