@@ -228,6 +228,33 @@ def test_demand_from_the_owning_job_when_pods_do_not_exist(sim, policy) -> None:
     assert (gang.demand_from, gang.pod_count, gang.gpus) == ("job", 4, 16)
 
 
+def test_demand_from_a_volcano_jobs_tasks(sim, policy) -> None:
+    def task(name: str, replicas: int, gpus: int) -> dict:
+        limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+        container = {"name": name, "image": "t", "resources": {"limits": limits}}
+        return {"name": name, "replicas": replicas, "template": {"spec": {"containers": [container]}}}
+
+    vcjob = sim.create(
+        {
+            "apiVersion": "batch.volcano.sh/v1alpha1",
+            "kind": "Job",
+            "metadata": {"name": "mpi", "namespace": "ml"},
+            "spec": {"minAvailable": 5, "tasks": [task("launcher", 1, 0), task("worker", 4, 8)]},
+        }
+    )
+    group = volcano_group("mpi-group", gpus=32, members=5)
+    group["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "mpi", "uid": vcjob["metadata"]["uid"]}
+    ]
+    sim.create(group)
+    (gang,) = gangs_of(sim_view(sim, KINDS))
+    assert gang.demand_from == "job"
+    assert [(p.name, p.count, p.gpus_per_pod) for p in gang.pod_sets] == [("launcher", 1, 0), ("worker", 4, 8)]
+    reconcile(sim, policy)
+    (request,) = requests(sim)
+    assert [p["count"] for p in request["spec"]["podSets"]] == [1, 4]  # one request, a pod set per task
+
+
 def fail(sim: SimKubeApi, request: dict, condition: str, at: float) -> None:
     when = datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     sim.patch(
