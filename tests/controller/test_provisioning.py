@@ -74,9 +74,12 @@ def workload(name: str = "llm", *, checks: tuple[str, ...] = (), queue: str = ""
             "containers": [{"name": "w", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
         }
     }
-    status: dict[str, Any] = {"admissionChecks": [{"name": c, "state": "Pending"} for c in checks]}
+    status: dict[str, Any] = {
+        "admissionChecks": [{"name": c, "state": "Pending"} for c in checks],
+        "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"}],
+    }
     if admitted:
-        status["conditions"] = [{"type": "Admitted", "status": "True", "reason": "Admitted"}]
+        status["conditions"].append({"type": "Admitted", "status": "True", "reason": "Admitted"})
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "Workload",
@@ -175,6 +178,21 @@ def test_a_kueue_workload_not_admitted_without_that_check_gets_one(sim, policy) 
     writes = reconcile(sim, policy)
     assert {type(w) for w in writes} == {Delete} and "admitted or running" in writes[0].why
     assert requests(sim) == [] and sim.list("v1", "PodTemplate", namespace="ml") == []
+
+
+def test_a_kueue_workload_waiting_for_quota_gets_none(sim, policy) -> None:
+    waiting = workload("queued")
+    waiting["status"]["conditions"] = [
+        {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "couldn't assign flavors"}
+    ]
+    sim.create(waiting)
+    placement = workload("no-domain")
+    placement["status"]["conditions"] = [
+        {"type": "QuotaReserved", "status": "False", "reason": "TopologyPlacementFailed"}
+    ]
+    sim.create(placement)
+    reconcile(sim, policy)
+    assert [r["metadata"]["annotations"]["gpuscale.io/gang"] for r in requests(sim)] == ["Workload/ml/no-domain"]
 
 
 def test_coscheduling_pods_are_pointed_at_the_request(sim, policy) -> None:
