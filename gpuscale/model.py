@@ -17,6 +17,7 @@ POD = "Pod"
 NODE = "Node"
 NAMESPACE = "Namespace"
 DEPLOYMENT = "Deployment"
+RESOURCE_CLAIM = "ResourceClaim"  # resource.k8s.io: a DRA claim a GPU is allocated through
 STATEFULSET = "StatefulSet"
 
 

@@ -584,7 +584,7 @@ def _hpa_metrics(hpa) -> list[tuple[str, str, dict[str, Any]]]:
 
 def test_example_hpas_name_only_catalogue_metrics(render):
     hpas = find(render("examples"), "HorizontalPodAutoscaler")
-    assert len(hpas) == 3
+    assert len(hpas) == 4
     catalogue = _catalogue()
     for hpa in hpas:
         assert hpa["apiVersion"] == "autoscaling/v2"
@@ -610,6 +610,13 @@ def test_example_hpas_scale_on_the_documented_signals(render):
         ("Pods", "inference_queue_depth"),
         ("Pods", "gpu_tensor_active"),
     ]
+
+    vllm = hpas["vllm"]
+    assert [(k, n, s["target"]) for k, n, s in _hpa_metrics(vllm)] == [
+        ("Pods", "inference_queue_depth", {"type": "AverageValue", "averageValue": "4"}),
+        ("Pods", "inference_kv_cache_usage", {"type": "AverageValue", "averageValue": "80"}),
+    ]
+    assert vllm["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 600  # model loads are slow
 
     ((kind, name, external),) = _hpa_metrics(hpas["bert-qa-batch-consumer"])
     assert (kind, name) == ("External", "inference_queue_depth")

@@ -9,7 +9,14 @@ from __future__ import annotations
 from gpuscale.adapter.wire import CUSTOM_GROUP, CUSTOM_VERSIONS, EXTERNAL_GROUP, EXTERNAL_VERSIONS
 from gpuscale.metrics.catalogue import Catalogue
 
-NAMESPACED = {"pods": True, "deployments.apps": True, "statefulsets.apps": True, "nodes": False, "namespaces": False}
+NAMESPACED = {
+    "pods": True,
+    "deployments.apps": True,
+    "statefulsets.apps": True,
+    "resourceclaims.resource.k8s.io": True,
+    "nodes": False,
+    "namespaces": False,
+}
 
 
 def _group(name: str, versions: tuple[str, ...], preferred: str) -> dict:

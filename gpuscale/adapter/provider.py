@@ -19,11 +19,12 @@ from gpuscale.errors import MetricNotFound, MetricStale, ObjectNotFound, Selecto
 from gpuscale.metrics.aggregation import finish_parts, mean_of
 from gpuscale.metrics.catalogue import Catalogue, MetricDefinition
 from gpuscale.metrics.store import LabelledPart, MetricPoint, MetricsReader
-from gpuscale.model import DEPLOYMENT, NAMESPACE, NODE, POD, STATEFULSET, ObjectRef
+from gpuscale.model import DEPLOYMENT, NAMESPACE, NODE, POD, RESOURCE_CLAIM, STATEFULSET, ObjectRef
 from gpuscale.selectors import LabelSelector
 from gpuscale.sources.kube import ClusterObjects
 
 WORKLOAD_KINDS = {"deployments.apps": DEPLOYMENT, "statefulsets.apps": STATEFULSET}
+CLAIMS = "resourceclaims.resource.k8s.io"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +147,11 @@ class MetricsProvider:
             if self.cluster is not None and self.cluster.synced and self.cluster.pod(namespace, name) is None:
                 raise ObjectNotFound(f'pods "{name}" not found in namespace {namespace}')
             return self._collect(metric, [(obj, self._value(metric, obj, metric_selector))], f"pod {namespace}/{name}")
+        if resource == CLAIMS:
+            # NB: a claim is known from the DRA labels of the GPUs allocated through it (not watched).
+            obj = ObjectRef(RESOURCE_CLAIM, name, namespace)
+            what = f"resourceclaim {namespace}/{name}"
+            return self._collect(metric, [(obj, self._value(metric, obj, metric_selector))], what)
         kind = WORKLOAD_KINDS[resource]
         point = self._workload_value(metric, kind, namespace, name, metric_selector)
         obj = ObjectRef(kind, name, namespace)
@@ -173,6 +179,12 @@ class MetricsProvider:
             objs = self._select_nodes(selector)
         elif resource == "namespaces":
             objs = [o for o in self.store.objects(metric.name, NAMESPACE)]
+        elif resource == CLAIMS:
+            if not selector.is_empty:
+                raise SelectorError("resourceclaims are known from GPU series' DRA labels, not by labels: no selector")
+            assert namespace is not None
+            self._check_namespace(namespace)
+            objs = [o for o in self.store.objects(metric.name, RESOURCE_CLAIM) if o.namespace == namespace]
         else:
             assert namespace is not None
             self._check_namespace(namespace)

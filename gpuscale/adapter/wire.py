@@ -13,14 +13,14 @@ from functools import lru_cache
 from typing import Any
 
 from gpuscale.metrics.store import MetricPoint
-from gpuscale.model import DEPLOYMENT, STATEFULSET, ObjectRef, format_quantity, rfc3339
+from gpuscale.model import DEPLOYMENT, RESOURCE_CLAIM, STATEFULSET, ObjectRef, format_quantity, rfc3339
 
 CUSTOM_GROUP = "custom.metrics.k8s.io"
 EXTERNAL_GROUP = "external.metrics.k8s.io"
 CUSTOM_VERSIONS = ("v1beta1", "v1beta2")
 EXTERNAL_VERSIONS = ("v1beta1",)
 
-_API_VERSION = {DEPLOYMENT: "apps/v1", STATEFULSET: "apps/v1"}
+_API_VERSION = {DEPLOYMENT: "apps/v1", STATEFULSET: "apps/v1", RESOURCE_CLAIM: "resource.k8s.io/v1"}
 
 
 quantity = lru_cache(maxsize=65536)(format_quantity)

@@ -36,7 +36,14 @@ def _parser(prog: str = "gpuscale") -> tuple[argparse.ArgumentParser, dict[str, 
 
     simulate = sub.add_parser("simulate", help="replay a request trace through HPA manifests: cost, queue time, SLO")
     add_arguments(simulate, SimulateSettings)
-    return parser, {"adapter": adapter, "demo": demo, "top": top, "controller": controller, "report": report, "simulate": simulate}
+    return parser, {
+        "adapter": adapter,
+        "demo": demo,
+        "top": top,
+        "controller": controller,
+        "report": report,
+        "simulate": simulate,
+    }
 
 
 def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:

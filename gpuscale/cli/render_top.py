@@ -135,6 +135,9 @@ SORT_KEYS: dict[View, dict[str, SortKey]] = {
         "queue": lambda p: _desc(p.inference.queue_depth if p.inference else None),
         "ratio": lambda p: _desc(p.inference.queue_compute_ratio if p.inference else None),
         "rps": lambda p: _desc(p.inference.requests_per_second if p.inference else None),
+        "batch": lambda p: _desc(p.inference.batch_size if p.inference else None),
+        "kv": lambda p: _desc(p.inference.kv_cache_usage if p.inference else None),
+        "ttft": lambda p: _desc(p.inference.ttft_p95_seconds if p.inference else None),
         "verdict": lambda p: verdict_rank(p.verdict),
     },
     "nodes": {
@@ -331,7 +334,28 @@ def _inference(p: PodStatus, name: str, digits: int) -> str:
     return _number(getattr(p.inference, name) if p.inference else None, digits)
 
 
-def _pod_columns(o: RenderOptions) -> list[Column[PodStatus]]:
+def _serves_llm(pods: Sequence[PodStatus]) -> bool:
+    """Whether any pod reports an LLM server's own signals (then the serving columns are shown)."""
+    return any(
+        p.inference is not None
+        and (p.inference.batch_size, p.inference.kv_cache_usage, p.inference.ttft_p95_seconds) != (None, None, None)
+        for p in pods
+    )
+
+
+def _seconds(value: float | None) -> str:
+    return NONE if value is None else f"{value:.2f}s"
+
+
+def _serving_columns() -> list[Column[PodStatus]]:
+    return [
+        Column("BATCH", lambda p: _inference(p, "batch_size", 0), right=True),
+        Column("KV", lambda p: _pct(p.inference.kv_cache_usage if p.inference else None), right=True),
+        Column("TTFT95", lambda p: _seconds(p.inference.ttft_p95_seconds if p.inference else None), right=True),
+    ]
+
+
+def _pod_columns(o: RenderOptions, *, serving: bool = False) -> list[Column[PodStatus]]:
     cols: list[Column[PodStatus]] = []
     if o.scope.namespace is None or o.scope.all_namespaces:
         cols.append(Column("NAMESPACE", lambda p: p.namespace, cut="end", min_width=10))
@@ -351,11 +375,21 @@ def _pod_columns(o: RenderOptions) -> list[Column[PodStatus]]:
             Column("XID", lambda p: _xids(p.signals)),
             Column("RPS", lambda p: _inference(p, "requests_per_second", 1), right=True),
         ]
+    cols.append(Column("QUEUE", lambda p: _inference(p, "queue_depth", 0), right=True))
+    if serving:
+        cols += _serving_columns()
     cols += [
-        Column("QUEUE", lambda p: _inference(p, "queue_depth", 0), right=True),
         Column("Q:C", lambda p: _inference(p, "queue_compute_ratio", 2), right=True),
         Column("VERDICT", lambda p: p.verdict.code.value, style=lambda p: _verdict_style(p.verdict)),
     ]
+    if serving:
+        cols.append(
+            Column(
+                "SERVING",
+                lambda p: p.serving.code.value if p.serving else NONE,
+                style=lambda p: SEVERITY_STYLES[p.serving.severity] if p.serving else None,
+            )
+        )
     if o.wide:
         cols += [
             Column("SEVERITY", lambda p: p.verdict.severity.value),
@@ -570,16 +604,16 @@ def formatter(name: str) -> Callable[[Formatter], Formatter]:
     return register
 
 
-def _columns(view: View, options: RenderOptions) -> list[Column[Any]]:
+def _columns(view: View, options: RenderOptions, items: Sequence[Any] = ()) -> list[Column[Any]]:
     if view == "gpus":
         return _gpu_columns(options)
     if view == "pods":
-        return _pod_columns(options)
+        return _pod_columns(options, serving=_serves_llm(items))
     return _node_columns(options)
 
 
 def _table(doc: GpuTopList, options: RenderOptions) -> Rendered:
-    out = table(_columns(doc.view, options), doc.items, width=options.width, headers=options.headers)
+    out = table(_columns(doc.view, options, doc.items), doc.items, width=options.width, headers=options.headers)
     if not options.headers:
         return out
     extra = legend(doc.view, doc.items, options.policy, width=options.width)

@@ -50,7 +50,7 @@ from gpuscale.config import Seconds
 from gpuscale.errors import ConfigError, GpuscaleError, MetricNotFound, ObjectNotFound, SelectorError, SourceUnavailable
 from gpuscale.metrics.attribution import Device
 from gpuscale.metrics.devices import DEVICE_SERIES, GpuStatus, device_queries, gpu_statuses, read_devices
-from gpuscale.metrics.diagnosis import DiagnosisPolicy, GpuSignals, diagnose, load_policy
+from gpuscale.metrics.diagnosis import DiagnosisPolicy, GpuSignals, diagnose, diagnose_serving, load_policy
 from gpuscale.metrics.rollups import (
     INFERENCE_METRICS,
     InferenceStats,
@@ -575,6 +575,7 @@ class AdapterCollector:
         stats = {f: values[m] for f, m in INFERENCE_METRICS.items() if m in values}
         cluster = self.selection.cluster
         info = cluster.pod(namespace, name) if cluster is not None else None
+        inference = InferenceStats(**stats) if stats else None
         return PodStatus(
             namespace=namespace,
             name=name,
@@ -582,7 +583,8 @@ class AdapterCollector:
             gpus=None,
             signals=signals,
             verdict=diagnose(signals, self.policy),
-            inference=InferenceStats(**stats) if stats else None,
+            serving=diagnose_serving(inference.serving(), signals, self.policy) if inference is not None else None,
+            inference=inference,
         )
 
     def _node(self, name: str, values: dict[str, float]) -> NodeStatus:

@@ -33,6 +33,7 @@ def term_query(term: Term, *, window_seconds: float) -> TermQuery:
         window_seconds=window_seconds,
         match=tuple(sorted(term.match.items())),
         promql=term.prometheus,
+        quantile=term.quantile,
     )
 
 

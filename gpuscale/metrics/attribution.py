@@ -11,8 +11,17 @@ The rules, and the bugs they avoid (prometheus-adapter #456/#630, dcgm-exporter 
 * Every other series (Triton) belongs to the pod that serves it: the scrape target. Triton's own
   ``namespace`` label is *model* namespacing, so it is never read as a Kubernetes namespace unless the
   series also carries a ``pod`` label (a Prometheus target label).
+* A router's per-backend series (the vLLM production-stack router's ``vllm:num_requests_waiting{server=
+  "http://10.42.1.17:8000"}``) belong to the backend pod that URL resolves to, when it resolves to one;
+  otherwise to the router. A server behind a sidecar (KServe's queue-proxy, a metrics-merging sidecar) needs
+  nothing special: the scrape URL's port is one of the pod's containerPorts, so the target is the pod.
 * A device is one physical GPU, or one MIG instance (``GPU_I_ID``); ``physical`` keys the parent GPU so
   parent-level values repeated on every MIG instance (power) can be counted once.
+* DRA (dcgm-exporter with ``KUBERNETES_ENABLE_DRA``, the GPU Operator's default): a GPU allocated through a
+  ResourceClaim carries ``dra_claim_namespace``/``dra_claim_name`` (and driver, pool, device) beside
+  ``pod``/``namespace``; its values count towards the pod *and* the claim. A MIG instance allocated through a
+  claim is identified by ``dra_mig_device_uuid`` as well as ``GPU_I_ID``; its parent stays the physical GPU.
+  A claim shared by several pods repeats the GPU's series per pod: they are kept apart, as virtual GPUs are.
 * Node: the scrape target's node when the Kubernetes API knows it (the legacy exporter's ``Hostname`` is
   its pod name), else the ``Hostname``/``hostname`` label.
 """
@@ -24,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gpuscale.model import ObjectRef, namespace, node, pod
+from gpuscale.model import RESOURCE_CLAIM, ObjectRef, namespace, node, pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +57,8 @@ class Device(NamedTuple):
     pod: ObjectRef | None
     node: str | None
     labels: tuple[tuple[str, str], ...]  # the series' metric labels, for external-metric selectors
-    objects: tuple[ObjectRef, ...] = ()  # what its values count towards: its pod, namespace and node
+    objects: tuple[ObjectRef, ...] = ()  # what its values count towards: its pod, namespace, node (and claim)
+    claim: ObjectRef | None = None  # the DRA ResourceClaim the GPU is allocated through
 
     @property
     def namespace(self) -> str | None:
@@ -56,13 +66,15 @@ class Device(NamedTuple):
 
 
 @functools.lru_cache(maxsize=65536)
-def _objects(owner: ObjectRef | None, node_name: str | None) -> tuple[ObjectRef, ...]:
+def _objects(owner: ObjectRef | None, node_name: str | None, claim: ObjectRef | None = None) -> tuple[ObjectRef, ...]:
     """What a device's values count towards; cached, since a pod's or node's devices all share it."""
     objects: list[ObjectRef] = []
     if owner is not None:
         objects += [owner, namespace(owner.namespace or "")]
     if node_name:
         objects.append(node(node_name))
+    if claim is not None:
+        objects.append(claim)
     return tuple(objects)
 
 
@@ -72,8 +84,9 @@ def _device(
     owner: ObjectRef | None,
     node_name: str | None,
     labels: tuple[tuple[str, str], ...],
+    claim: ObjectRef | None = None,
 ) -> Device:
-    return Device(key, physical, owner, node_name, labels, _objects(owner, node_name))
+    return Device(key, physical, owner, node_name, labels, _objects(owner, node_name, claim), claim)
 
 
 # Label pairs (pod, namespace), in the order they win.
@@ -84,6 +97,16 @@ _POD_LABELS = (
 )
 _GPU_ID_LABELS = ("UUID", "uuid", "gpu_uuid")
 _HOST_LABELS = ("Hostname", "hostname")
+# dcgm-exporter's DRA attributes (KUBERNETES_ENABLE_DRA): which claim, driver, pool and device a GPU is allocated as.
+DRA_LABELS = (
+    "dra_claim_name",
+    "dra_claim_namespace",
+    "dra_driver_name",
+    "dra_pool_name",
+    "dra_device_name",
+    "dra_mig_profile",
+    "dra_mig_device_uuid",
+)
 # Labels that say *where* a series lives rather than what it measures: not offered to external selectors.
 _PLACEMENT_LABELS = frozenset(
     {
@@ -103,8 +126,12 @@ _PLACEMENT_LABELS = frozenset(
         "job",
         "endpoint",
         "service",
+        "server",
+        *DRA_LABELS,
     }
 )
+# Labels naming the backend URL a router's series describe.
+_BACKEND_LABELS = ("server",)
 
 
 def _is_dcgm(name: str, labels: Mapping[str, str]) -> bool:
@@ -128,6 +155,9 @@ _DCGM_PLACEMENT_LABELS = (
     "gpu",
     "GPU_I_ID",
     "vgpu",
+    "dra_claim_namespace",
+    "dra_claim_name",
+    "dra_mig_device_uuid",
 )
 
 
@@ -140,9 +170,26 @@ def dcgm_placement(labels: Mapping[str, str]) -> tuple[str | None, ...]:
     return tuple(map(labels.get, _DCGM_PLACEMENT_LABELS))
 
 
-def attribute(name: str, labels: Mapping[str, str], target: Target) -> Device:
-    """Place one series. Pure; the caller memoises per (target, labels) if it needs speed."""
+def backend_url(labels: Mapping[str, str]) -> str | None:
+    """The backend URL a router's series names (``server="http://host:port"``), if any."""
+    for key in _BACKEND_LABELS:
+        value = labels.get(key)
+        if value and value.startswith(("http://", "https://")):
+            return value
+    return None
+
+
+def attribute(name: str, labels: Mapping[str, str], target: Target, *, backend: Target | None = None) -> Device:
+    """Place one series. Pure; the caller memoises per (target, labels) if it needs speed.
+
+    ``backend``: what the series' backend URL (``backend_url``) resolves to, for a router's series.
+    """
     get = labels.get
+    if backend is not None and backend.pod is not None and not _is_dcgm(name, labels):
+        items = sorted(labels.items())
+        external = tuple([item for item in items if item[0] not in _PLACEMENT_LABELS])
+        key = ("series", target.url, *[f"{k}={v}" for k, v in items])
+        return _device(key, key, backend.pod, backend.node, external)
     node_name = target.node or get("Hostname") or get("hostname") or None
     # NB: sorting the pairs orders by key (keys are unique), the order selectors and the wire expect.
     items = sorted(labels.items())
@@ -153,9 +200,13 @@ def attribute(name: str, labels: Mapping[str, str], target: Target) -> Device:
             owner = None  # the exporter's own target labels, not a workload
         gpu = get("UUID") or get("uuid") or get("gpu_uuid") or get("gpu", "")
         physical = ("gpu", node_name or "", gpu)
-        # NB: with --kubernetes-virtual-gpus one GPU's series repeat per pod; keep them apart.
-        key = (*physical, get("GPU_I_ID", ""), str(owner) if get("vgpu") else "")
-        return _device(key, physical, owner, node_name, external)
+        claim_name, claim_ns = get("dra_claim_name"), get("dra_claim_namespace")
+        claim = ObjectRef(RESOURCE_CLAIM, claim_name, claim_ns) if claim_name and claim_ns else None
+        # NB: with --kubernetes-virtual-gpus, or a DRA claim shared by pods, one GPU's series repeat per pod;
+        # keep them apart.
+        instance = get("GPU_I_ID", "") or get("dra_mig_device_uuid", "")
+        key = (*physical, instance, str(owner) if get("vgpu") or claim else "")
+        return _device(key, physical, owner, node_name, external, claim)
     owner = _labelled_pod(labels) if "pod" in labels or "exported_pod" in labels else None
     owner = owner or target.pod
     key = ("series", target.url, *[f"{k}={v}" for k, v in items])
@@ -212,6 +263,10 @@ class Attributor:
         bucket = self._buckets.get(target_url)
         if bucket is None or target_url not in self._resolved:
             bucket = self._bucket(target_url)
+        backend = None if dcgm else backend_url(labels)
+        if backend is not None:
+            # NB: not memoised with the router's target: the backend's pod may move while the router stays.
+            return attribute(name, labels, bucket[0], backend=self._bucket(backend)[0])
         # NB: the keys and the values as two flat tuples, not a frozenset of pairs: exporters write labels in
         # a stable order, and this runs once per series per refresh. A reordered label set only costs one
         # extra attribution.

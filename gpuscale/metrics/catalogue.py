@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuscale.config import Seconds, read_yaml, validate
+from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.policy_files import CATALOGUE_FILE, policy_file, shipped
 
 DEFAULT_CATALOGUE_PATH = shipped(CATALOGUE_FILE)
@@ -39,7 +40,14 @@ UNITS = (
 )
 
 # Resources a custom metric can be requested for (GroupResource strings, as the HPA sends them).
-RESOURCES = ("pods", "nodes", "namespaces", "deployments.apps", "statefulsets.apps")
+RESOURCES = (
+    "pods",
+    "nodes",
+    "namespaces",
+    "deployments.apps",
+    "statefulsets.apps",
+    "resourceclaims.resource.k8s.io",  # DRA claims: values of the GPUs allocated through them
+)
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SERIES = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -49,11 +57,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+Input = Literal["gauge", "rate", "increase", "histogram_quantile"]
+
+
 class Term(_Strict):
-    """One side of a metric: a sum over series, read as gauge, rate or increase."""
+    """One side of a metric: a sum over series, read as gauge, rate, increase or a histogram quantile.
+
+    ``histogram_quantile`` names histograms (their base name, without ``_bucket``) and reads the ``quantile``
+    of each histogram series' bucket increases over the window (metrics/histograms.py).
+    """
 
     series: list[str] = Field(min_length=1)
-    input: Literal["gauge", "rate", "increase"] = "gauge"
+    input: Input = "gauge"
+    quantile: float | None = None
     match: dict[str, str] = Field(default_factory=dict)
     floor: float = 0.0
     prometheus: str | None = None
@@ -63,11 +79,27 @@ class Term(_Strict):
         for s in self.series:
             if not _SERIES.match(s):
                 raise ValueError(f"invalid series name {s!r}")
+        check_quantile(self.input, self.quantile)
         return self
 
     @property
     def windowed(self) -> bool:
         return self.input != "gauge"
+
+    @property
+    def source_series(self) -> list[str]:
+        """The series a source must keep to answer this term (a histogram's ``_bucket`` counters)."""
+        if self.input == "histogram_quantile":
+            return [f"{s}{BUCKET_SUFFIX}" for s in self.series]
+        return list(self.series)
+
+
+def check_quantile(input: str, quantile: float | None) -> None:
+    if input == "histogram_quantile":
+        if quantile is None or not 0.0 < quantile < 1.0:
+            raise ValueError(f"input 'histogram_quantile' needs a 'quantile' between 0 and 1, got {quantile!r}")
+    elif quantile is not None:
+        raise ValueError(f"'quantile' is only allowed with input 'histogram_quantile', not {input!r}")
 
 
 class MetricDefinition(_Strict):
@@ -76,7 +108,8 @@ class MetricDefinition(_Strict):
     unit: str = ""
     aggregate: Literal["mean", "sum", "max", "ratio"]
     series: list[str] | None = None
-    input: Literal["gauge", "rate", "increase"] = "gauge"
+    input: Input = "gauge"
+    quantile: float | None = None
     match: dict[str, str] = Field(default_factory=dict)
     numerator: Term | None = None
     denominator: Term | None = None
@@ -110,13 +143,17 @@ class MetricDefinition(_Strict):
             if r not in RESOURCES:
                 raise ValueError(f"unknown resource {r!r}; valid: {', '.join(RESOURCES)}")
         if self.series is not None:
-            Term(series=self.series, input=self.input, match=self.match)  # validates series names
+            Term(series=self.series, input=self.input, quantile=self.quantile, match=self.match)  # validates
+        elif self.quantile is not None:
+            raise ValueError("'quantile' belongs in the 'numerator' when one is given")
         return self
 
     @cached_property
     def terms(self) -> tuple[Term, Term | None]:
         """(numerator, denominator); the short form ``series:`` becomes the numerator."""
-        num = self.numerator or Term(series=self.series or [], input=self.input, match=self.match)
+        num = self.numerator or Term(
+            series=self.series or [], input=self.input, quantile=self.quantile, match=self.match
+        )
         return num, self.denominator
 
 
@@ -161,7 +198,7 @@ class Catalogue(_Strict):
         for m in self.metrics:
             for term in m.terms:
                 if term is not None:
-                    names.update(term.series)
+                    names.update(term.source_series)
         return frozenset(names)
 
     @cached_property
@@ -171,7 +208,7 @@ class Catalogue(_Strict):
         for m in self.metrics:
             for term in m.terms:
                 if term is not None and term.windowed:
-                    names.update(term.series)
+                    names.update(term.source_series)
         return frozenset(names)
 
     @property

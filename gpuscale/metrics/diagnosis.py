@@ -413,6 +413,55 @@ class VerdictText(_Section):
     next_step: Text
 
 
+class ServingCode(StrEnum):
+    """Verdicts on an inference server's own signals (queue, batch, KV cache), in priority order."""
+
+    KV_CACHE_FULL = "kv-cache-full"  # the KV cache is full and running requests are preempted
+    BATCH_LIMITED = "batch-limited"  # requests queue while the SMs are under-filled: the batch cap binds
+    SATURATED = "saturated"  # requests queue on a busy GPU: more replicas would help
+    KV_CACHE_HIGH = "kv-cache-high"  # nearly full, no preemption yet
+
+
+class ServingThresholds(_Section):
+    """``serving:`` in ``policies/diagnosis.yaml`` (optional: these defaults apply when it is absent)."""
+
+    # ours, after llm-d's saturation scaler (KV-cache usage 0.80, queue length 5): high at 90 %, full at 97 %.
+    kv_cache_high_percent: Percent = 90.0
+    kv_cache_full_percent: Percent = 97.0
+    # A queue of at least this many requests per pod counts as "requests wait".
+    queue_depth: NonNegative = 1.0
+    verdicts: dict[ServingCode, VerdictText] = Field(
+        default_factory=lambda: {
+            ServingCode.KV_CACHE_FULL: VerdictText(
+                severity=Severity.WARNING,
+                next_step="add replicas, or lower max-num-seqs / max-model-len so the batch fits the KV cache",
+            ),
+            ServingCode.BATCH_LIMITED: VerdictText(
+                severity=Severity.WARNING,
+                next_step="raise the batch limit (vLLM --max-num-seqs, SGLang --max-running-requests, TGI "
+                "--max-batch-size); the GPU has room, more replicas would waste it",
+            ),
+            ServingCode.SATURATED: VerdictText(
+                severity=Severity.INFO,
+                next_step="scale out on inference_queue_depth; the GPU is busy and requests wait",
+            ),
+            ServingCode.KV_CACHE_HIGH: VerdictText(
+                severity=Severity.INFO,
+                next_step="close to preemption; scale on inference_kv_cache_usage before it fills",
+            ),
+        }
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ServingThresholds:
+        if self.kv_cache_high_percent > self.kv_cache_full_percent:
+            raise ValueError("kv_cache_high_percent must not exceed kv_cache_full_percent")
+        absent = [c.value for c in ServingCode if c not in self.verdicts]
+        if absent:
+            raise ValueError(f"verdicts: missing {', '.join(absent)}")
+        return self
+
+
 class DiagnosisThresholds(_Section):
     """``policies/diagnosis.yaml``: the numbers behind the workload verdicts."""
 
@@ -427,6 +476,7 @@ class DiagnosisThresholds(_Section):
     clock_events: ClockEventPolicy
     temperature: TemperatureThresholds
     verdicts: dict[VerdictCode, VerdictText]
+    serving: ServingThresholds = Field(default_factory=ServingThresholds)
 
     @model_validator(mode="after")
     def _every_verdict(self) -> DiagnosisThresholds:
@@ -942,3 +992,68 @@ def diagnose(signals: GpuSignals, policy: DiagnosisPolicy) -> Verdict:
             "missing": list(dict.fromkeys(missing)) if len(missing) > 1 else missing,
         }
     )
+
+
+# --- serving verdicts ----------------------------------------------------------------------------------
+
+
+class ServingSignals(BaseModel):
+    """An inference server pod's own signals (catalogue metrics; ``None`` = not reported)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    queue_depth: float | None = None  # requests waiting
+    batch_size: float | None = None  # requests running
+    kv_cache_usage_percent: float | None = None
+    preemptions_per_second: float | None = None
+
+
+class ServingVerdict(BaseModel):
+    """What the server's own signals say, beside the GPU verdict. ``explanation`` cites the numbers."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: ServingCode
+    severity: Severity
+    explanation: str
+    next_step: str
+
+
+def diagnose_serving(serving: ServingSignals, gpu: GpuSignals, policy: DiagnosisPolicy) -> ServingVerdict | None:
+    """The serving verdict, or None when the signals say nothing wrong (or are not reported). Pure.
+
+    Rules, first that applies: KV cache at or above ``kv_cache_full_percent`` with requests preempted →
+    ``kv-cache-full`` (preemption recomputes work: throughput drops before the queue shows it); requests
+    waiting while SM_ACTIVE is below ``sm_active.ineffective`` → ``batch-limited`` (the server caps its batch
+    below what the GPU could hold); requests waiting on a GPU at or above ``sm_active.effective`` →
+    ``saturated``; KV cache at or above ``kv_cache_high_percent`` → ``kv-cache-high``. A queue with the KV cache
+    full is not ``batch-limited``: the cache, not the batch cap, holds requests back.
+    """
+    t = policy.diagnosis.serving
+    kv = serving.kv_cache_usage_percent
+    preempted = serving.preemptions_per_second
+    queued = serving.queue_depth is not None and serving.queue_depth >= t.queue_depth and serving.queue_depth > 0
+    sm = gpu.sm_active
+    sm_t = policy.diagnosis.sm_active
+
+    def verdict(code: ServingCode, explanation: str) -> ServingVerdict:
+        text = t.verdicts[code]
+        return ServingVerdict(code=code, severity=text.severity, explanation=explanation, next_step=text.next_step)
+
+    if kv is not None and kv >= t.kv_cache_full_percent and preempted is not None and preempted > 0:
+        return verdict(
+            ServingCode.KV_CACHE_FULL,
+            f"KV cache {kv:.0f}% full: {preempted:.2g} requests/s preempted and recomputed",
+        )
+    kv_full = kv is not None and kv >= t.kv_cache_full_percent
+    if queued and sm is not None and sm < sm_t.ineffective and not kv_full:
+        batch = f" at batch {serving.batch_size:.0f}" if serving.batch_size is not None else ""
+        return verdict(
+            ServingCode.BATCH_LIMITED,
+            f"{serving.queue_depth:.0f} requests wait{batch} while SMs are {_pct(sm)} active",
+        )
+    if queued and sm is not None and sm >= sm_t.effective:
+        return verdict(ServingCode.SATURATED, f"{serving.queue_depth:.0f} requests wait on a GPU {_pct(sm)} SM-active")
+    if kv is not None and kv >= t.kv_cache_high_percent:
+        return verdict(ServingCode.KV_CACHE_HIGH, f"KV cache {kv:.0f}% full")
+    return None

@@ -38,11 +38,14 @@ from gpuscale.metrics.devices import (
 from gpuscale.metrics.diagnosis import (
     DiagnosisPolicy,
     GpuSignals,
+    ServingSignals,
+    ServingVerdict,
     Severity,
     Verdict,
     VerdictCode,
     combine,
     diagnose,
+    diagnose_serving,
 )
 from gpuscale.metrics.store import MetricPoint
 from gpuscale.model import POD, ObjectRef
@@ -67,6 +70,11 @@ INFERENCE_METRICS: dict[str, str] = {
     "queue_depth": "inference_queue_depth",
     "queue_compute_ratio": "inference_queue_compute_ratio",
     "requests_per_second": "inference_requests_per_second",
+    # LLM servers (vLLM, SGLang, TGI, NIM); a Triton-only fleet has none of their series, so each costs little.
+    "batch_size": "inference_batch_size",
+    "kv_cache_usage": "inference_kv_cache_usage",
+    "ttft_p95_seconds": "inference_ttft_p95_seconds",
+    "preemptions_per_second": "inference_preemptions_per_second",
 }
 
 _VERDICT_ORDER = {code: i for i, code in enumerate(VerdictCode)}
@@ -82,7 +90,7 @@ class _Record(BaseModel):
 
 
 class InferenceStats(_Record):
-    """Triton values of one pod, summed over its models (catalogue metrics; None = no value yet).
+    """Inference-server values of one pod (Triton, vLLM, SGLang, TGI, NIM; catalogue metrics; None = no value yet).
 
     ``queue_depth`` requests pending (gauge); ``queue_compute_ratio`` time queued per time computing over
     the window (> 1: requests wait longer than they compute); ``requests_per_second`` successful requests.
@@ -92,7 +100,19 @@ class InferenceStats(_Record):
     queue_depth: float | None = None
     queue_compute_ratio: float | None = None
     requests_per_second: float | None = None
+    batch_size: float | None = None  # requests running (LLM servers)
+    kv_cache_usage: float | None = None  # percent, the fullest engine
+    ttft_p95_seconds: float | None = None
+    preemptions_per_second: float | None = None
     sampled_at: Timestamp | None = None
+
+    def serving(self) -> ServingSignals:
+        return ServingSignals(
+            queue_depth=self.queue_depth,
+            batch_size=self.batch_size,
+            kv_cache_usage_percent=self.kv_cache_usage,
+            preemptions_per_second=self.preemptions_per_second,
+        )
 
 
 def inference_stats(
@@ -131,6 +151,7 @@ class PodStatus(_Record):
     signals: GpuSignals
     clock_events: list[str] = Field(default_factory=list)
     verdict: Verdict
+    serving: ServingVerdict | None = None  # the inference server's own signals (queue, batch, KV cache)
     inference: InferenceStats | None = None
     sampled_at: Timestamp | None = None
 
@@ -280,6 +301,7 @@ def _pod_records(
                     "clock_events": clock_events,
                     "verdict": verdict,
                     "inference": stats,
+                    "serving": diagnose_serving(stats.serving(), signals, policy) if stats is not None else None,
                     "sampled_at": sampled_at,
                 }
             )

@@ -210,16 +210,19 @@ def promql_for(definition: MetricDefinition, *, window_s: float) -> str:
     def term(t: Term, how: str) -> str:
         if t.prometheus:
             return f"{how} by (pod) ({t.prometheus})"
-        match = ",".join(f'{k}="{v}"' for k, v in sorted(t.match.items()))
-        parts = []
-        for name in t.series:
-            selector = f"{name}{{{match}}}" if match else name
-            if t.input == "rate":
-                selector = f"rate({selector}[{window}])"
-            elif t.input == "increase":
-                selector = f"increase({selector}[{window}])"
-            parts.append(f"{how} by (pod) ({selector})")
-        return " + ".join(parts) if len(parts) == 1 else "(" + " + ".join(parts) + ")"
+        matchers = [f'{k}="{v}"' for k, v in sorted(t.match.items())]
+        if len(t.series) == 1:
+            selector = f"{t.series[0]}{{{','.join(matchers)}}}" if matchers else t.series[0]
+        else:
+            # NB: one selector over every name, not `sum(a) + sum(b)`: a binary operator keeps only the pods
+            # present on both sides, so a vLLM pod would vanish from a term that also names Triton's series.
+            names = "|".join(t.series)
+            selector = "{" + ",".join([f'__name__=~"{names}"', *matchers]) + "}"
+        if t.input == "rate":
+            selector = f"rate({selector}[{window}])"
+        elif t.input == "increase":
+            selector = f"increase({selector}[{window}])"
+        return f"{how} by (pod) ({selector})"
 
     numerator, denominator = definition.terms
     how = {"mean": "avg", "sum": "sum", "max": "max", "ratio": "sum"}[definition.aggregate]

@@ -39,6 +39,7 @@ from typing import Any, Literal, NamedTuple
 from aiohttp import web
 
 from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
+from gpuscale.sim.llm import LlmFleet, LlmServer, with_llm_endpoints
 from gpuscale.sim.load import (
     Activity,
     GpuSignals,
@@ -1232,6 +1233,10 @@ def _dcgm_name(node: str) -> str:
     return f"dcgm/{node}"
 
 
+def _llm_name(key: PodKey) -> str:
+    return f"llm/{key[0]}/{key[1]}"
+
+
 def _triton_name(key: PodKey) -> str:
     return f"triton/{key[0]}/{key[1]}"
 
@@ -1252,7 +1257,12 @@ class SimExporters:
         dcgm_version: str = "4.4",
         label_style: LabelStyle = "default",
         hostname_label: str | None = "Hostname",
+        llm: Mapping[str, LlmServer] | None = None,
     ) -> None:
+        """``llm``: workload (``namespace/name``) → the LLM server its pods run; each running pod then serves
+        that server's ``/metrics`` (vLLM, SGLang, TGI or NIM format, ``gpuscale.sim.llm``)."""
+        self._llm_servers = dict(llm or {})
+        self._llm: LlmFleet | None = None
         self._server = ExporterServer(host=host)
         self._dcgm_style: dict[str, Any] = {
             "version": dcgm_version,
@@ -1280,6 +1290,13 @@ class SimExporters:
                 await self._server.add(_dcgm_name(node.name), self._dcgm_renderer(node.name), nan_literal="NaN")
             for p in self._sim.triton_pods():
                 await self._add_triton(p.key)
+            if self._llm_servers:
+                for key in self._llm_servers:
+                    scenario.workload(key)  # NB: an unknown workload fails here, naming the valid ones
+                self._llm = LlmFleet(self._llm_servers, start=self._sim.start)
+                self._llm.sync(self._sim)
+                for p in self._llm.pods(self._sim):
+                    await self._add_llm(p.key)
         except BaseException:
             await self.stop()
             raise
@@ -1287,6 +1304,7 @@ class SimExporters:
     async def stop(self) -> None:
         await self._server.stop()
         self._sim = None
+        self._llm = None
 
     # state -----------------------------------------------------------------------------------------
 
@@ -1327,9 +1345,28 @@ class SimExporters:
         """Every endpoint name (``dcgm/<node>``, ``triton/<ns>/<pod>``) → port."""
         return {name: self._server.port(name) for name in self._server.names}
 
+    @property
+    def llm_urls(self) -> dict[PodKey, str]:
+        """``(namespace, pod)`` → LLM server metrics URL, for running LLM server pods."""
+        return {p.key: self._server.url(_llm_name(p.key)) for p in self._llm_pods()}
+
+    @property
+    def llm_ports(self) -> dict[PodKey, int]:
+        return {p.key: self._server.port(_llm_name(p.key)) for p in self._llm_pods()}
+
+    def llm_state(self, key: PodKey) -> Any:
+        """The ``LlmState`` of a running LLM server pod (counters, histograms, latest gauges)."""
+        if self._llm is None:
+            raise KeyError(f"no LLM servers configured; {key[0]}/{key[1]} serves none")
+        return self._llm.state(key)
+
+    def _llm_pods(self) -> list[Placement]:
+        return self._llm.pods(self.sim) if self._llm is not None else []
+
     def kube_objects(self) -> list[dict[str, Any]]:
         """The cluster's Kubernetes objects, with the ports the exporters really listen on."""
-        return self.sim.kube_objects(triton_ports=self.triton_ports, exporter_ports=self.dcgm_ports)
+        objects = self.sim.kube_objects(triton_ports=self.triton_ports, exporter_ports=self.dcgm_ports)
+        return with_llm_endpoints(objects, self.llm_ports) if self._llm is not None else objects
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(kube_objects())`` after every change of pods (``set_replicas``)."""
@@ -1343,10 +1380,20 @@ class SimExporters:
 
     async def set_replicas(self, workload: str | SimWorkload, replicas: int) -> None:
         """Scale ``workload``; Triton endpoints start and stop with their pods, listeners are told."""
-        started, stopped = self.sim.set_replicas(workload, replicas, now=self._clock())
+        now = self._clock()
+        if self._llm is not None:
+            self._llm.advance(self.sim, now)  # NB: the past under the old replicas
+        started, stopped = self.sim.set_replicas(workload, replicas, now=now)
         for p in stopped:
             if _triton_name(p.key) in self._server.names:
                 await self._server.remove(_triton_name(p.key))
+            if _llm_name(p.key) in self._server.names:
+                await self._server.remove(_llm_name(p.key))
+        if self._llm is not None:
+            self._llm.sync(self.sim)
+            for p in started:
+                if p.workload_key in self._llm_servers and p.scheduled:
+                    await self._add_llm(p.key)
         for p in started:
             if p.key in {t.key for t in self.sim.triton_pods()}:
                 await self._add_triton(p.key)
@@ -1359,7 +1406,7 @@ class SimExporters:
 
     def _target(self, target: str | PodKey) -> str:
         if isinstance(target, tuple):
-            return _triton_name(target)
+            return _llm_name(target) if _llm_name(target) in self._server.names else _triton_name(target)
         if target in self._server.names:
             return target
         return _dcgm_name(target)
@@ -1388,3 +1435,12 @@ class SimExporters:
             return self.sim.render_triton(key, now=self._clock())
 
         await self._server.add(_triton_name(key), render, nan_literal="Nan")
+
+    async def _add_llm(self, key: PodKey) -> None:
+        fleet = self._llm
+        assert fleet is not None
+
+        def render() -> str:
+            return fleet.render(self.sim, key, now=self._clock())
+
+        await self._server.add(_llm_name(key), render, nan_literal="NaN")

@@ -16,13 +16,18 @@ from typing import Literal, NamedTuple, Protocol
 
 @dataclass(frozen=True, slots=True)
 class TermQuery:
-    """What the pipeline needs from a source: the sum of some series, read one way, over a window."""
+    """What the pipeline needs from a source: the sum of some series, read one way, over a window.
+
+    ``histogram_quantile``: ``series`` are histograms' base names; the answer is one value per histogram
+    series, the ``quantile`` of its bucket increases over the window (metrics/histograms.py).
+    """
 
     series: tuple[str, ...]
-    input: Literal["gauge", "rate", "increase"] = "gauge"
+    input: Literal["gauge", "rate", "increase", "histogram_quantile"] = "gauge"
     window_seconds: float = 60.0
     match: tuple[tuple[str, str], ...] = ()
     promql: str | None = None
+    quantile: float | None = None
 
 
 class SeriesValue(NamedTuple):

@@ -21,6 +21,7 @@ The PromQL for a term (when the catalogue gives no ``prometheus:`` override)::
                DCGM_FI_DEV_FB_USED and DCGM_FI_DEV_FB_FREE       a term naming two series: two queries
     rate       rate(nv_inference_request_success[60s])
     increase   increase(nv_inference_queue_duration_us[60s])
+    histogram_quantile   histogram_quantile(0.95, rate(vllm:time_to_first_token_seconds_bucket[60s]))
 
 plus the term's ``match`` as label matchers (``X{model="bert"}``).
 
@@ -45,7 +46,8 @@ plus the term's ``match`` as label matchers (``X{model="bert"}``).
   ratio's ``DCGM_FI_DEV_FB_USED`` is also a term of its own, and a ``{__name__=~"USED|FREE"}`` selector
   would send and decode its 10,000 samples (at 10,000 GPUs) a second time; as two plain queries, the
   FB_USED one is shared by both terms. The count stays bounded by the catalogue: one query per distinct
-  (series, function, window, matchers) — 13 for the built-in catalogue.
+  (series, function, window, matchers) — 50 for the built-in catalogue (13 for DCGM and Triton, 37 for
+  the LLM servers' names; a series no pod exports costs an empty answer).
 * **Overrides.** A term's ``prometheus:`` text is used verbatim after replacing ``{window}`` with the
   metric's window as a PromQL duration (``60s``). Its result is read like a default query: labels are
   kept, ``__name__`` names the series when present, else the term's first series does; the term's
@@ -109,6 +111,7 @@ import aiohttp
 
 from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.metrics.exposition import is_dcgm_blank
+from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
 
 __all__ = [
@@ -184,11 +187,16 @@ def plan(query: TermQuery, *, fresh_within: float | None = None) -> tuple[Planne
         text = query.promql.replace("{window}", duration(query.window_seconds))
         return (PlannedQuery(text, query.series[0], query.input, window, query.match),)
     planned = []
+    histogram = query.input == "histogram_quantile"
     for name in query.series:
-        selector = _selector(name, query.match)
-        text = selector if window is None else f"{query.input}({selector}[{duration(window)}])"
+        selector = _selector(f"{name}{BUCKET_SUFFIX}" if histogram else name, query.match)
+        function = "rate" if histogram else query.input
+        text = selector if window is None else f"{function}({selector}[{duration(window)}])"
         if fresh_within is not None:
             text = f"{text} unless time() - timestamp({selector}) > {fresh_within:g}"
+        if histogram:
+            # NB: per series (every label but le), as metrics/histograms.py computes it for the scrape source.
+            text = f"histogram_quantile({query.quantile!r}, {text})"
         planned.append(PlannedQuery(text, name, query.input, window, query.match))
     return tuple(planned)
 

@@ -10,6 +10,7 @@ and are never served as fresh.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import math
@@ -24,6 +25,7 @@ import aiohttp
 
 from gpuscale.errors import ExpositionError, SourceUnavailable, one_line
 from gpuscale.metrics.exposition import parse_samples
+from gpuscale.metrics.histograms import BUCKET_SUFFIX, quantiles
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
 
 log = logging.getLogger(__name__)
@@ -318,7 +320,14 @@ class ScrapeSource:
                         rows = [v for v in rows if all(v.labels.get(k) == m for k, m in match)]
                     if rows:
                         out += rows
-            elif len(target.history) >= 2:  # a rate needs two scrapes; until then no value (not zero)
+            elif len(target.history) < 2:  # a rate needs two scrapes; until then no value (not zero)
+                continue
+            elif query.input == "histogram_quantile":
+                increases: list[SeriesValue] = []
+                buckets = tuple(f"{s}{BUCKET_SUFFIX}" for s in query.series)
+                self._windowed_read(target, dataclasses.replace(query, input="increase", series=buckets), increases)
+                out += quantiles(increases, q=query.quantile if query.quantile is not None else math.nan)
+            else:
                 self._windowed_read(target, query, out)
         return out
 

@@ -293,6 +293,14 @@ async def test_discovery(client):
         "inference_requests_per_second",
         "inference_queue_time_seconds",
         "inference_queue_compute_ratio",
+        "inference_batch_size",
+        "inference_kv_cache_usage",
+        "inference_ttft_p50_seconds",
+        "inference_ttft_p95_seconds",
+        "inference_itl_p95_seconds",
+        "inference_prompt_tokens_per_second",
+        "inference_generation_tokens_per_second",
+        "inference_preemptions_per_second",
     }
     assert (await get(client, "/apis/custom.metrics.k8s.io"))["preferredVersion"]["version"] == "v1beta2"
 

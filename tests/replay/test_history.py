@@ -73,9 +73,12 @@ def test_conserved_load_follows_the_hpa_replicas():
 
 def test_promql_for_catalogue_metrics():
     cat = load_catalogue()
-    assert (
-        promql_for(cat.get("inference_queue_depth"), window_s=60) == "sum by (pod) (nv_inference_pending_request_count)"
-    )
+    # Several servers' series under one name: one selector over all of them, so a pod reporting only one of
+    # them keeps its value (`sum(a) + sum(b)` would keep only pods present on both sides).
+    depth = cat.get("inference_queue_depth")
+    assert len(depth.terms[0].series) > 1
+    names = "|".join(depth.terms[0].series)
+    assert promql_for(depth, window_s=60) == f'sum by (pod) ({{__name__=~"{names}"}})'
     ratio = promql_for(cat.get("inference_queue_compute_ratio"), window_s=60)
     assert ratio == (
         "(sum by (pod) (increase(nv_inference_queue_duration_us[60s]))) / "

@@ -169,9 +169,9 @@ def test_promql_per_term(term, promql):
     assert [p.promql for p in plan(term)] == promql
 
 
-def test_builtin_catalogue_is_thirteen_fixed_queries_without_any_pod_name(catalogue):
+def test_builtin_catalogue_is_fixed_queries_without_any_pod_name(catalogue):
     source = PrometheusSource("http://prometheus:9090", queries=queries(catalogue))
-    assert source.promql == [
+    dcgm_and_triton = [
         "DCGM_FI_DEV_GPU_UTIL",
         "DCGM_FI_PROF_SM_ACTIVE",
         "DCGM_FI_PROF_SM_OCCUPANCY",
@@ -186,16 +186,21 @@ def test_builtin_catalogue_is_thirteen_fixed_queries_without_any_pod_name(catalo
         "increase(nv_inference_request_success[60s])",
         "increase(nv_inference_compute_infer_duration_us[60s])",
     ]
+    assert [q for q in source.promql if "DCGM" in q or "nv_" in q] == dcgm_and_triton
+    # One query per series of each LLM server's names (vLLM, SGLang, TGI, NIM): 37 more, fixed by the catalogue.
+    assert len(source.promql) == 50 and len(set(source.promql)) == 50
+    assert "histogram_quantile(0.95, rate(vllm:time_to_first_token_seconds_bucket[60s]))" in source.promql
+    assert "vllm:num_requests_waiting" in source.promql and "rate(tgi_request_input_length_sum[60s])" in source.promql
 
 
 async def test_queries_do_not_grow_with_pods(prom, catalogue):
-    """1000 pods' series: still 13 requests of under 100 bytes each; the answer grows, the queries don't."""
+    """1000 pods' series: still one request per catalogue series, each under 100 bytes; the answer grows."""
     prom.answers["DCGM_FI_DEV_GPU_UTIL"] = [
         (dcgm(str(i % 8), Hostname=f"node-{i // 8}", pod=f"worker-{i}", namespace="ml"), "50") for i in range(1000)
     ]
     source = source_for(prom.url, *queries(catalogue))
     await source.refresh(now=T0)
-    assert len(prom.seen) == 13 and max(len(q) for q in prom.queries()) < 100
+    assert len(prom.seen) == len(source.promql) == 50 and max(len(q) for q in prom.queries()) < 100
     assert len(source.read(queries(catalogue)[0])) == 1000
     await source.close()
 
