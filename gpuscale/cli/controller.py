@@ -75,9 +75,8 @@ def watch_specs(
     ]
     if settings.health and settings.health_drain:
         specs.append(WatchSpec("policy/v1", "PodDisruptionBudget"))
-    if settings.gangs or settings.expander:
-        # NB: only this controller's own Events (what the capacity planners check to say things once).
-        specs.append(WatchSpec("v1", "Event", field_selector=f"source={COMPONENT}"))
+    # NB: only this controller's own Events (what planners check to say a thing once).
+    specs.append(WatchSpec("v1", "Event", field_selector=f"source={COMPONENT}"))
     if settings.expander:
         expander = pools_policy.expander
         specs.append(
@@ -222,7 +221,7 @@ def _observer(metrics: ControllerMetrics, hints_policy_idle_for: float, pool_lab
             metrics.idle_gpus.labels(node).set(count)
         previous = last.get("at")
         if previous is not None and now > previous:
-            metrics.idle_gpu_hours.inc(sum(idle.values()) * (now - previous) / 3600.0)
+            metrics.idle_gpu_seconds.inc(sum(idle.values()) * (now - previous))
         last["at"] = now
         pools: dict[str, int] = {}
         remediated = held = 0
@@ -322,7 +321,8 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
             planners.append(ExpanderPlanner(pools_policy, prices=prices, activity=pool_activity(pools_policy)))
         actuator = KubeActuator(rest, dry_run=settings.dry_run, component=COMPONENT, instance=identity)
         elector = None
-        if settings.leader_elect:
+        # NB: a dry run writes nothing, the Lease included: it never competes with (or waits for) the acting replica.
+        if settings.leader_elect and not settings.dry_run:
             elector = LeaseElector(
                 rest,
                 namespace=settings.namespace,
@@ -385,16 +385,36 @@ async def _serve(running: RunningController, settings: ControllerSettings) -> we
     return runner
 
 
+async def _synced_or_stopped(cache: ObjectCache, stop: asyncio.Event, *, every: float) -> bool:
+    """Wait for the caches' first sync (unready meanwhile, a warning every ``every`` seconds); False if stopped."""
+    while not stop.is_set():
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            synced = asyncio.ensure_future(cache.wait_synced(timeout=every))
+            await asyncio.wait([stopped, synced], return_when=asyncio.FIRST_COMPLETED)
+            if synced.done():
+                error = synced.exception()
+                if error is None:
+                    return True
+                log.warning("%s; still waiting", error)
+            else:
+                synced.cancel()
+        finally:
+            stopped.cancel()
+    return False
+
+
 async def run_controller(settings: ControllerSettings, stop: asyncio.Event) -> None:
     running = await start_controller(settings)
     log.info(
         "controller serving probes and metrics on %s (dry-run=%s, leader-elect=%s)",
         running.url,
         settings.dry_run,
-        settings.leader_elect,
+        running.elector is not None,
     )
     try:
-        await running.cache.wait_synced(timeout=max(30.0, 2 * settings.interval))
+        if not await _synced_or_stopped(running.cache, stop, every=max(30.0, 2 * settings.interval)):
+            return
         wake = asyncio.Event()
         if running.elector is not None:
             running.tasks.append(asyncio.create_task(running.elector.run(stop), name="leader-election"))

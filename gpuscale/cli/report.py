@@ -8,8 +8,7 @@ The composition root of the command::
     --export FILE ◀─ sources/history_file ◀───────────────────────┘        -o table|json|markdown|html
                                                                                   └─▶ stdout or --output-file
 
-Errors are one line and exit 2 (``main`` prints GpuscaleError): the server down or refusing, a bad file, a
-missing extra for ``-o html`` (naming the pip command).
+Errors are one line and exit 2 (``main`` prints GpuscaleError): the server down or refusing, a bad file.
 """
 
 from __future__ import annotations
@@ -46,7 +45,8 @@ class ReportSettings(BaseModel):
     output: str = Field("table", description="(-o) table, json, markdown or html")
     output_file: str | None = Field(None, description="write the report here instead of stdout")
     output_dir: str | None = Field(
-        None, description="write report.md and report.json here, plus copies named by the window's end (a CronJob)"
+        None,
+        description="write report.md, report.json and report.html here, plus copies named by the window's end",
     )
     policies: str | None = Field(
         None, description="directory whose rightsizing.yaml, gpus.yaml, prices.yaml, diagnosis.yaml override shipped"
@@ -188,10 +188,10 @@ async def _kubernetes(settings: ReportSettings, history: Any, report_texts: dict
 def _write_dir(directory: Path, report: Any) -> None:
     from datetime import UTC, datetime
 
-    from gpuscale.report.formatters import as_json, markdown
+    from gpuscale.report.formatters import as_json, html, markdown
 
     stamp = datetime.fromtimestamp(report.window.end, UTC).strftime("%Y%m%dT%H%MZ")
-    texts = {"md": markdown(report), "json": as_json(report)}
+    texts = {"md": markdown(report), "json": as_json(report), "html": html(report)}
     try:
         directory.mkdir(parents=True, exist_ok=True)
         for ext, text in texts.items():

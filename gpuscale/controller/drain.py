@@ -6,7 +6,8 @@ pod on the node is evicted through ``pods/eviction``, so PodDisruptionBudgets ar
 Gangs: a pod that belongs to a gang (a pod-group label or annotation, ``DrainPolicy.gang_keys``) is evicted with
 every running pod of its gang, on any node — a gang that lost one member is broken anyway, and holding the others
 only wastes their GPUs. Before evicting any of a gang, the PDBs covering its pods are checked (see
-``gpuscale.disruption``): if one would refuse, none of the gang is evicted this reconcile.
+``gpuscale.disruption``): if one would refuse, none of the gang is evicted this reconcile, and a Warning Event
+``GangDrainHeld`` on the node says which budget (once: the Events cache holds this controller's own Events).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscale.controller.writes import ClusterView, Evict, Write
+from gpuscale.controller.events import already_reported
+from gpuscale.controller.writes import ClusterView, Emit, Evict, ObjectKey, Write
 from gpuscale.disruption import disruptions_allowed, pdb_selects
 
 __all__ = ["DrainPolicy", "gang_of", "plan_drain"]
@@ -75,8 +77,17 @@ def plan_drain(view: ClusterView, node: str, *, policy: DrainPolicy, why: str) -
     pdbs = view.objects("policy/v1", "PodDisruptionBudget")
     writes: list[Write] = []
     for key, members in groups.items():
-        if key[0] == "gang" and not _gang_allowed(members, pdbs, pods):
-            continue  # NB: all or nothing; a later reconcile tries again
+        blocking = _blocking_budget(members, pdbs, pods) if key[0] == "gang" else None
+        if blocking is not None:
+            # NB: all or nothing; a later reconcile tries again. Said once (an Event on the node).
+            regarding = ObjectKey("v1", "Node", node)
+            message = (
+                f"gang {key[1]}/{key[2]} ({len(members)} pods) not drained: PodDisruptionBudget {blocking} "
+                "allows fewer disruptions than the gang has pods"
+            )
+            if not already_reported(view, regarding, "GangDrainHeld", message):
+                writes.append(Emit(regarding, "Warning", "GangDrainHeld", message))
+            continue
         for pod in members:
             meta = pod["metadata"]
             gang = f" (gang {key[1]}/{key[2]})" if key[0] == "gang" else ""
@@ -84,11 +95,13 @@ def plan_drain(view: ClusterView, node: str, *, policy: DrainPolicy, why: str) -
     return writes
 
 
-def _gang_allowed(
+def _blocking_budget(
     members: list[Mapping[str, Any]], pdbs: list[Mapping[str, Any]], pods: list[Mapping[str, Any]]
-) -> bool:
+) -> str | None:
+    """The first PDB that would refuse part of the gang (``namespace/name``), or None when all may go."""
     for pdb in pdbs:
         covered = sum(1 for p in members if pdb_selects(pdb, p))
         if covered and covered > disruptions_allowed(pdb, pods):
-            return False
-    return True
+            meta = pdb.get("metadata") or {}
+            return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    return None

@@ -1,8 +1,8 @@
 """The controller's own /metrics (prometheus-client, one registry per controller so tests never share state).
 
 What an operator looks at: actions taken (by action and result), actions the circuit breaker held back, nodes
-under remediation, GPU nodes per pool, requested-but-idle GPUs and the GPU-hours they have idled, reconcile
-duration and failures, leadership, and the health of every source (exporters, Prometheus, the watch caches).
+under remediation, GPU nodes per pool, requested-but-idle GPUs and the GPU-seconds (hours × 3600) they have idled,
+reconcile duration and failures, leadership, and the health of every source (exporters, Prometheus, the caches).
 """
 
 from __future__ import annotations
@@ -66,9 +66,10 @@ class ControllerMetrics:
             ["node"],
             registry=r,
         )
-        self.idle_gpu_hours = Counter(
-            "gpuscale_controller_idle_gpu_hours",
-            "GPU-hours spent requested but idle (counted once a GPU has been idle for the idle window)",
+        self.idle_gpu_seconds = Counter(
+            "gpuscale_controller_idle_gpu_seconds",
+            "GPU-seconds spent requested but idle, counted once a GPU has been idle for the idle window "
+            "(idle GPU-hours: divide by 3600)",
             registry=r,
         )
         self.reconcile_seconds = Histogram(

@@ -83,10 +83,12 @@ def fleet_costs(history: History, activities: list[GpuActivity], policy: ReportP
     blocks = (history.steps + hour - 1) // hour
     timeline_alloc = np.zeros(blocks)
     timeline_active = np.zeros(blocks)
+    even = history.steps == blocks * hour
     for gpu, act in zip(history.gpus, activities, strict=True):
         held = (gpu.pod >= 0) & act.sampled
+        always = act.clean and bool(held.all())  # NB: the common case, without masked copies
         free = (gpu.pod < 0) & act.sampled
-        a = np.where(held, act.activity, 0.0)
+        a = act.activity if always else np.where(held, act.activity, np.float32(0.0))
         pool = history.node_pools.get(gpu.node, gpu.node)
         figures = {"allocated": float(held.sum()), "active": float(a.sum()), "unallocated": float(free.sum())}
         for acc in (
@@ -102,6 +104,10 @@ def fleet_costs(history: History, activities: list[GpuActivity], policy: ReportP
             namespaces.setdefault(ns, CostAccumulator(step)).add(
                 gpu.key, gpu.product, allocated=float(mask.sum()), active=float(a[mask].sum()), unallocated=0.0
             )
+        if always and even:
+            timeline_alloc += hour
+            timeline_active += a.reshape(blocks, hour).sum(axis=1, dtype=np.float64)
+            continue
         pad = blocks * hour - history.steps
         timeline_alloc += np.pad(held.astype(np.float64), (0, pad)).reshape(blocks, hour).sum(axis=1)
         timeline_active += np.pad(a.astype(np.float64), (0, pad)).reshape(blocks, hour).sum(axis=1)

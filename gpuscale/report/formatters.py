@@ -1,6 +1,6 @@
 """Report formats, one function each, registered by name: ``table`` (a terminal, 120 columns), ``json`` (the
-versioned schema of ``report/model.py``), ``markdown``, ``html`` (one self-contained file with charts; needs
-the ``html`` extra). An unknown name fails with the list of valid ones."""
+versioned schema of ``report/model.py``), ``markdown``, ``html`` (one self-contained file with charts). An
+unknown name fails with the list of valid ones."""
 
 from __future__ import annotations
 

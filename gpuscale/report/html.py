@@ -1,18 +1,21 @@
 """``-o html``: one self-contained HTML file with charts, which opens with no network.
 
-Charts are drawn by matplotlib (the ``html`` extra: ``pip install 'gpuscale[html]'``) as inline SVG: no
-script, no font or style sheet fetched, nothing to block. Three charts, each with the numbers in a table
-beside it: the activity distribution per workload (share of GPU-time per 10 % band), idle cost (or idle
-GPU-hours when no product has a price) per pool, and allocated vs active GPUs over the window.
+Charts are drawn by pygal (a core dependency, which ``gpuscale simulate`` draws with too) as inline SVG with
+its JavaScript left out: no script, no font or style sheet fetched, nothing to block — and the image (core
+dependencies only) can write it. Three charts, each beside the numbers in a table: the activity distribution
+per workload (share of GPU-time per 10 % band), idle cost (or idle GPU-hours when no product has a price) per
+pool, and allocated vs active GPUs over the window.
 """
 
 from __future__ import annotations
 
 import html as htmllib
-import io
-from datetime import UTC, datetime
+import re
+from typing import Any
 
-from gpuscale.errors import GpuscaleError
+import pygal
+from pygal.style import Style
+
 from gpuscale.report.formatters import (
     COST_COLUMNS,
     WORKLOAD_COLUMNS,
@@ -29,76 +32,88 @@ from gpuscale.report.model import Report
 ACTIVE_COLOUR = "#1f77b4"
 ALLOCATED_COLOUR = "#ff7f0e"
 IDLE_COLOUR = "#d62728"
-_BANDS = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725"]
+UNALLOCATED_COLOUR = "#9467bd"
+BANDS = ("#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725")
 
 
-class MissingExtra(GpuscaleError):
-    """An optional dependency a format needs is not installed; the message names the pip command."""
+def _style(*colors: str) -> Style:
+    # NB: opaque fills, so a chart's colours are exactly the ones named above
+    return Style(
+        background="white",
+        plot_background="white",
+        foreground="#333",
+        foreground_strong="#111",
+        foreground_subtle="#ddd",
+        colors=colors,
+        opacity="1",
+        opacity_hover="1",
+        font_family="sans-serif",
+    )
 
 
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MissingExtra(
-            "-o html needs matplotlib, which a plain install leaves out: pip install 'gpuscale[html]' "
-            "(or use -o markdown / -o json)"
-        ) from None
-    plt.rcParams.update({"svg.fonttype": "path", "font.size": 9})  # NB: glyphs as paths: no font to fetch
-    return plt
+def _options(**extra: Any) -> dict[str, Any]:
+    return {
+        "width": 1100,
+        "js": [],  # NB: no <script src=…>: the page must open offline
+        "legend_at_bottom": True,
+        "truncate_legend": -1,
+        "truncate_label": -1,
+        **extra,
+    }
 
 
-def _svg(fig) -> str:
-    out = io.StringIO()
-    fig.savefig(out, format="svg", bbox_inches="tight")
-    text = out.getvalue()
-    return text[text.index("<svg") :]
+_SCRIPT = re.compile(r"<script[^>]*>.*?</script>", re.DOTALL)
+
+
+def _svg(chart: Any) -> str:
+    """The chart's SVG without pygal's inline config script (its tooltips' JavaScript is left out anyway)."""
+    return _SCRIPT.sub("", chart.render(is_unicode=True))
 
 
 def _charts(report: Report) -> dict[str, str]:
-    plt = _pyplot()
     charts: dict[str, str] = {}
     workloads = report.workloads[:30]
     if workloads:
-        fig, ax = plt.subplots(figsize=(9, 0.35 * len(workloads) + 1.2))
-        names = [f"{w.namespace}/{w.name}" for w in workloads]
-        left = [0.0] * len(workloads)
+        chart = pygal.HorizontalStackedBar(
+            style=_style(*BANDS),
+            **_options(height=200 + 40 * len(workloads), x_title="share of GPU-time (%) per activity band"),
+        )
+        chart.x_labels = [f"{w.namespace}/{w.name}" for w in workloads]
         for band in range(10):
-            shares = [w.activity_histogram[band] * 100 for w in workloads]
-            ax.barh(names, shares, left=left, color=_BANDS[band], label=f"{band * 10}–{band * 10 + 10} %")
-            left = [a + b for a, b in zip(left, shares, strict=True)]
-        ax.set_xlabel("share of GPU-time (%) per activity band")
-        ax.invert_yaxis()
-        ax.legend(ncol=5, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(workloads) < 4 else -0.1))
-        charts["distribution"] = _svg(fig)
-        plt.close(fig)
+            chart.add(
+                f"{band * 10}–{band * 10 + 10} %", [round(w.activity_histogram[band] * 100, 2) for w in workloads]
+            )
+        charts["distribution"] = _svg(chart)
     if report.pools:
         priced = any(p.cost.idle_cost is not None for p in report.pools)
-        fig, ax = plt.subplots(figsize=(9, 2.8))
-        values = [(p.cost.idle_cost or 0.0) if priced else p.cost.idle_hours for p in report.pools]
+        chart = pygal.StackedBar(
+            style=_style(IDLE_COLOUR, UNALLOCATED_COLOUR),
+            **_options(height=330, y_title=f"idle cost ({report.currency})" if priced else "idle GPU-hours"),
+        )
+        chart.x_labels = [p.name for p in report.pools]
+        idle = [(p.cost.idle_cost or 0.0) if priced else p.cost.idle_hours for p in report.pools]
         unalloc = [(p.cost.unallocated_cost or 0.0) if priced else p.cost.unallocated_hours for p in report.pools]
-        names = [p.name for p in report.pools]
-        ax.bar(names, values, color=IDLE_COLOUR, label="allocated but idle")
-        ax.bar(names, unalloc, bottom=values, color="#9467bd", label="unallocated")
-        ax.set_ylabel(f"idle cost ({report.currency})" if priced else "idle GPU-hours")
-        ax.legend(fontsize=8)
-        charts["pools"] = _svg(fig)
-        plt.close(fig)
+        chart.add("allocated but idle", idle)
+        chart.add("unallocated", unalloc)
+        charts["pools"] = _svg(chart)
     if report.timeline:
-        fig, ax = plt.subplots(figsize=(9, 2.8))
-        times = [datetime.fromtimestamp(p.t, UTC) for p in report.timeline]
-        ax.fill_between(times, [p.allocated_gpus for p in report.timeline], color=ALLOCATED_COLOUR)
-        ax.fill_between(times, [p.active_gpus for p in report.timeline], color=ACTIVE_COLOUR)
-        ax.plot([], [], color=ALLOCATED_COLOUR, label="allocated GPUs")
-        ax.plot([], [], color=ACTIVE_COLOUR, label="active GPUs (activity-weighted)")
-        ax.set_ylabel("GPUs (hourly mean)")
-        ax.legend(fontsize=8, loc="upper right")
-        fig.autofmt_xdate()
-        charts["timeline"] = _svg(fig)
-        plt.close(fig)
+        start = report.window.start
+        chart = pygal.XY(
+            style=_style(ALLOCATED_COLOUR, ACTIVE_COLOUR),
+            **_options(
+                height=330,
+                fill=True,
+                show_dots=False,
+                x_title=f"hours since {when(start)} UTC",
+                y_title="GPUs (mean per point)",
+            ),
+        )
+        hours = [round((p.t - start) / 3600.0, 3) for p in report.timeline]
+        chart.add("allocated GPUs", list(zip(hours, [p.allocated_gpus for p in report.timeline], strict=True)))
+        chart.add(
+            "active GPUs (activity-weighted)", list(zip(hours, [p.active_gpus for p in report.timeline], strict=True))
+        )
+        charts["timeline"] = _svg(chart)
     return charts
 
 

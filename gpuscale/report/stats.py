@@ -84,12 +84,21 @@ class DecayingHistogram:
         """The weight of a sample at each of ``times`` (epoch seconds)."""
         return np.exp2((np.asarray(times, dtype=np.float64) - self.reference) / self.half_life)
 
-    def add(self, values: np.ndarray, *, weights: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, int, float]:
+    def add(
+        self,
+        values: np.ndarray,
+        *,
+        weights: np.ndarray,
+        scale: float = 1.0,
+        clean: bool = False,
+        maximum: float | None = None,
+    ) -> tuple[np.ndarray, int, float]:
         """Add ``values`` × ``scale`` with their weights (broadcast to the values' shape; from ``decay``). NaN
-        samples are skipped. Returns what was added (bucket weights, count, maximum) for ``add_counts``."""
+        samples are skipped; ``clean`` says there are none (and ``maximum`` what the largest is) when the caller
+        already knows. Returns what was added (bucket weights, count, maximum) for ``add_counts``."""
         values = np.asarray(values)
-        nan = np.isnan(values)
-        if nan.any():
+        nan = None if clean else np.isnan(values)
+        if nan is not None and nan.any():
             ok = ~nan
             values = values[ok]
             weights = np.broadcast_to(weights, ok.shape)[ok]
@@ -100,7 +109,8 @@ class DecayingHistogram:
         counts = np.bincount(
             self.buckets.index(values, scale=scale).ravel(), weights=weights.ravel(), minlength=self.buckets.count
         )
-        added = (counts, int(values.size), float(values.max()) * scale)
+        top = maximum if maximum is not None else float(values.max())
+        added = (counts, int(values.size), top * scale)
         self.add_counts(*added)
         return added
 

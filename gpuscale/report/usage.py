@@ -52,6 +52,8 @@ class GpuActivity:
     busy: np.ndarray  # bool
     sampled: np.ndarray  # bool: some activity signal present
     source: str  # which field the activity mostly came from
+    clean: bool = False  # every step sampled (no NaN): the fast paths need no masks
+    maximum: float | None = None
 
 
 def activity_of(gpu: GpuHistory, *, idle_busy_percent: float, idle_sm_active: float) -> GpuActivity:
@@ -59,11 +61,14 @@ def activity_of(gpu: GpuHistory, *, idle_busy_percent: float, idle_sm_active: fl
     sm = gpu.values.get("sm_active")
     gr = gpu.values.get("gr_engine_active")
     util = gpu.values.get("gpu_util_percent")
-    nan = np.full(steps, np.nan, dtype=np.float32) if sm is None or gr is None or util is None else None
     sm_nan = np.isnan(sm) if sm is not None else np.ones(steps, dtype=bool)
-    if sm is not None and not sm_nan.any() and sm.min() >= 0.0 and sm.max() <= 1.0:
+    clean = sm is not None and not sm_nan.any()
+    maximum = float(sm.max()) if clean and sm is not None else None
+    if clean and sm is not None and maximum is not None and sm.min() >= 0.0 and maximum <= 1.0:
         activity = sm  # NB: the same array: its histogram is counted once (``_add_gpu``)
     else:
+        clean, maximum = False, None
+        nan = np.full(steps, np.nan, dtype=np.float32)
         from_util = util / np.float32(100.0) if util is not None else nan
         fallback = np.where(~np.isnan(gr), gr, from_util) if gr is not None else from_util
         activity = np.where(~sm_nan, sm, fallback) if sm is not None else fallback
@@ -74,14 +79,14 @@ def activity_of(gpu: GpuHistory, *, idle_busy_percent: float, idle_sm_active: fl
         for values, threshold in ((util, idle_busy_percent), (sm, idle_sm_active), (gr, idle_busy_percent / 100.0)):
             if values is not None:
                 busy |= values > threshold
-    sampled = ~np.isnan(activity)
+    sampled = ~sm_nan if clean else ~np.isnan(activity)
     counts = {
         "SM_ACTIVE": int(steps - sm_nan.sum()),
         "GR_ENGINE_ACTIVE": int((~np.isnan(gr)).sum()) if gr is not None else 0,
     }
     counts["GPU_UTIL"] = int(sampled.sum()) - counts["SM_ACTIVE"] - counts["GR_ENGINE_ACTIVE"]
     source = max(counts, key=lambda k: counts[k]) if sampled.any() else "none"
-    return GpuActivity(activity, busy & sampled, sampled, source)
+    return GpuActivity(activity, busy if clean else busy & sampled, sampled, source, clean, maximum)
 
 
 @dataclass(slots=True)
@@ -226,7 +231,10 @@ def _add_gpu(
         if known is not None and scale == 100.0:
             hist.add_counts(*known)
             continue
-        counts_of[id(values)] = hist.add(values if full else values[mask], weights=w, scale=scale)
+        if full and act.clean and values is act.activity:
+            counts_of[id(values)] = hist.add(values, weights=w, scale=scale, clean=True, maximum=act.maximum)
+        else:
+            counts_of[id(values)] = hist.add(values if full else values[mask], weights=w, scale=scale)
     pod = usage.pods.get(pod_index)
     if pod is None:
         pod = usage.pods[pod_index] = PodSteps(
@@ -256,8 +264,13 @@ def _add_gpu(
         if fld not in usage.block_sums:
             usage.block_sums[fld] = np.zeros(blocks)
             usage.block_counts[fld] = np.zeros(blocks)
+        even = length and block[length - 1] == 0 and (length == steps or block[length] == 1)
+        if even and full and act.clean and values is act.activity:  # no NaN: plain sums, full counts
+            usage.block_sums[fld] += v.reshape(blocks, length).sum(axis=1, dtype=np.float64)
+            usage.block_counts[fld] += length
+            continue
         ok = ~np.isnan(v)
-        if length and block[length - 1] == 0 and (length == steps or block[length] == 1):
+        if even:
             usage.block_sums[fld] += np.nansum(v.reshape(blocks, length), axis=1, dtype=np.float64)
             usage.block_counts[fld] += ok.reshape(blocks, length).sum(axis=1)
         else:
@@ -267,9 +280,14 @@ def _add_gpu(
 
 def pods_of(pod: np.ndarray, held: np.ndarray) -> list[int]:
     """The pod indices in ``pod`` where ``held``; most GPUs are held by one pod all window (no sort then)."""
-    first = int(pod[held][0]) if held.any() else -1
-    if first < 0 and not held.any():
+    if held.all():
+        first = int(pod[0])
+        if (pod == first).all():
+            return [first]
+        return [int(p) for p in np.unique(pod)]
+    if not held.any():
         return []
+    first = int(pod[held][0])
     if (np.where(held, pod, first) == first).all():
         return [first]
     return [int(p) for p in np.unique(pod[held])]

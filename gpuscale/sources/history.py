@@ -12,11 +12,12 @@ What is asked, and why it stays bounded
   batch, then the time range — and asks again; at one node and one step it stops with the server's words.
 * **Retries.** Timeouts, refused connections and HTTP 429/5xx are retried ``retries`` times with doubling
   backoff; then ``SourceUnavailable`` names the server, the query and the last error (exit 2, one line).
-* **Identity.** Four instant queries at the window's end, each ``last_over_time(X[window])`` so pods gone
-  before the end still answer: ``kube_pod_owner`` and ``kube_replicaset_owner`` (pod → ReplicaSet →
-  Deployment), ``kube_pod_container_resource_requests{resource="nvidia_com_gpu"}`` (GPUs requested, summed
-  over containers), ``kube_node_labels`` (the pool). Without kube-state-metrics, ``owners`` may come from the
-  Kubernetes API (the CLI passes what it listed); pods known to neither are bare pods, and the report says so.
+* **Identity.** Five instant queries at the window's end, each ``last_over_time(X[window])`` so pods gone
+  before the end still answer: ``kube_pod_owner``, ``kube_replicaset_owner`` and ``kube_job_owner`` (pod →
+  ReplicaSet → Deployment, pod → Job → CronJob), ``kube_pod_container_resource_requests`` of
+  ``nvidia_com_gpu`` (GPUs requested, summed over containers), ``kube_node_labels`` (the pool). Without
+  kube-state-metrics, ``owners`` may come from the Kubernetes API (the CLI passes what it listed); pods known
+  to neither are bare pods, and the report says so.
 * **Which pod held a GPU.** The DCGM pod labels per series (``metrics/attribution``: ``exported_pod`` over
   ``pod`` over ``pod_name``); a pod whose name matches ``exporter_pod_pattern`` is the exporter itself
   (Prometheus' target labels on an idle GPU), not a workload.
@@ -353,18 +354,21 @@ def _pod_of(labels: Mapping[str, str]) -> PodRef | None:
 async def _identity(client: RangeClient, history: History, *, at: float, window: float) -> None:
     """Owners, GPU requests and node pools from kube-state-metrics, when the server has them."""
     w = format_duration(window)
-    owners, rs_owners, requests, node_labels = await asyncio.gather(
+    owners, rs_owners, job_owners, requests, node_labels = await asyncio.gather(
         client.query(f"last_over_time(kube_pod_owner[{w}])", at=at),
         client.query(f"last_over_time(kube_replicaset_owner[{w}])", at=at),
+        client.query(f"last_over_time(kube_job_owner[{w}])", at=at),
         client.query(f'last_over_time(kube_pod_container_resource_requests{{resource="nvidia_com_gpu"}}[{w}])', at=at),
         client.query(f"last_over_time(kube_node_labels[{w}])", at=at),
     )
-    deployments: dict[tuple[str, str], tuple[str, str]] = {}
-    for s in rs_owners:
-        m = s.get("metric", {})
-        ns = m.get("exported_namespace") or m.get("namespace")
-        if ns and m.get("replicaset") and m.get("owner_kind") not in (None, "", "<none>"):
-            deployments[(ns, m["replicaset"])] = (m["owner_kind"], m.get("owner_name", ""))
+    # A ReplicaSet's Deployment, a Job's CronJob: the workload whose history is the union of its pods'.
+    parents: dict[tuple[str, str, str], tuple[str, str]] = {}
+    for kind, key, series in (("ReplicaSet", "replicaset", rs_owners), ("Job", "job_name", job_owners)):
+        for s in series:
+            m = s.get("metric", {})
+            ns = m.get("exported_namespace") or m.get("namespace")
+            if ns and m.get(key) and m.get("owner_kind") not in (None, "", "<none>"):
+                parents[(kind, ns, m[key])] = (m["owner_kind"], m.get("owner_name", ""))
     for s in owners:
         m = s.get("metric", {})
         ref = _pod_of(m)
@@ -374,8 +378,7 @@ async def _identity(client: RangeClient, history: History, *, at: float, window:
         if kind in ("", "<none>"):
             history.owners[ref] = Owner("Pod", ref.name)
             continue
-        if kind == "ReplicaSet" and (ref.namespace, name) in deployments:
-            kind, name = deployments[(ref.namespace, name)]
+        kind, name = parents.get((kind, ref.namespace, name), (kind, name))
         history.owners[ref] = Owner(kind, name)
     for s in requests:
         ref = _pod_of(s.get("metric", {}))

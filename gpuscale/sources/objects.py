@@ -9,12 +9,13 @@ It answers ``objects`` / ``get`` from memory, which is the ``controller.writes.C
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscale.errors import KindNotServed
+from gpuscale.errors import KindNotServed, SourceUnavailable
 from gpuscale.sources.kube import Reflector, _Kind
 from gpuscale.sources.kuberest import KubeRest
 
@@ -122,8 +123,34 @@ class ObjectCache(Reflector):
         return _Kind(f"{spec.kind}{'.' + group if group else ''}{where}", call, replace, put, remove)
 
     async def start(self) -> None:
-        await self.prepare()
+        """Start the list+watch loops. If the API cannot be reached for discovery yet, keep trying in the
+        background (doubling backoff) and start the loops once it answers; ``wait_synced`` and ``last_errors``
+        say why nothing is listed meanwhile. A required kind the server does not serve fails here."""
+        if self._tasks:
+            return
+        try:
+            await self.prepare()
+        except KindNotServed:
+            raise
+        except SourceUnavailable as e:
+            self.last_errors["discovery"] = e.reason
+            log.warning("%s; retrying discovery in the background", e)
+            self._tasks = [asyncio.create_task(self._prepare_then_run(), name="kube-discovery")]
+            return
         await super().start()
+
+    async def _prepare_then_run(self) -> None:
+        delay = self._backoff_min
+        while True:
+            try:
+                await self.prepare()
+                break
+            except SourceUnavailable as e:
+                self.last_errors["discovery"] = e.reason
+                await asyncio.sleep(self._jitter(delay))
+                delay = min(delay * 2, self._backoff_max)
+        self.last_errors.pop("discovery", None)
+        self._tasks.extend(asyncio.create_task(self._run(kind), name=f"kube-watch-{kind.name}") for kind in self._kinds)
 
     async def refresh_once(self) -> None:
         await self.prepare()

@@ -125,6 +125,7 @@ async def start_harness(
         WatchSpec("v1", "Pod"),
         WatchSpec("v1", "ConfigMap", namespace=NAMESPACE),
         WatchSpec("policy/v1", "PodDisruptionBudget"),
+        WatchSpec("v1", "Event", field_selector="source=gpuscale-controller"),
         *watch,
     ]
     cache = ObjectCache(rest, specs)

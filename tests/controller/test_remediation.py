@@ -322,3 +322,19 @@ async def test_accelerated_hardware_ready_only_where_the_policy_says_we_own_it(t
         assert condition(h.node("gpu-00"), "AcceleratedHardwareReady") is None, "not ours by default"
     finally:
         await h.close()
+
+
+async def test_an_api_outage_fails_writes_visibly_and_the_next_reconcile_catches_up(cluster):
+    h = cluster
+    await h.reconcile()
+    h.exporters.sim.override_gpu("gpu-01", 0, last_xid=79, xid_window=((79, 1),))
+    await h.api.go_away()
+    try:
+        h.clock.advance(15)
+        result = await h.controller.reconcile_once()  # the caches keep their last view; the writes find no API
+        assert result.outcomes and {o.result for o in result.outcomes} == {"failed"}
+        assert all("kubernetes" in o.detail for o in result.outcomes)
+    finally:
+        await h.api.come_back()
+    await h.reconcile()
+    assert h.node("gpu-01")["spec"]["unschedulable"] is True

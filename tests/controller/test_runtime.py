@@ -213,6 +213,11 @@ async def test_drain_evicts_through_the_api_respecting_budgets_and_gangs(tmp_pat
         assert "exporter" in names, "DaemonSet pods are skipped"
         assert {"train-0", "train-1"} <= names, "the gang's budget allows 1 of 2: none of the gang is evicted"
         assert "serve-0" in names, "the PDB refused (429) and the pod stays"
+        held = [e for e in h.events("gpu-00") if e["reason"] == "GangDrainHeld"]
+        assert len(held) == 1 and "PodDisruptionBudget default/train" in held[0]["message"]
+        await h.reconcile()
+        (again,) = [e for e in h.events("gpu-00") if e["reason"] == "GangDrainHeld"]
+        assert again["count"] == 1, "said once, not repeated every reconcile"
         evictions = [o for o in result.outcomes if o.write.__class__.__name__ == "Evict"]
         assert sorted((o.write.name, o.result) for o in evictions) == [("lonely", "applied"), ("serve-0", "refused")]
         api.patch("policy/v1", "PodDisruptionBudget", "train", {"spec": {"maxUnavailable": 2}}, namespace="default")
@@ -250,5 +255,19 @@ async def test_two_kinds_of_one_name_in_different_groups_both_sync(api, rest):
     try:
         await cache.wait_synced(10)
         assert cache.synced
+    finally:
+        await cache.stop()
+
+
+async def test_caches_started_while_the_api_is_away_sync_once_it_is_back(api, rest):
+    await api.go_away()
+    cache = ObjectCache(rest, [WatchSpec("v1", "Node")], backoff_max_seconds=0.05)
+    try:
+        await cache.start()  # no exception: discovery goes on in the background
+        assert not cache.synced and "discovery" in cache.last_errors
+        api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-a"}})
+        await api.come_back()
+        await cache.wait_synced(timeout=10)
+        assert cache.get("v1", "Node", "gpu-a") is not None and "discovery" not in cache.last_errors
     finally:
         await cache.stop()

@@ -13,6 +13,7 @@ import aiohttp
 
 from gpuscale.sim.exporters import SimExporters
 from gpuscale.sim.kubeapi import SimKubeApi
+from tests.adapter.test_selfmetrics import promtool_check
 from tests.controller.harness import scenario
 from tests.e2e.backends import free_port
 
@@ -101,6 +102,8 @@ async def test_the_controller_process_remediates_and_reports(tmp_path):
             assert "gpuscale_controller_leader 1.0" in text
             assert 'gpuscale_controller_pool_nodes{pool="gpu-a"} 3.0' in text
             assert re.search(r'gpuscale_controller_source_up\{source="scrape",target="[^"]+"\} 1.0', text)
+            code, out = await promtool_check(text.encode())
+            assert code == 0, out
             lease = api.get("coordination.k8s.io/v1", "Lease", "gpuscale-controller", namespace="gpuscale")
             assert lease["spec"]["holderIdentity"] == "e2e-replica"
 
@@ -124,6 +127,52 @@ async def test_the_controller_process_remediates_and_reports(tmp_path):
         assert not lease["spec"].get("holderIdentity"), "released on SIGTERM"
         log = (tmp_path / "stderr").read_text()
         assert "action=patch object=Node/gpu-02 result=applied" in log
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        err.close()
+        await exporters.stop()
+        await api.stop()
+
+
+async def test_the_controller_waits_for_an_api_that_is_not_up_yet(tmp_path):
+    api = SimKubeApi()
+    await api.start()
+    exporters = SimExporters()
+    await exporters.start(scenario(1))
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    await api.go_away()
+    port = free_port()
+    command = [sys.executable, "-m", "gpuscale.cli.main", "controller", "--kubeconfig", kubeconfig, "--port", str(port)]
+    command += ["--bind-address", "127.0.0.1", "--interval", "0.5s", "--no-leader-elect"]
+    command += ["--scrape-url", next(iter(exporters.dcgm_urls.values()))]
+    err = open(tmp_path / "stderr", "wb")  # noqa: SIM115
+    proc = await asyncio.create_subprocess_exec(*command, stderr=err)
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def readyz() -> tuple[int, str]:
+                assert proc.returncode is None, (tmp_path / "stderr").read_text()
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
+                        return r.status, await r.text()
+                except aiohttp.ClientError:
+                    return 0, ""
+
+            async def waiting() -> bool:
+                status, text = await readyz()
+                return status == 503 and "discovery" in text
+
+            await _until(waiting)
+            await api.come_back()
+
+            async def ready() -> bool:
+                return (await readyz())[0] == 200
+
+            await _until(ready)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
     finally:
         if proc.returncode is None:
             proc.kill()

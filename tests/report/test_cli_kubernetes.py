@@ -112,7 +112,12 @@ async def test_owners_from_the_api_and_the_report_in_a_directory_and_the_configm
     assert kinds == {("Deployment", "trainer", "kubernetes"), ("Pod", "gone-pod", "none")}
     assert any("ml/gone-pod" in g for g in report["gaps"])
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["report.json", "report.md", *(f"report-{report_stamp(report)}.{e}" for e in ("json", "md"))]
+        [
+            "report.html",
+            "report.json",
+            "report.md",
+            *(f"report-{report_stamp(report)}.{e}" for e in ("html", "json", "md")),
+        ]
     )
     cm = sim.get("v1", "ConfigMap", "gpuscale-report", namespace="gpuscale")
     assert json.loads(cm["data"]["report.json"])["workloads"] == report["workloads"]

@@ -174,3 +174,39 @@ def test_the_workload_pod_is_the_exported_one_and_the_exporter_is_no_workload():
     a, b = h.gpus
     assert h.pods[a.pod[0]] == PodRef("ml", "llm-0") and (a.pod >= 0).all()
     assert (b.pod == -1).all() and b.node == "n1"
+
+
+async def test_owners_go_up_to_the_deployment_and_the_cronjob():
+    from gpuscale.metrics.history import History, Owner
+    from gpuscale.sources.history import _identity
+
+    answers = {
+        "kube_pod_owner": [
+            {"namespace": "ml", "pod": "web-7d9f-x", "owner_kind": "ReplicaSet", "owner_name": "web-7d9f"},
+            {"namespace": "ml", "pod": "nightly-2839-y", "owner_kind": "Job", "owner_name": "nightly-2839"},
+            {"namespace": "ml", "pod": "once-z", "owner_kind": "Job", "owner_name": "once"},
+            {"namespace": "ml", "pod": "bare", "owner_kind": "<none>", "owner_name": "<none>"},
+        ],
+        "kube_replicaset_owner": [
+            {"namespace": "ml", "replicaset": "web-7d9f", "owner_kind": "Deployment", "owner_name": "web"}
+        ],
+        "kube_job_owner": [
+            {"namespace": "ml", "job_name": "nightly-2839", "owner_kind": "CronJob", "owner_name": "nightly"},
+            {"namespace": "ml", "job_name": "once", "owner_kind": "<none>", "owner_name": "<none>"},
+        ],
+    }
+
+    class Client:
+        async def query(self, promql, *, at):
+            name = next((n for n in answers if f"({n}[" in promql), None)
+            return [{"metric": m, "value": [at, "1"]} for m in answers.get(name, [])]
+
+    h = History(start=START, step_seconds=STEP, steps=1)
+    await _identity(Client(), h, at=START, window=3600)
+    assert {p.name: (o.kind, o.name) for p, o in h.owners.items()} == {
+        "web-7d9f-x": ("Deployment", "web"),
+        "nightly-2839-y": ("CronJob", "nightly"),
+        "once-z": ("Job", "once"),
+        "bare": ("Pod", "bare"),
+    }
+    assert all(isinstance(o, Owner) for o in h.owners.values())
