@@ -7,102 +7,66 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 
 import yaml
 
 from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS
-from gpuscale.sim.exporters import SimExporters
-from gpuscale.sim.kubeapi import SimKubeApi
-from tests.controller.harness import scenario
 from tests.controller.test_provisioning import volcano_group
 from tests.e2e.backends import free_port
-from tests.e2e.test_controller import _until
+from tests.e2e.controller_process import controller_command, controller_process, simulated_cluster, until
 
 REQUEST = ("autoscaling.x-k8s.io/v1", "ProvisioningRequest")
 
 
 async def test_the_controller_process_provisions_a_pending_gang(tmp_path):
-    api = SimKubeApi()
-    await api.start()
-    exporters = SimExporters()
-    await exporters.start(scenario(2))
-    for obj in exporters.kube_objects():
-        if obj["kind"] in ("Node", "Namespace"):
-            api.apply(obj)
-    for name in ("gpuscale", "ml"):
-        api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    for crd in BATCH_SCHEDULING_CRDS:
-        api.create(crd)
-    api.create(volcano_group())
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "pools.yaml").write_text(
         "pools:\n  - {name: b200-zero, gpu_product: NVIDIA-B200, gpus_per_node: 8, node_groups: ['eks-b200-.*']}\n"
     )
-    command = [
-        sys.executable,
-        "-m",
-        "gpuscale.cli.main",
-        "controller",
-        "--kubeconfig",
-        api.write_kubeconfig(tmp_path / "kubeconfig"),
-        *[arg for url in exporters.dcgm_urls.values() for arg in ("--scrape-url", url)],
-        "--policies",
-        str(policies),
-        "--port",
-        str(free_port()),
-        "--bind-address",
-        "127.0.0.1",
-        "--interval",
-        "0.5s",
-        "--no-leader-elect",
-        "--no-health",
-        "--no-hints",
-    ]
-    err = open(tmp_path / "stderr", "wb")  # noqa: SIM115
-    proc = await asyncio.create_subprocess_exec(*command, stderr=err)
-    try:
+    async with simulated_cluster(2) as (api, exporters):
+        for name in ("gpuscale", "ml"):
+            api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        for crd in BATCH_SCHEDULING_CRDS:
+            api.create(crd)
+        api.create(volcano_group())
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        extra = ("--policies", str(policies), "--no-leader-elect", "--no-health", "--no-hints")
+        command = controller_command(kubeconfig, exporters, free_port(), *extra)
+        async with controller_process(command, tmp_path / "stderr") as proc:
 
-        async def requested() -> bool:
-            assert proc.returncode is None, (tmp_path / "stderr").read_text()
+            async def requested() -> bool:
+                assert proc.returncode is None, (tmp_path / "stderr").read_text()
+                cm = api.get("v1", "ConfigMap", "cluster-autoscaler-priority-expander", namespace="kube-system")
+                return bool(api.list(*REQUEST, namespace="ml")) and cm is not None
+
+            await until(requested)
+            (request,) = api.list(*REQUEST, namespace="ml")
+            (pod_set,) = request["spec"]["podSets"]
+            template = api.get("v1", "PodTemplate", pod_set["podTemplateRef"]["name"], namespace="ml")
+            limits = template["template"]["spec"]["containers"][0]["resources"]["limits"]
+            assert pod_set["count"] * int(limits["nvidia.com/gpu"]) == 16
             cm = api.get("v1", "ConfigMap", "cluster-autoscaler-priority-expander", namespace="kube-system")
-            return bool(api.list(*REQUEST, namespace="ml")) and cm is not None
+            priorities = yaml.safe_load(cm["data"]["priorities"])
+            # the 2-GPU H100 nodes cannot host an 8-GPU pod of the gang; the declared 8-GPU B200 pool can
+            assert list(priorities.values()) == [["eks-b200-.*"], [".*gpu\\-a.*"]]
 
-        await _until(requested)
-        (request,) = api.list(*REQUEST, namespace="ml")
-        (pod_set,) = request["spec"]["podSets"]
-        template = api.get("v1", "PodTemplate", pod_set["podTemplateRef"]["name"], namespace="ml")
-        limits = template["template"]["spec"]["containers"][0]["resources"]["limits"]
-        assert pod_set["count"] * int(limits["nvidia.com/gpu"]) == 16
-        cm = api.get("v1", "ConfigMap", "cluster-autoscaler-priority-expander", namespace="kube-system")
-        priorities = yaml.safe_load(cm["data"]["priorities"])
-        # the 2-GPU H100 nodes cannot host an 8-GPU pod of the gang; the declared 8-GPU B200 pool can
-        assert list(priorities.values()) == [["eks-b200-.*"], [".*gpu\\-a.*"]]
+            # the gang runs: its request and template are deleted
+            api.patch(
+                "scheduling.volcano.sh/v1beta1",
+                "PodGroup",
+                "train",
+                {"status": {"phase": "Running", "conditions": None}},
+                namespace="ml",
+                subresource="status",
+            )
 
-        # the gang runs: its request and template are deleted
-        api.patch(
-            "scheduling.volcano.sh/v1beta1",
-            "PodGroup",
-            "train",
-            {"status": {"phase": "Running", "conditions": None}},
-            namespace="ml",
-            subresource="status",
-        )
+            async def cleaned() -> bool:
+                return not api.list(*REQUEST, namespace="ml") and not api.list("v1", "PodTemplate", namespace="ml")
 
-        async def cleaned() -> bool:
-            return not api.list(*REQUEST, namespace="ml") and not api.list("v1", "PodTemplate", namespace="ml")
-
-        await _until(cleaned)
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 20) == 0
+            await until(cleaned)
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 20) == 0
         log = (tmp_path / "stderr").read_text()
         assert f"action=create object=ProvisioningRequest/ml/{request['metadata']['name']} result=applied" in log
         assert log.count("action=create object=ProvisioningRequest/") == 1  # one request, however many reconciles
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        err.close()
-        await exporters.stop()
-        await api.stop()
