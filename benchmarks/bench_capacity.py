@@ -2,7 +2,7 @@
 
 The cluster: ``--nodes`` GPU nodes (8 GPUs each) in 8 pools, NVLink domains of 18 nodes, 8 running pods per
 node, and ``--gangs`` pending gangs (half Volcano groups without pods, a quarter coscheduling groups with 4
-pending pods each, a quarter Kueue Workloads), in the steady state where each already has its
+pending pods each, a quarter Kueue Workloads with quota reserved), in the steady state where each already has its
 ProvisioningRequest (so the planners plan nothing, the common case). Measured with ``time.process_time``:
 ``gangs_of``, the provisioning planner, the NVLink warnings, the expander (including ``pools_of``) — each the
 median of the repeats — against a peer in the same run: decoding the same objects from JSON once (what one
@@ -109,6 +109,7 @@ def cluster(nodes: int, gangs: int) -> list[dict[str, Any]]:
                     "kind": "Workload",
                     "metadata": _meta(name, "ml"),
                     "spec": {"podSets": [{"name": "workers", "count": 4, "template": template}]},
+                    "status": {"conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"}]},
                 }
             )
     return items

@@ -30,7 +30,7 @@ from gpuscale.controller.leader import LeaseElector
 from gpuscale.controller.pools import load_pools_policy
 from gpuscale.pricing import load_prices
 from gpuscale.settings import ControllerSettings, add_arguments, from_arguments
-from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS, custom_resource_definition
+from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS
 from gpuscale.sim.exporters import ManualClock
 from gpuscale.sim.kubeapi import AccessRule
 from tests.controller.harness import NAMESPACE, start_harness
@@ -169,14 +169,13 @@ async def test_rbac_allows_every_call_the_planners_make_and_nothing_unused(root,
         GangCapacityPlanner(pools, prices=load_prices()),
         ExpanderPlanner(pools, prices=load_prices(), activity=pool_activity(pools)),
     )
-    volcano_jobs = custom_resource_definition("batch.volcano.sh", "Job", "jobs", ["v1alpha1"], short_names=("vcjob",))
     h = await start_harness(
         tmp_path,
         nodes=10,
         actions=HealthActions(drain=True),
         extra_planners=planners,
         specs=watch_specs(settings, pools),
-        seed=(*BATCH_SCHEDULING_CRDS, volcano_jobs),
+        seed=BATCH_SCHEDULING_CRDS,  # the Volcano Job CRD included
     )
     try:
         elector = LeaseElector(h.rest, namespace=NAMESPACE, name="gpuscale-controller", identity="a", monotonic=clock)

@@ -28,7 +28,7 @@ from gpuscale.controller.leader import LeaseElector
 from gpuscale.controller.loop import Controller
 from gpuscale.controller.metrics import ControllerMetrics
 from gpuscale.controller.observe import TelemetryFeed
-from gpuscale.controller.pools import PoolsPolicy, load_pools_policy, pool_of
+from gpuscale.controller.pools import PoolsPolicy, load_pools_policy, mean_activity_by_pool
 from gpuscale.controller.provisioning import PROVISIONING_KINDS
 from gpuscale.controller.remediation_policy import load_remediation_policy
 from gpuscale.controller.telemetry import (
@@ -186,14 +186,7 @@ def pool_activity(policy: PoolsPolicy) -> Callable[[ClusterView, ClusterTelemetr
     """pool → mean GPU activity of its reporting nodes now (what the expander ranks by), from the telemetry."""
 
     def activity(view: ClusterView, telemetry: ClusterTelemetry) -> dict[str, float]:
-        by_node = mean_activity_by_node(telemetry)
-        sums: dict[str, list[float]] = {}
-        for node in view.objects("v1", "Node"):
-            name = (node.get("metadata") or {}).get("name", "")
-            pool = pool_of(node, labels=policy.pool_labels)
-            if pool is not None and name in by_node:
-                sums.setdefault(pool, []).append(by_node[name])
-        return {pool: sum(v) / len(v) for pool, v in sorted(sums.items())}
+        return mean_activity_by_pool(view.objects("v1", "Node"), mean_activity_by_node(telemetry), policy=policy)
 
     return activity
 

@@ -7,8 +7,10 @@ A gang is *pending* when its scheduler holds it back for want of capacity:
   created, so the cluster-autoscaler never sees them (volcano-sh/volcano #3910).
 * coscheduling ``PodGroup`` (``scheduling.x-k8s.io/v1alpha1``): not ``Running``/``Finished``/``Failed`` and fewer
   pods bound to nodes than ``minMember``.
-* Kueue ``Workload`` (``kueue.x-k8s.io/v1beta2``): neither ``Admitted`` nor ``Finished``. Its Job stays suspended,
-  so it has no pods; once admitted, its pods are those owned by the Workload's owner (the Job).
+* Kueue ``Workload`` (``kueue.x-k8s.io/v1beta2``): neither ``Admitted`` nor ``Finished``, with its quota reserved
+  (``QuotaReserved=True``: admission checks pending) or refused for a failed topology placement. One still waiting
+  for quota is not pending here: new nodes would not admit it. Its Job stays suspended, so it has no pods; once
+  admitted, its pods are those owned by the Workload's owner (the Job).
 
 What a gang needs (its *pod sets*: how many pods of which shape) comes, in this order, from its unbound pods
 (grouped by shape), from the owning Job's pod template (``batch/v1`` Job: ``minMember`` pods; Volcano
@@ -86,6 +88,7 @@ _VOLCANO_GROUP_ANNOTATIONS = ("scheduling.k8s.io/group-name", "scheduling.volcan
 _COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 _PLACEHOLDER_IMAGE = "registry.k8s.io/pause:3.10"
 _TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+_CAPACITY_REASONS = ("TopologyPlacementFailed",)  # QuotaReserved=False for want of nodes, not of quota
 
 Framework = Literal["volcano", "coscheduling", "kueue"]
 State = Literal["pending", "done", "other"]
@@ -383,7 +386,11 @@ def _workload_gang(
     owners = [ref.get("uid", "") for ref in _meta(workload).get("ownerReferences") or [] if ref.get("uid")]
     pods = [p for uid in owners for p in pods_by_owner.get(uid, []) if _live(p)]
     done = _is_true(workload, "Admitted") or _is_true(workload, "Finished")
-    pending = not done and not _meta(workload).get("deletionTimestamp")
+    quota = _conditions(workload).get("QuotaReserved", {})
+    # NB: a Workload still waiting for quota would not be admitted on new nodes; asking for them would only
+    # leave them idle. Quota reserved (admission checks pending) or a failed topology placement: capacity helps.
+    needs_capacity = quota.get("status") == "True" or quota.get("reason") in _CAPACITY_REASONS
+    pending = not done and needs_capacity and not _meta(workload).get("deletionTimestamp")
     checks = {c.get("name", "") for c in (workload.get("status") or {}).get("admissionChecks") or []}
     covering = sorted((checks | _cluster_queue_checks(view, workload)) & provisioning)
     pod_sets = [

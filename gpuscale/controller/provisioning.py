@@ -12,7 +12,7 @@ refused the request) are said once in an Event on the gang. ``Failed``,
 ``BookingExpired`` (the gang did not start in time) and ``CapacityRevoked`` mean a new request after a
 backoff (``gangs.backoff_base`` doubled per failed attempt up to ``gangs.backoff_max``, counted from the
 condition's ``lastTransitionTime``); after ``gangs.max_attempts`` requests (0 = no limit) the planner gives up
-and says so once, in an Event and an annotation on the last request.
+and says so once, in an Event on the gang (the failed request stays, for an operator to read).
 
 State lives in the objects, never in memory, so a restarted controller (or a second replica after a leader
 change) plans exactly the same: the requests carry the gang's uid and their attempt number as labels
@@ -40,7 +40,6 @@ __all__ = [
     "CLASS_ANNOTATION",
     "CONSUME_ANNOTATION",
     "GANG_UID_LABEL",
-    "GAVE_UP_ANNOTATION",
     "MANAGED_BY_LABEL",
     "POD_TEMPLATE",
     "PROVISIONING_KINDS",
@@ -60,7 +59,6 @@ MANAGER = "gpuscale"
 GANG_UID_LABEL = "gpuscale.io/gang-uid"
 ATTEMPT_LABEL = "gpuscale.io/attempt"
 GANG_ANNOTATION = "gpuscale.io/gang"
-GAVE_UP_ANNOTATION = "gpuscale.io/gave-up"
 RETRY_CONDITIONS = ("Failed", "BookingExpired", "CapacityRevoked")
 _FRAMEWORK_SHORT = {"volcano": "vc", "coscheduling": "cs", "kueue": "kq"}
 _NAME_BUDGET = 200  # NB: object names may be 253 characters; this leaves room for the suffixes
@@ -256,11 +254,8 @@ def _plan_gang(
     cause = f"{condition.get('type')}" + (f" ({condition['reason']})" if condition.get("reason") else "")
     detail = f": {condition['message']}" if condition.get("message") else ""
     if policy.gangs.max_attempts and attempt >= policy.gangs.max_attempts:
-        if GAVE_UP_ANNOTATION not in (_meta(current).get("annotations") or {}):
-            message = f"ProvisioningRequest {name} {cause}{detail}; gave up after {attempt} attempts (max_attempts)"
-            writes.append(
-                Patch(ObjectKey.of(current), {"metadata": {"annotations": {GAVE_UP_ANNOTATION: cause}}}, why=message)
-            )
+        message = f"ProvisioningRequest {name} {cause}{detail}; gave up after {attempt} attempts (max_attempts)"
+        if not already_reported(view, gang.key, "ProvisioningGaveUp", message):
             writes.append(Emit(gang.key, "Warning", "ProvisioningGaveUp", message))
         return writes
     since = _epoch(condition.get("lastTransitionTime")) or _epoch(_meta(current).get("creationTimestamp")) or now

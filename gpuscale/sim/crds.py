@@ -6,7 +6,8 @@ since the simulated server does not validate schemas. Sources (names and version
 manifests; no schema text copied):
 
 * Volcano ``PodGroup``: volcano-sh/apis ``pkg/apis/scheduling/v1beta1``
-  (config/crd/bases/scheduling.volcano.sh_podgroups.yaml)
+  (config/crd/bases/scheduling.volcano.sh_podgroups.yaml); Volcano ``Job``: ``pkg/apis/batch/v1alpha1``
+  (config/crd/bases/batch.volcano.sh_jobs.yaml)
 * coscheduling ``PodGroup``: kubernetes-sigs/scheduler-plugins ``apis/scheduling/v1alpha1``
   (manifests/crds/scheduling.x-k8s.io_podgroups.yaml)
 * Kueue ``Workload``, ``AdmissionCheck``, ``LocalQueue``, ``ClusterQueue``: kubernetes-sigs/kueue
@@ -28,6 +29,7 @@ __all__ = [
     "KUEUE_WORKLOAD",
     "LOCAL_QUEUE",
     "PROVISIONING_REQUEST",
+    "VOLCANO_JOB",
     "VOLCANO_POD_GROUP",
     "custom_resource_definition",
 ]
@@ -75,6 +77,7 @@ def custom_resource_definition(
 VOLCANO_POD_GROUP = custom_resource_definition(
     "scheduling.volcano.sh", "PodGroup", "podgroups", ["v1beta1"], short_names=["pg", "podgroup-v1beta1"]
 )
+VOLCANO_JOB = custom_resource_definition("batch.volcano.sh", "Job", "jobs", ["v1alpha1"], short_names=["vcjob", "vj"])
 COSCHEDULING_POD_GROUP = custom_resource_definition(
     "scheduling.x-k8s.io", "PodGroup", "podgroups", ["v1alpha1"], short_names=["pg", "pgs"]
 )
@@ -95,6 +98,7 @@ PROVISIONING_REQUEST = custom_resource_definition(
 )
 BATCH_SCHEDULING_CRDS = (
     VOLCANO_POD_GROUP,
+    VOLCANO_JOB,
     COSCHEDULING_POD_GROUP,
     KUEUE_WORKLOAD,
     ADMISSION_CHECK,

@@ -117,7 +117,10 @@ class ObjectCache(Reflector):
             bucket.pop(_key(obj), None)
 
         where = f" in {spec.namespace}" if spec.namespace else ""
-        return _Kind(f"{spec.kind}{where}", call, replace, put, remove)
+        # NB: the group qualifies the name (PodGroup.scheduling.volcano.sh, PodGroup.scheduling.x-k8s.io): the
+        # reflector counts kinds by name to know it has listed them all.
+        group = spec.api_version.rpartition("/")[0]
+        return _Kind(f"{spec.kind}{'.' + group if group else ''}{where}", call, replace, put, remove)
 
     async def start(self) -> None:
         """Start the list+watch loops. If the API cannot be reached for discovery yet, keep trying in the

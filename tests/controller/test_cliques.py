@@ -69,6 +69,7 @@ def test_a_pending_gang_bigger_than_any_clique_is_warned(sim) -> None:
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "Workload",
         "metadata": {"name": "big", "namespace": "ml"},
+        "status": {"conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"}]},
         "spec": {
             "podSets": [
                 {

@@ -74,9 +74,12 @@ def workload(name: str = "llm", *, checks: tuple[str, ...] = (), queue: str = ""
             "containers": [{"name": "w", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
         }
     }
-    status: dict[str, Any] = {"admissionChecks": [{"name": c, "state": "Pending"} for c in checks]}
+    status: dict[str, Any] = {
+        "admissionChecks": [{"name": c, "state": "Pending"} for c in checks],
+        "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"}],
+    }
     if admitted:
-        status["conditions"] = [{"type": "Admitted", "status": "True", "reason": "Admitted"}]
+        status["conditions"].append({"type": "Admitted", "status": "True", "reason": "Admitted"})
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "Workload",
@@ -177,6 +180,21 @@ def test_a_kueue_workload_not_admitted_without_that_check_gets_one(sim, policy) 
     assert requests(sim) == [] and sim.list("v1", "PodTemplate", namespace="ml") == []
 
 
+def test_a_kueue_workload_waiting_for_quota_gets_none(sim, policy) -> None:
+    waiting = workload("queued")
+    waiting["status"]["conditions"] = [
+        {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "couldn't assign flavors"}
+    ]
+    sim.create(waiting)
+    placement = workload("no-domain")
+    placement["status"]["conditions"] = [
+        {"type": "QuotaReserved", "status": "False", "reason": "TopologyPlacementFailed"}
+    ]
+    sim.create(placement)
+    reconcile(sim, policy)
+    assert [r["metadata"]["annotations"]["gpuscale.io/gang"] for r in requests(sim)] == ["Workload/ml/no-domain"]
+
+
 def test_coscheduling_pods_are_pointed_at_the_request(sim, policy) -> None:
     sim.create(
         {
@@ -226,6 +244,33 @@ def test_demand_from_the_owning_job_when_pods_do_not_exist(sim, policy) -> None:
     sim.create(group)
     (gang,) = gangs_of(sim_view(sim, KINDS))
     assert (gang.demand_from, gang.pod_count, gang.gpus) == ("job", 4, 16)
+
+
+def test_demand_from_a_volcano_jobs_tasks(sim, policy) -> None:
+    def task(name: str, replicas: int, gpus: int) -> dict:
+        limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+        container = {"name": name, "image": "t", "resources": {"limits": limits}}
+        return {"name": name, "replicas": replicas, "template": {"spec": {"containers": [container]}}}
+
+    vcjob = sim.create(
+        {
+            "apiVersion": "batch.volcano.sh/v1alpha1",
+            "kind": "Job",
+            "metadata": {"name": "mpi", "namespace": "ml"},
+            "spec": {"minAvailable": 5, "tasks": [task("launcher", 1, 0), task("worker", 4, 8)]},
+        }
+    )
+    group = volcano_group("mpi-group", gpus=32, members=5)
+    group["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "mpi", "uid": vcjob["metadata"]["uid"]}
+    ]
+    sim.create(group)
+    (gang,) = gangs_of(sim_view(sim, KINDS))
+    assert gang.demand_from == "job"
+    assert [(p.name, p.count, p.gpus_per_pod) for p in gang.pod_sets] == [("launcher", 1, 0), ("worker", 4, 8)]
+    reconcile(sim, policy)
+    (request,) = requests(sim)
+    assert [p["count"] for p in request["spec"]["podSets"]] == [1, 4]  # one request, a pod set per task
 
 
 def fail(sim: SimKubeApi, request: dict, condition: str, at: float) -> None:
@@ -294,7 +339,7 @@ def test_max_attempts_gives_up_once(sim, tmp_path) -> None:
     reconcile(sim, policy)
     fail(sim, requests(sim)[0], "Failed", T0)
     writes = reconcile(sim, policy, now=T0 + 3600)
-    assert [type(w) for w in writes] == [Patch, Emit] and writes[1].reason == "ProvisioningGaveUp"
+    assert [type(w) for w in writes] == [Emit] and writes[0].reason == "ProvisioningGaveUp"
     assert reconcile(sim, policy, now=T0 + 7200) == []
     assert len(requests(sim)) == 1
 

@@ -240,6 +240,25 @@ async def test_a_custom_resource_that_is_not_installed_stays_empty_when_optional
         await ObjectCache(rest, [WatchSpec("v1", "Widget")]).refresh_once()
 
 
+async def test_two_kinds_of_one_name_in_different_groups_both_sync(api, rest):
+    # Volcano's and coscheduling's PodGroups installed side by side: the cache must list both before it is synced.
+    from gpuscale.sim.crds import COSCHEDULING_POD_GROUP, VOLCANO_POD_GROUP
+
+    api.create(VOLCANO_POD_GROUP)
+    api.create(COSCHEDULING_POD_GROUP)
+    specs = [
+        WatchSpec("scheduling.volcano.sh/v1beta1", "PodGroup", optional=True),
+        WatchSpec("scheduling.x-k8s.io/v1alpha1", "PodGroup", optional=True),
+    ]
+    cache = ObjectCache(rest, specs)
+    await cache.start()
+    try:
+        await cache.wait_synced(10)
+        assert cache.synced
+    finally:
+        await cache.stop()
+
+
 async def test_caches_started_while_the_api_is_away_sync_once_it_is_back(api, rest):
     await api.go_away()
     cache = ObjectCache(rest, [WatchSpec("v1", "Node")], backoff_max_seconds=0.05)

@@ -7,150 +7,103 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import sys
 
 import aiohttp
 
-from gpuscale.sim.exporters import SimExporters
-from gpuscale.sim.kubeapi import SimKubeApi
 from tests.adapter.test_selfmetrics import promtool_check
-from tests.controller.harness import scenario
 from tests.e2e.backends import free_port
+from tests.e2e.controller_process import controller_command, controller_process, simulated_cluster, until
 
 TAINT = "status-taint.cluster-autoscaler.kubernetes.io/gpu-unhealthy"
 
 
-async def _until(check, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await check():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.1)
-
-
 async def test_the_controller_process_remediates_and_reports(tmp_path):
-    api = SimKubeApi()
-    await api.start()
-    exporters = SimExporters()
-    await exporters.start(scenario(3))
-    for obj in exporters.kube_objects():
-        if obj["kind"] in ("Node", "Namespace"):
-            api.apply(obj)
-    api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuscale"}})
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "gpuscale.cli.main",
-        "controller",
-        "--kubeconfig",
-        api.write_kubeconfig(tmp_path / "kubeconfig"),
-        *[arg for url in exporters.dcgm_urls.values() for arg in ("--scrape-url", url)],
-        "--port",
-        str(port),
-        "--bind-address",
-        "127.0.0.1",
-        "--interval",
-        "0.5s",
-        "--lease-duration",
-        "3s",
-        "--renew-deadline",
-        "2s",
-        "--retry-period",
-        "0.5s",
-        "--identity",
-        "e2e-replica",
-        "--no-hints",
-    ]
-    err = open(tmp_path / "stderr", "wb")  # noqa: SIM115
-    proc = await asyncio.create_subprocess_exec(*command, stderr=err)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as http:
+    async with simulated_cluster(3) as (api, exporters):
+        api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuscale"}})
+        port = free_port()
+        command = controller_command(
+            api.write_kubeconfig(tmp_path / "kubeconfig"),
+            exporters,
+            port,
+            *("--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "0.5s"),
+            *("--identity", "e2e-replica", "--no-hints"),
+        )
+        base = f"http://127.0.0.1:{port}"
+        async with controller_process(command, tmp_path / "stderr") as proc:
+            await _remediates_and_reports(api, exporters, proc, base, tmp_path)
 
-            async def ready() -> bool:
-                assert proc.returncode is None, (tmp_path / "stderr").read_text()
-                try:
-                    async with http.get(f"{base}/readyz") as r:
-                        return r.status == 200
-                except aiohttp.ClientError:
-                    return False
 
-            await _until(ready)
-            async with http.get(f"{base}/healthz") as r:
-                assert r.status == 200
-            exporters.sim.override_gpu("gpu-02", 1, last_xid=79, xid_window=((79, 1),))
+async def _remediates_and_reports(api, exporters, proc, base: str, tmp_path) -> None:
+    async with aiohttp.ClientSession() as http:
 
-            async def remediated() -> bool:
-                node = api.get("v1", "Node", "gpu-02")
-                return bool(node and node["spec"].get("unschedulable"))
-
-            await _until(remediated)
-            node = api.get("v1", "Node", "gpu-02")
-            assert TAINT in [t["key"] for t in node["spec"]["taints"]]
-            text = ""
-
-            async def counted() -> bool:
-                nonlocal text
-                async with http.get(f"{base}/metrics") as r:
-                    text = await r.text()
-                return "gpuscale_controller_remediated_nodes 1.0" in text  # the view after the writes
-
-            await _until(counted)
-            applied = r'gpuscale_controller_actions_total\{action="patch",planner="health",result="applied"\} [1-9]'
-            assert re.search(applied, text)
-            assert "gpuscale_controller_leader 1.0" in text
-            assert 'gpuscale_controller_pool_nodes{pool="gpu-a"} 3.0' in text
-            assert re.search(r'gpuscale_controller_source_up\{source="scrape",target="[^"]+"\} 1.0', text)
-            code, out = await promtool_check(text.encode())
-            assert code == 0, out
-            lease = api.get("coordination.k8s.io/v1", "Lease", "gpuscale-controller", namespace="gpuscale")
-            assert lease["spec"]["holderIdentity"] == "e2e-replica"
-
-            # Every exporter failing: /readyz says so (and the node stays as it is: unknown is not recovered).
-            for node in exporters.dcgm_urls:
-                exporters.set_faults(node, status=503)
-            exporters.sim.clear_overrides()
-
-            async def unready() -> bool:
+        async def ready() -> bool:
+            assert proc.returncode is None, (tmp_path / "stderr").read_text()
+            try:
                 async with http.get(f"{base}/readyz") as r:
-                    return r.status == 503 and "no telemetry source answered" in await r.text()
+                    return r.status == 200
+            except aiohttp.ClientError:
+                return False
 
-            await _until(unready)
-            assert api.get("v1", "Node", "gpu-02")["spec"]["unschedulable"] is True
-            for node in exporters.dcgm_urls:
-                exporters.set_faults(node)
-            await _until(ready)
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        await until(ready)
+        async with http.get(f"{base}/healthz") as r:
+            assert r.status == 200
+        exporters.sim.override_gpu("gpu-02", 1, last_xid=79, xid_window=((79, 1),))
+
+        async def remediated() -> bool:
+            node = api.get("v1", "Node", "gpu-02")
+            return bool(node and node["spec"].get("unschedulable"))
+
+        await until(remediated)
+        node = api.get("v1", "Node", "gpu-02")
+        assert TAINT in [t["key"] for t in node["spec"]["taints"]]
+        text = ""
+
+        async def counted() -> bool:
+            nonlocal text
+            async with http.get(f"{base}/metrics") as r:
+                text = await r.text()
+            return "gpuscale_controller_remediated_nodes 1.0" in text  # the view after the writes
+
+        await until(counted)
+        applied = r'gpuscale_controller_actions_total\{action="patch",planner="health",result="applied"\} [1-9]'
+        assert re.search(applied, text)
+        assert "gpuscale_controller_leader 1.0" in text
+        assert 'gpuscale_controller_pool_nodes{pool="gpu-a"} 3.0' in text
+        assert re.search(r'gpuscale_controller_source_up\{source="scrape",target="[^"]+"\} 1.0', text)
+        code, out = await promtool_check(text.encode())
+        assert code == 0, out
         lease = api.get("coordination.k8s.io/v1", "Lease", "gpuscale-controller", namespace="gpuscale")
-        assert not lease["spec"].get("holderIdentity"), "released on SIGTERM"
-        log = (tmp_path / "stderr").read_text()
-        assert "action=patch object=Node/gpu-02 result=applied" in log
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        err.close()
-        await exporters.stop()
-        await api.stop()
+        assert lease["spec"]["holderIdentity"] == "e2e-replica"
+
+        # Every exporter failing: /readyz says so (and the node stays as it is: unknown is not recovered).
+        for node in exporters.dcgm_urls:
+            exporters.set_faults(node, status=503)
+        exporters.sim.clear_overrides()
+
+        async def unready() -> bool:
+            async with http.get(f"{base}/readyz") as r:
+                return r.status == 503 and "no telemetry source answered" in await r.text()
+
+        await until(unready)
+        assert api.get("v1", "Node", "gpu-02")["spec"]["unschedulable"] is True
+        for node in exporters.dcgm_urls:
+            exporters.set_faults(node)
+        await until(ready)
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    lease = api.get("coordination.k8s.io/v1", "Lease", "gpuscale-controller", namespace="gpuscale")
+    assert not lease["spec"].get("holderIdentity"), "released on SIGTERM"
+    log = (tmp_path / "stderr").read_text()
+    assert "action=patch object=Node/gpu-02 result=applied" in log
 
 
 async def test_the_controller_waits_for_an_api_that_is_not_up_yet(tmp_path):
-    api = SimKubeApi()
-    await api.start()
-    exporters = SimExporters()
-    await exporters.start(scenario(1))
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    await api.go_away()
-    port = free_port()
-    command = [sys.executable, "-m", "gpuscale.cli.main", "controller", "--kubeconfig", kubeconfig, "--port", str(port)]
-    command += ["--bind-address", "127.0.0.1", "--interval", "0.5s", "--no-leader-elect"]
-    command += ["--scrape-url", next(iter(exporters.dcgm_urls.values()))]
-    err = open(tmp_path / "stderr", "wb")  # noqa: SIM115
-    proc = await asyncio.create_subprocess_exec(*command, stderr=err)
-    try:
-        async with aiohttp.ClientSession() as http:
+    async with simulated_cluster(1) as (api, exporters):
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        await api.go_away()
+        port = free_port()
+        command = controller_command(kubeconfig, exporters, port, "--no-leader-elect")
+        async with controller_process(command, tmp_path / "stderr") as proc, aiohttp.ClientSession() as http:
 
             async def readyz() -> tuple[int, str]:
                 assert proc.returncode is None, (tmp_path / "stderr").read_text()
@@ -164,19 +117,12 @@ async def test_the_controller_waits_for_an_api_that_is_not_up_yet(tmp_path):
                 status, text = await readyz()
                 return status == 503 and "discovery" in text
 
-            await _until(waiting)
+            await until(waiting)
             await api.come_back()
 
             async def ready() -> bool:
                 return (await readyz())[0] == 200
 
-            await _until(ready)
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 20) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        err.close()
-        await exporters.stop()
-        await api.stop()
+            await until(ready)
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 20) == 0
