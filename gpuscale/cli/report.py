@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuscale.config import Seconds
 from gpuscale.errors import ConfigError
+from gpuscale.policy_files import check_policies_dir
 from gpuscale.settings import add_arguments
 
 __all__ = ["ReportSettings", "add_report_arguments", "run_report"]
@@ -209,6 +210,8 @@ def run_report(settings: ReportSettings) -> None:
     from gpuscale.report.policy import load_report_policy
     from gpuscale.sources.history_file import export_history, load_history
 
+    if settings.policies:
+        check_policies_dir(settings.policies)
     policy = load_report_policy(settings.policies)
     render = formatter(settings.output)
     now = time.time()

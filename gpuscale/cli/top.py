@@ -274,11 +274,12 @@ def _resolve_selection(settings: TopSettings, cluster: ClusterObjects | None) ->
 
 def _context_namespace(kubeconfig: str) -> str:
     """The current context's namespace in a kubeconfig, else "default" (as kubectl)."""
+    import yaml
     from kubernetes_asyncio import config
 
     try:
         _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-    except (config.ConfigException, OSError, ValueError, KeyError, TypeError):
+    except (config.ConfigException, yaml.YAMLError, OSError, ValueError, KeyError, TypeError):
         return "default"  # NB: load_api_client reports a broken kubeconfig; here only the default matters
     return ((active or {}).get("context") or {}).get("namespace") or "default"
 
