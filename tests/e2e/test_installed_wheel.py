@@ -83,6 +83,23 @@ def installed(tmp_path_factory) -> Installed:
     return Installed(venv, workdir)
 
 
+async def _until_ready(proc: asyncio.subprocess.Process, readyz: str, *, timeout: float = 60) -> None:
+    """Poll ``readyz`` until it answers 200; fail with the process's output if it exits first."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            if proc.returncode is not None:
+                pytest.fail((await proc.stdout.read()).decode())
+            try:
+                async with session.get(readyz) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, f"{readyz} did not become ready"
+            await asyncio.sleep(0.2)
+
+
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
     done = installed.run(str(installed.bin / "python"), "-c", "import gpuscale, sys; print(gpuscale.__file__)")
     assert done.returncode == 0, done.stderr
@@ -123,19 +140,7 @@ async def test_adapter_serves_the_shipped_catalogue(installed):
         proc = await installed.start(*args)
         server = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 60
-            async with aiohttp.ClientSession() as session:
-                while True:
-                    if proc.returncode is not None:
-                        pytest.fail((await proc.stdout.read()).decode())
-                    try:
-                        async with session.get(f"{server}/readyz") as resp:
-                            if resp.status == 200:
-                                break
-                    except aiohttp.ClientError:
-                        pass
-                    assert time.monotonic() < deadline, "the installed adapter did not become ready"
-                    await asyncio.sleep(0.2)
+            await _until_ready(proc, f"{server}/readyz")
             done = await asyncio.to_thread(
                 installed.run,
                 KUBECTL,
@@ -166,21 +171,9 @@ async def test_controller_runs_on_the_shipped_policies(installed):
             args += ["--scrape-url", url]
         proc = await installed.start(*args)
         try:
-            deadline = time.monotonic() + 60
-            async with aiohttp.ClientSession() as session:
-                while True:
-                    if proc.returncode is not None:
-                        pytest.fail((await proc.stdout.read()).decode())
-                    try:
-                        async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
-                            if resp.status == 200:
-                                break
-                    except aiohttp.ClientError:
-                        pass
-                    assert time.monotonic() < deadline, "the installed controller did not become ready"
-                    await asyncio.sleep(0.2)
-                async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
-                    assert "gpuscale_controller_dry_run 1.0" in await resp.text()
+            await _until_ready(proc, f"http://127.0.0.1:{port}/readyz")
+            async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                assert "gpuscale_controller_dry_run 1.0" in await resp.text()
         finally:
             if proc.returncode is None:
                 proc.terminate()
