@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpuscale.config import Seconds
+from gpuscale.config import HttpUrl, Seconds
 from gpuscale.errors import ConfigError
 from gpuscale.policy_files import check_policies_dir
 from gpuscale.settings import add_arguments
@@ -33,7 +33,7 @@ __all__ = ["ReportSettings", "add_report_arguments", "run_report"]
 class ReportSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    prometheus_url: str | None = Field(None, description="Prometheus-compatible server holding the DCGM history")
+    prometheus_url: HttpUrl | None = Field(None, description="Prometheus-compatible server holding the DCGM history")
     prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
     prometheus_ca_file: str | None = Field(None, description="CA bundle that verifies --prometheus-url")
     from_file: str | None = Field(None, description="(--from) make the report from a file written by --export")

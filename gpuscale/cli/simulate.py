@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from gpuscale.config import Seconds
+from gpuscale.config import HttpUrl, Seconds
 from gpuscale.errors import ConfigError, SourceUnavailable
 from gpuscale.hpa import parse_manifests
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
@@ -46,7 +46,7 @@ class SimulateSettings(BaseModel):
         None, description="request trace: Azure LLM CSV, Mooncake JSONL, or CSV timestamp,input_tokens,output_tokens"
     )
     history: str | None = Field(None, description="metric history instead of a trace: CSV timestamp,pod,metric,value")
-    prometheus_url: str | None = Field(None, description="metric history from this Prometheus (range queries)")
+    prometheus_url: HttpUrl | None = Field(None, description="metric history from this Prometheus (range queries)")
     history_end: str | None = Field(None, description="end of the Prometheus history: RFC 3339 or Unix seconds (now)")
     history_span: Seconds = Field(3600.0, gt=0, description="length of the Prometheus history")
     history_step: Seconds = Field(15.0, gt=0, description="resolution of the Prometheus range queries")

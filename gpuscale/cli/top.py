@@ -46,7 +46,7 @@ from gpuscale.cli.render_top import (
     render,
     sort_items,
 )
-from gpuscale.config import Seconds
+from gpuscale.config import HttpUrl, Seconds
 from gpuscale.errors import ConfigError, GpuscaleError, MetricNotFound, ObjectNotFound, SelectorError, SourceUnavailable
 from gpuscale.metrics.attribution import Device
 from gpuscale.metrics.devices import DEVICE_SERIES, GpuStatus, device_queries, gpu_statuses, read_devices
@@ -116,7 +116,7 @@ class TopOptions(BaseModel):
         description="exporter /metrics URL to scrape (repeatable; as for the adapter, 'NAMESPACE/POD=URL' names "
         "the pod serving it)",
     )
-    prometheus_url: str | None = Field(None, description="read the exporters' series from this Prometheus instead")
+    prometheus_url: HttpUrl | None = Field(None, description="read the exporters' series from this Prometheus instead")
     prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
     adapter_url: str | None = Field(
         None,

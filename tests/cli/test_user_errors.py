@@ -26,6 +26,17 @@ CASES = [
     (["report", "--from", "{tmp}/trace.csv"], "{tmp}/trace.csv: not a gpuscale history file (not an .npz archive"),
     # An unwritable chart path used to end a finished simulation in a traceback.
     (["simulate", "--trace", "{tmp}/trace.csv", "--hpa", str(HPA), "--html", "{tmp}/no/dir/x.html"], "--html"),
+    # A server without its scheme used to be retried (report), or to leave a server unready for good (adapter).
+    *(
+        ([command, *extra, "--prometheus-url", "prometheus:9090"], "--prometheus-url: 'prometheus:9090' is not an http")
+        for command, extra in [
+            ("report", []),
+            ("simulate", ["--hpa", str(HPA)]),
+            ("controller", []),
+            ("adapter", []),
+            ("top", ["gpus"]),
+        ]
+    ),
     # A kubeconfig that is not YAML used to end in yaml.parser's traceback.
     (
         ["controller", "--prometheus-url", "http://127.0.0.1:9", "--kubeconfig", "{tmp}/kubeconfig", "--dry-run"],
