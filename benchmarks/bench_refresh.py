@@ -195,7 +195,10 @@ async def bench_prometheus(port: int, cycles: int) -> None:
         c0 = time.process_time()
         for body in answers.values():
             json.loads(body)
-        peer = (time.process_time() - c0) * (len(source.promql) / len(answers))
+        # NB: scaled to the queries that get series (a series the fake server does not hold, e.g. the LLM
+        # servers' names at this DCGM + Triton cluster, comes back empty and costs no decoding).
+        answered = sum(1 for q in source.promql if any(name in q for name in answers))
+        peer = (time.process_time() - c0) * (answered / len(answers))
     health = source.health()[0]
     assert health.healthy, health.error
     pods = len(store.objects("gpu_utilization", "Pod"))

@@ -21,13 +21,20 @@ from gpuscale.errors import SourceUnavailable
 from gpuscale.hpa import Autoscaler, Decision, MetricUnavailable, PodInfo
 from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscaler, MetricIdentifier
 from gpuscale.model import milli_value, parse_quantity
+from gpuscale.selectors import LabelSelector
 
 _RESOURCES = {"Deployment": "deployments.apps", "StatefulSet": "statefulsets.apps", "ReplicaSet": "replicasets.apps"}
 
 
 def _selector_query(selector: Mapping[str, Any] | None) -> str:
-    labels = (selector or {}).get("matchLabels") or {}
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    """A metav1.LabelSelector as the text form the metrics APIs take (matchLabels and matchExpressions)."""
+    return str(LabelSelector.from_dict(selector)) if selector else ""
+
+
+def _metric_selector(metric: MetricIdentifier, sep: str) -> str:
+    """``metric.selector`` as the controller's metrics client sends it (``metricLabelSelector``), if set."""
+    query = _selector_query(metric.selector)
+    return f"{sep}metricLabelSelector={quote(query)}" if query else ""
 
 
 @dataclass
@@ -98,7 +105,9 @@ class HpaLoop:
         for spec in self.hpa.spec.metrics:
             name = spec.metric_name
             if spec.pods is not None:
-                items = await self._metric(f"{base}/pods/*/{name}?labelSelector={quote(selector)}")
+                items = await self._metric(
+                    f"{base}/pods/*/{name}?labelSelector={quote(selector)}" + _metric_selector(spec.pods.metric, "&")
+                )
                 pods[name] = (
                     None
                     if items is None
@@ -107,7 +116,9 @@ class HpaLoop:
             elif spec.object is not None:
                 ref = spec.object.described_object
                 resource = _RESOURCES.get(ref.kind, ref.kind.lower() + "s")
-                items = await self._metric(f"{base}/{resource}/{ref.name}/{name}")
+                items = await self._metric(
+                    f"{base}/{resource}/{ref.name}/{name}" + _metric_selector(spec.object.metric, "?")
+                )
                 objects[name] = None if items is None else milli_value(parse_quantity(items[0]["value"]))
             elif spec.external is not None:
                 query = _selector_query(spec.external.metric.selector)

@@ -336,11 +336,7 @@ def _inference(p: PodStatus, name: str, digits: int) -> str:
 
 def _serves_llm(pods: Sequence[PodStatus]) -> bool:
     """Whether any pod reports an LLM server's own signals (then the serving columns are shown)."""
-    return any(
-        p.inference is not None
-        and (p.inference.batch_size, p.inference.kv_cache_usage, p.inference.ttft_p95_seconds) != (None, None, None)
-        for p in pods
-    )
+    return any(p.inference is not None and p.inference.serves_llm for p in pods)
 
 
 def _seconds(value: float | None) -> str:

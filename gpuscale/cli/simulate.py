@@ -288,6 +288,24 @@ def render_table(doc: dict, console: Console) -> None:
             f"{r['scale_ups']}/{r['scale_downs']}",
         )
     console.print(table)
+    render_events(doc, console)
+
+
+def render_events(doc: dict, console: Console, *, limit: int = 12) -> None:
+    """Each manifest's first scaling events: when, from → to, why (the rest are in --output json / --html)."""
+    for r in doc["results"]:
+        events = r["events"]
+        if not events:
+            console.print(f"{r['hpa']}: no scaling events")
+            continue
+        table = Table(title=f"{r['hpa']}: scaling events", header_style="bold", title_justify="left")
+        for col in ("min", "replicas", "reason", "metric value → proposal"):
+            table.add_column(col, justify="right" if col in ("min", "replicas") else "left")
+        for e in events[:limit]:
+            table.add_row(f"{e['t'] / 60:.2f}", f"{e['from']} → {e['to']}", e["reason"], e["why"])
+        if len(events) > limit:
+            table.add_row("…", "", f"{len(events) - limit} more (--output json, --html)", "")
+        console.print(table)
 
 
 def main_simulate(settings: SimulateSettings) -> None:

@@ -584,7 +584,9 @@ class AdapterCollector:
             gpus=None,
             signals=signals,
             verdict=diagnose(signals, self.policy),
-            serving=diagnose_serving(inference.serving(), signals, self.policy) if inference is not None else None,
+            serving=diagnose_serving(inference.serving(), signals, self.policy)
+            if inference is not None and inference.serves_llm
+            else None,
             inference=inference,
         )
 

@@ -180,6 +180,10 @@ def build_snapshot(catalogue: Catalogue, read: Reader, attribute: Attribute, *, 
     snapshot.members = members
     membership = _Membership(members, index, devices)
     for metric, terms in per_metric:
+        if all(cols is None or not len(cols.dev) for cols in terms):
+            # NB: no series at all (e.g. the LLM servers' names in a Triton fleet): nothing to fold, nothing stale.
+            snapshot.values[metric.name] = {}
+            continue
         oldest_fresh = now - catalogue.max_age(metric)
         device_columns = _device_columns(terms, len(devices), index, oldest_fresh=oldest_fresh)
         snapshot.device_partials[metric.name] = device_columns

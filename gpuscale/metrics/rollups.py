@@ -106,6 +106,11 @@ class InferenceStats(_Record):
     preemptions_per_second: float | None = None
     sampled_at: Timestamp | None = None
 
+    @property
+    def serves_llm(self) -> bool:
+        """Whether an LLM server's own signals are reported (the serving verdicts are about those)."""
+        return self.batch_size is not None or self.kv_cache_usage is not None
+
     def serving(self) -> ServingSignals:
         return ServingSignals(
             queue_depth=self.queue_depth,
@@ -301,7 +306,9 @@ def _pod_records(
                     "clock_events": clock_events,
                     "verdict": verdict,
                     "inference": stats,
-                    "serving": diagnose_serving(stats.serving(), signals, policy) if stats is not None else None,
+                    "serving": diagnose_serving(stats.serving(), signals, policy)
+                    if stats is not None and stats.serves_llm
+                    else None,
                     "sampled_at": sampled_at,
                 }
             )

@@ -25,6 +25,7 @@ from gpuscale.errors import ConfigError
 from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, MetricUnavailable, PodInfo
 from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscaler, MetricIdentifier
 from gpuscale.metrics.catalogue import MetricDefinition, Term
+from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.model import milli_value
 from gpuscale.replay.traces import parse_timestamp
 
@@ -211,6 +212,11 @@ def promql_for(definition: MetricDefinition, *, window_s: float) -> str:
         if t.prometheus:
             return f"{how} by (pod) ({t.prometheus})"
         matchers = [f'{k}="{v}"' for k, v in sorted(t.match.items())]
+        if t.input == "histogram_quantile":
+            # NB: the quantile of the window's bucket increases, per pod and histogram family
+            buckets = "|".join(f"{name}{BUCKET_SUFFIX}" for name in t.series)
+            selector = "{" + ",".join([f'__name__=~"{buckets}"', *matchers]) + "}"
+            return f"{how} by (pod) (histogram_quantile({t.quantile:g}, sum by (pod, le) (rate({selector}[{window}]))))"
         if len(t.series) == 1:
             selector = f"{t.series[0]}{{{','.join(matchers)}}}" if matchers else t.series[0]
         else:

@@ -12,12 +12,15 @@ iteration for every running sequence):
 - decode: one iteration emits a token for every running sequence and takes ``c + d·(KV tokens held)``
   seconds (weights read once per iteration, then every sequence's KV cache).
 
-Defaults: Llama-3-8B on one A100-SXM4-80GB, from microsoft/vidur's profiling tables
-(``data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv`` and the Llama-2-7B table beside it:
-4,096 prompt tokens take about 6.6 ms per layer in the linear layers, × 32 layers ≈ 0.21 s, i.e. ≈ 52 µs
-per prompt token; a decode batch of up to 128 tokens about 0.38 ms per layer, × 32 ≈ 12 ms per iteration),
-with the attention and KV terms from the model's shape: 32 layers × 8 KV heads × 128 dims × 2 (K, V) × 2
-bytes = 128 KiB of KV cache per token, read once per iteration at ≈ 1.5 TB/s (≈ 0.09 µs per KV token);
+Defaults: Llama-3-8B on one A100-SXM4-80GB. The linear-layer costs are microsoft/vidur's A100 profile of
+Llama-2-7B (``data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv``, median times per operator,
+as quoted in a public excerpt of that table: at 4,096 tokens attn_pre_proj 1.72 + mlp_up_proj 3.04 +
+mlp_down_proj 1.45 ms, + attn_post_proj ≈ 0.4 ms (missing in that row; 0.42 at 3,072 tokens) ≈ 6.6 ms
+per layer, × 32 layers ≈ 0.21 s, i.e. ≈ 52 µs per prompt token; at 128 tokens ≈ 0.38 ms per layer, × 32 ≈
+12 ms per decode iteration). NB: Llama-3-8B's linear layers do about 20 % more work than Llama-2-7B's, so
+prefill is, if anything, underestimated by that much. The
+attention and KV terms come from Llama-3-8B's shape: 32 layers × 8 KV heads × 128 dims × 2 (K, V) × 2 bytes
+= 128 KiB of KV cache per token, read once per iteration at ≈ 1.5 TB/s (≈ 0.09 µs per KV token);
 (80 GB × 0.9 − 16 GB of weights) / 128 KiB ≈ 430,000 tokens of KV cache; vLLM's default ``max_num_seqs``
 256. A model is a profile: pass your own numbers (they are flags of ``gpuscale simulate``).
 
@@ -26,7 +29,10 @@ completes, as Triton and vLLM do): GPU util = share of the last second with a ke
 at 100 as soon as one request runs); SM and tensor activity follow the batch's fill (decode at batch 1
 keeps about a fifth of the SMs busy and a full batch about 70 %, prefill about 90 %: illustrative
 numbers in the range of reference/gpu-metrics.md's fixtures, not measurements); queue depth = waiting
-requests; queue time, queue:compute ratio and requests/s over the catalogue's 60 s window.
+requests; queue time, queue:compute ratio, requests/s and prompt/generation tokens/s over the catalogue's
+60 s window; the LLM servers' batch size (running sequences), KV-cache usage (reserved share, percent) and
+TTFT p50/p95 (of the first tokens of the window; none when there were none, as a histogram quantile of an
+empty window is NaN and is not served).
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ class Counters:
     success: int = 0
     queue_s: float = 0.0
     compute_s: float = 0.0
+    prompt_tokens: int = 0  # counted when the prompt's prefill completes
+    generation_tokens: int = 0  # counted when the request completes
 
 
 @dataclass
@@ -91,6 +99,7 @@ class Replica:
     kv_base: float = 0.0  # Σ (input_i − start_iteration_i) over decoding requests
     counters: Counters = field(default_factory=Counters)
     busy_s: deque[tuple[float, float, float]] = field(default_factory=deque)  # (busy, sm·s, tensor·s) per step
+    first_tokens: deque[tuple[float, float]] = field(default_factory=deque)  # (when, TTFT s), for the TTFT histogram
 
     def ready(self, now: float) -> bool:
         return now >= self.ready_at and self.deleting_since is None
@@ -230,6 +239,8 @@ class ServingModel:
                     i = int(head[0])
                     r.prefill_tokens -= int(req.input[i])
                     req.first_token[i] = t + use
+                    r.counters.prompt_tokens += int(req.input[i])
+                    r.first_tokens.append((t + use, t + use - float(req.arrival[i])))
                     heapq.heappush(r.decoding, (r.iterations + float(req.output[i]), i))
                     r.n_decoding += 1
                     r.kv_base += float(req.input[i]) - r.iterations
@@ -264,6 +275,7 @@ class ServingModel:
                 c.success += 1
                 c.queue_s += req.admitted[i] - req.arrival[i]
                 c.compute_s += done_at - req.admitted[i]
+                c.generation_tokens += int(req.output[i])
             self._admit(r, done_at)
         r.busy_s.append((busy, sm, sm * p.tensor_per_sm))
         if len(r.busy_s) > max(1, round(1.0 / self.step_s)):

@@ -28,7 +28,21 @@ RATIO_METRICS = {
     "inference_queue_time_seconds": ("queue_s", "success", 1.0),
     "inference_queue_compute_ratio": ("queue_s", "compute_s", 1e-6),
 }
-PRODUCED = (*GPU_METRICS, "inference_queue_depth", "inference_requests_per_second", *RATIO_METRICS)
+TOKEN_RATES = {
+    "inference_prompt_tokens_per_second": "prompt_tokens",
+    "inference_generation_tokens_per_second": "generation_tokens",
+}
+TTFT_QUANTILES = {"inference_ttft_p50_seconds": 0.5, "inference_ttft_p95_seconds": 0.95}
+PRODUCED = (
+    *GPU_METRICS,
+    "inference_queue_depth",
+    "inference_requests_per_second",
+    "inference_batch_size",
+    "inference_kv_cache_usage",
+    *TOKEN_RATES,
+    *TTFT_QUANTILES,
+    *RATIO_METRICS,
+)
 
 # A pod's reading of one metric: (value, numerator, denominator); the parts let objects aggregate ratios.
 Reading = tuple[float, float, float]
@@ -52,14 +66,31 @@ def check_metrics(hpas: list[tuple[str, HorizontalPodAutoscaler]], catalogue: Ca
                 )
 
 
+def _quantile(ordered: list[float], q: float) -> float:
+    """numpy's default (linear) quantile of sorted values; a sort and two lookups, not an array per call."""
+    h = (len(ordered) - 1) * q
+    lo = int(h)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (h - lo)
+
+
 class AdapterView:
     """The adapter's last refresh over a ServingModel; implements gpuscale.hpa's ``Readings``."""
 
-    def __init__(self, model: ServingModel, *, catalogue: Catalogue, window_s: float | None = None) -> None:
+    def __init__(
+        self,
+        model: ServingModel,
+        *,
+        catalogue: Catalogue,
+        window_s: float | None = None,
+        metrics: frozenset[str] | None = None,
+    ) -> None:
+        """``metrics``: the names anyone will read (default: all); the costlier ones are computed only if named."""
         self.model = model
+        self._ttft = metrics is None or any(m in metrics for m in TTFT_QUANTILES)
         self.catalogue = catalogue
         self.window_s = window_s if window_s is not None else catalogue.defaults.window
-        self._history: dict[str, deque[tuple[float, int, float, float]]] = {}
+        self._history: dict[str, deque[tuple[float, dict[str, float]]]] = {}
         self.latest: dict[str, dict[str, Reading]] = {}
         self.refreshed_at: float | None = None
 
@@ -83,18 +114,39 @@ class AdapterView:
         if now < r.ready_at:
             return values  # the server is still loading its model: no inference metrics yet
         c = r.counters
+        now_counts = {
+            "success": float(c.success),
+            "queue_s": c.queue_s,
+            "compute_s": c.compute_s,
+            "prompt_tokens": float(c.prompt_tokens),
+            "generation_tokens": float(c.generation_tokens),
+        }
         history = self._history.setdefault(r.name, deque())
-        history.append((now, c.success, c.queue_s, c.compute_s))
+        history.append((now, now_counts))
         while len(history) > 1 and history[1][0] <= now - self.window_s:
             history.popleft()
-        then = history[0]
-        span = max(now - then[0], 1e-9)
-        delta = {"success": c.success - then[1], "queue_s": c.queue_s - then[2], "compute_s": c.compute_s - then[3]}
-        values["inference_queue_depth"] = (float(len(r.waiting)), float(len(r.waiting)), 1.0)
+        then_t, then = history[0]
+        span = now - then_t
+        delta = {k: v - then[k] for k, v in now_counts.items()}
+        waiting = float(len(r.waiting))
+        values["inference_queue_depth"] = (waiting, waiting, 1.0)
+        values["inference_batch_size"] = (float(r.running), float(r.running), 1.0)
+        kv = 100.0 * r.kv_reserved / r.profile.kv_capacity_tokens
+        values["inference_kv_cache_usage"] = (kv, kv, 1.0)
         rps = delta["success"] / span if span >= 1e-6 else 0.0
         values["inference_requests_per_second"] = (rps, rps, 1.0)
+        for name, counter in TOKEN_RATES.items():
+            rate = delta[counter] / span if span >= 1e-6 else 0.0
+            values[name] = (rate, rate, 1.0)
         for name, (num, den, floor) in RATIO_METRICS.items():
             values[name] = (delta[num] / max(delta[den], floor), delta[num], delta[den])
+        while r.first_tokens and r.first_tokens[0][0] <= now - self.window_s:
+            r.first_tokens.popleft()
+        if self._ttft and r.first_tokens:
+            ttfts = sorted(x for _, x in r.first_tokens)
+            for name, q in TTFT_QUANTILES.items():
+                v = _quantile(ttfts, q)
+                values[name] = (v, v, 1.0)
         return values
 
     # --- gpuscale.hpa.Readings ------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def replay(
     source: str = "",
 ) -> Outcome:
     model = ServingModel(trace, profile=profile, step_s=settings.step_s)
-    view = AdapterView(model, catalogue=catalogue)
+    view = AdapterView(model, catalogue=catalogue, metrics=frozenset(m.metric_name for m in hpa.spec.metrics))
     auto = Autoscaler(hpa)
     spec = settings.initial_replicas or hpa.min_replicas
     spec = max(hpa.min_replicas, min(spec, hpa.spec.max_replicas))

@@ -1,4 +1,4 @@
-"""A whole simulated GPU cluster: the Kubernetes API, dcgm-exporter per node and Triton per pod.
+"""A whole simulated GPU cluster: the Kubernetes API, dcgm-exporter per node, Triton or an LLM server per pod.
 
 Used by the demo and the end-to-end tests. The Kubernetes objects the exporters imply (nodes, pods with
 their GPUs, workloads, the exporter DaemonSet's pods) are written into the simulated API server through
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gpuscale.sim.exporters import SimExporters
 from gpuscale.sim.kubeapi import SimKubeApi
+from gpuscale.sim.llm import LlmServer
 from gpuscale.sim.scenario import Scenario, demo_scenario
 
 # Objects the scenario owns: anything of these kinds it no longer renders is deleted.
@@ -28,11 +29,18 @@ def _key(obj: dict[str, Any]) -> tuple[str, str, str | None, str]:
 
 
 class SimCluster:
-    def __init__(self, scenario: Scenario | None = None, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        scenario: Scenario | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        llm: Mapping[str, LlmServer] | None = None,
+    ) -> None:
+        """``llm``: workload (``namespace/name``) → the LLM server (vLLM, SGLang, TGI, NIM) its pods serve."""
         self.scenario = scenario or demo_scenario()
         self.clock = clock
         self.api = SimKubeApi()
-        self.exporters = SimExporters()
+        self.exporters = SimExporters(llm=llm)
         self._tmp = tempfile.TemporaryDirectory(prefix="gpuscale-sim-")
         self.kubeconfig = str(Path(self._tmp.name) / "kubeconfig")
         self._applied: set[tuple[str, str, str | None, str]] = set()
@@ -59,7 +67,12 @@ class SimCluster:
     @property
     def scrape_urls(self) -> list[str]:
         """Every exporter endpoint; the adapter finds which pod serves each one through the API."""
-        return sorted(self.exporters.dcgm_urls.values()) + sorted(self.exporters.triton_urls.values())
+        exporters = self.exporters
+        return (
+            sorted(exporters.dcgm_urls.values())
+            + sorted(exporters.triton_urls.values())
+            + sorted(exporters.llm_urls.values())
+        )
 
     async def follow_scale(self) -> list[tuple[str, int, int]]:
         """The Deployment and StatefulSet controllers' part: a workload whose ``spec.replicas`` was changed

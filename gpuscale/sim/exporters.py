@@ -39,7 +39,7 @@ from typing import Any, Literal, NamedTuple
 from aiohttp import web
 
 from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
-from gpuscale.sim.llm import LlmFleet, LlmServer, with_llm_endpoints
+from gpuscale.sim.llm import LlmFleet, LlmServer, LlmState, with_llm_endpoints
 from gpuscale.sim.load import (
     Activity,
     GpuSignals,
@@ -1354,7 +1354,7 @@ class SimExporters:
     def llm_ports(self) -> dict[PodKey, int]:
         return {p.key: self._server.port(_llm_name(p.key)) for p in self._llm_pods()}
 
-    def llm_state(self, key: PodKey) -> Any:
+    def llm_state(self, key: PodKey) -> LlmState:
         """The ``LlmState`` of a running LLM server pod (counters, histograms, latest gauges)."""
         if self._llm is None:
             raise KeyError(f"no LLM servers configured; {key[0]}/{key[1]} serves none")

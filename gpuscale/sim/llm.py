@@ -461,6 +461,8 @@ def with_llm_endpoints(objects: list[dict[str, Any]], ports: Mapping[PodKey, int
         meta.setdefault("annotations", {}).update(
             {
                 "gpuscale.io/scrape": "true",
+                "gpuscale.io/port": str(port),
+                "gpuscale.io/path": "/metrics",
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(port),
                 "prometheus.io/path": "/metrics",

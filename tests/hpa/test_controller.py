@@ -10,6 +10,7 @@ import itertools
 import pytest
 
 from gpuscale.hpa import Autoscaler, MetricUnavailable, PodInfo, parse_manifests
+from gpuscale.hpa.controller import _Event
 
 HEAD = """
 apiVersion: autoscaling/v2
@@ -311,3 +312,122 @@ def test_external_and_object_average_value_divide_by_the_pods_that_exist():
     assert auto.reconcile(0, spec_replicas=4, pods=pods(4), readings=readings).desired_replicas == 4
     readings.objects["inference_requests_per_second"] = 230_000
     assert auto.reconcile(15, spec_replicas=4, pods=pods(4), readings=readings).desired_replicas == 5  # ceil(4.6)
+
+
+def _rules(pods: int, pods_period: int, percent: int, percent_period: int, window: int) -> str:
+    """horizontal_test.go generateScalingRules(pods, podsPeriod, percent, percentPeriod, stabilizationWindow)."""
+    policies = []
+    if pods:
+        policies.append(f"{{type: Pods, value: {pods}, periodSeconds: {pods_period}}}")
+    if percent:
+        policies.append(f"{{type: Percent, value: {percent}, periodSeconds: {percent_period}}}")
+    return f"{{stabilizationWindowSeconds: {window}, selectPolicy: Max, policies: [{', '.join(policies)}]}}"
+
+
+@pytest.mark.parametrize(
+    ("name", "current", "proposed", "low", "high", "up", "down", "events", "expected"),
+    [
+        ("prenormalized desired replicas within range", 5, 7, 3, 8, None, None, [], 7),
+        ("prenormalized desired replicas < minReplicas", 3, 1, 2, 8, None, None, [], 2),
+        ("maxReplicas is the limit because maxReplicas < scaleUpLimit", 20, 1000, 1, 10, None, None, [], 10),
+        ("desired replica count is more than the maximum replica count", 100, 1000, 100, 150, None, None, [], 150),
+        ("scaleUpLimit is the limit ... with user policies", 3, 1000, 1, 2000, (0, 0, 1, 60, 0), None, [], 4),
+        (
+            "scaleDownLimit is the limit ... with user defined policies",
+            1000,
+            3,
+            3,
+            2000,
+            None,
+            (20, 60, 0, 0, 0),
+            [],
+            980,
+        ),
+        ("scaleUp with default behavior", 10, 50, 1, 1000, None, None, [], 20),
+        ("scaleUp with pods policy larger than percent policy", 10, 500, 1, 1000, (100, 60, 100, 60, 0), None, [], 110),
+        ("scaleUp with percent policy larger than pods policy", 10, 500, 1, 1000, (2, 60, 100, 60, 0), None, [], 20),
+        (
+            "scaleUp with spec MaxReplicas limitation with large pod policy",
+            10,
+            50,
+            1,
+            1000,
+            (100, 60, 0, 0, 0),
+            None,
+            [],
+            50,
+        ),
+        ("scaleUp with pod policy limitation", 10, 50, 1, 1000, (30, 60, 0, 0, 0), None, [], 40),
+        ("scaleUp with percent policy limitation", 10, 50, 1, 1000, (0, 0, 200, 60, 0), None, [], 30),
+        ("scaleDown with percent policy larger than pod policy", 100, 2, 1, 1000, None, (20, 60, 1, 60, 300), [], 80),
+        ("scaleDown with pod policy larger than percent policy", 100, 2, 1, 1000, None, (2, 60, 1, 60, 300), [], 98),
+        (
+            "scaleDown with spec MinReplicas limitation with large pod policy",
+            10,
+            0,
+            1,
+            1000,
+            None,
+            (100, 60, 0, 0, 300),
+            [],
+            1,
+        ),
+        (
+            "scaleDown with spec MinReplicas limitation with large percent policy",
+            10,
+            2,
+            5,
+            1000,
+            None,
+            (0, 0, 100, 60, 300),
+            [],
+            5,
+        ),
+        ("scaleDown with pod policy limitation", 10, 2, 1, 1000, None, (5, 60, 0, 0, 300), [], 5),
+        ("scaleDown with percent policy limitation", 10, 5, 1, 1000, None, (0, 0, 50, 60, 300), [], 5),
+        (
+            "scaleUp ... MaxReplicas limitation with large pod policy and events",
+            100,
+            500,
+            1,
+            200,
+            (300, 60, 0, 0, 0),
+            None,
+            [1, 5, 9],
+            200,
+        ),
+        (
+            "scaleUp with currentReplicas limitation ... a lot of recent scale up events",
+            100,
+            500,
+            1,
+            1000,
+            (5, 120, 0, 0, 0),
+            None,
+            [1, 5, 9],
+            100,
+        ),
+        (
+            "scaleUp with pod policy and previous scale up events",
+            100,
+            500,
+            1,
+            1000,
+            (150, 120, 0, 0, 0),
+            None,
+            [1, 5, 9],
+            235,
+        ),
+    ],
+)
+def test_upstream_scaling_with_rules(name, current, proposed, low, high, up, down, events, expected):
+    """horizontal_test.go TestScalingWithRules (kubernetes/kubernetes): the rate limits of the behavior path;
+    events as its generateEventsUniformDistribution(events, 120) places them (100, 60 and 20 s ago)."""
+    behavior = "  behavior:\n"
+    behavior += f"    scaleUp: {_rules(*up)}\n" if up else ""
+    behavior += f"    scaleDown: {_rules(*down)}\n" if down else "    scaleDown: {stabilizationWindowSeconds: 300}\n"
+    auto = Autoscaler(hpa(f"  minReplicas: {low}\n  maxReplicas: {high}\n" + QUEUE + behavior))
+    now = 10_000.0
+    for change, ago in zip(events, (100, 60, 20), strict=False):
+        auto._up_events.append(_Event(now - ago, change))
+    assert auto._normalize_with_behavior(now, current, proposed)[0] == expected, name

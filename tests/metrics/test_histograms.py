@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from gpuscale.errors import ConfigError
+from gpuscale.metrics.catalogue import parse_catalogue
 from gpuscale.metrics.histograms import bucket_quantile, quantiles
 from gpuscale.sources.base import SeriesValue
 
@@ -52,3 +54,28 @@ def test_quantiles_answer_one_value_per_histogram_series_without_le():
     assert out["0"].value == pytest.approx(0.5 + 0.5 * 1 / 3)  # rank 2 in (0.5, 1.0]: 1 of its 3
     assert out["0"].timestamp == 101.0 and out["0"].window_seconds == 60.0
     assert out["1"].value == pytest.approx(0.5 * 1.5 / 3)  # the unparsable bucket is left out
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ({"input": "histogram_quantile"}, "needs a 'quantile' between 0 and 1"),
+        ({"input": "histogram_quantile", "quantile": 1.5}, "needs a 'quantile' between 0 and 1"),
+        ({"input": "rate", "quantile": 0.5}, "'quantile' is only allowed with input 'histogram_quantile'"),
+    ],
+)
+def test_a_bad_quantile_term_fails_at_load_naming_the_entry(entry, reason):
+    data = {"metrics": [{"name": "ttft", "aggregate": "max", "series": ["vllm:ttft_seconds"], **entry}]}
+    with pytest.raises(ConfigError, match=reason) as raised:
+        parse_catalogue(data, path="metrics.yaml")
+    assert "metrics.yaml" in str(raised.value) and "metrics[0]" in str(raised.value)
+
+
+def test_a_quantile_term_keeps_the_bucket_counters_with_a_window():
+    data = {
+        "metrics": [
+            {"name": "ttft", "aggregate": "max", "series": ["x"], "input": "histogram_quantile", "quantile": 0.9}
+        ]
+    }
+    catalogue = parse_catalogue(data)
+    assert catalogue.series_names == catalogue.windowed_series == {"x_bucket"}

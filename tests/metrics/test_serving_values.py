@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.metrics.aggregation import finish_parts
 from gpuscale.metrics.attribution import Target
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.model import namespace, pod
+from gpuscale.selectors import LabelSelector
 from tests.helpers import FIXTURES, T0, fixture_store
 
 LLM = FIXTURES / "llm"
@@ -99,3 +101,21 @@ def test_per_model_and_engine_labels_stay_for_external_metrics():
     assert point.value == pytest.approx(0.04 + 0.02 * 15 / 20)  # engine 1 alone: rank 95 in (0.04, 0.06]
     queue = store.parts("inference_queue_depth", namespace("inference"))
     assert finish_parts(catalogue.get("inference_queue_depth"), queue).value == 12
+
+
+def test_an_external_metric_selects_one_of_several_models_served_by_one_pod(tmp_path):
+    """A pod serving two models (served names without '/', as label selectors require) → one model's queue."""
+    text = (LLM / "vllm-v0.8.prom").read_text()
+    two = text + "".join(
+        line.replace("mistralai/Mistral-7B-Instruct-v0.3", "phi-3-mini").replace(" 0.0", " 6.0") + "\n"
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_waiting{")
+    )
+    (tmp_path / "two.prom").write_text(two.replace("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b"))
+    store = fixture_store([(URL, tmp_path / "two.prom", T0)], targets={URL: Target(URL, POD, "node-a")})
+    provider = MetricsProvider(load_catalogue(), store, None, clock=lambda: T0 + 1)
+    assert value(store, "inference_queue_depth") == 0 + 6
+    (item,) = provider.external("inference", "inference_queue_depth", LabelSelector.parse("model_name=phi-3-mini"))
+    assert item.point.value == 6 and item.labels == {"model_name": "phi-3-mini"}
+    (item,) = provider.external("inference", "inference_queue_depth", LabelSelector.parse("model_name=mistral-7b"))
+    assert item.point.value == 0

@@ -108,3 +108,23 @@ def test_cli_history(tmp_path, capsys):
         "u.yaml: spec.metrics[0].pods.metric.name: 'vram_magic' is not in the metric catalogue"
         in capsys.readouterr().err
     )
+
+
+def test_every_catalogue_metric_gets_valid_promql(tmp_path):
+    """promtool (Debian package prometheus) parses the expression of every shipped catalogue metric."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is required (bash .ci/setup --test)"
+    cat = load_catalogue()
+    rules = [{"record": f"gpuscale:{m.name}", "expr": promql_for(m, window_s=cat.window(m))} for m in cat]
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "gpuscale", "rules": rules}]}))
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ttft = promql_for(cat.get("inference_ttft_p95_seconds"), window_s=60)
+    assert ttft.startswith("max by (pod) (histogram_quantile(0.95, sum by (pod, le) (rate({__name__=~")
+    assert "vllm:time_to_first_token_seconds_bucket" in ttft

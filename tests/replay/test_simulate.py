@@ -130,7 +130,9 @@ def test_cli_json_and_table(tmp_path, capsys):
     assert r["hpa"] == "queue" and r["requests"]["completed"] == 400 and r["gpu_hours"] > 0
     page = tmp_path / "out.html"
     assert main(["simulate", "--trace", str(trace), "--hpa", str(manifest), "--html", str(page)]) == 0
-    assert "queue" in capsys.readouterr().out and page.read_text().count("<svg") == 2
+    out = capsys.readouterr().out
+    assert "queue" in out and page.read_text().count("<svg") == 2
+    assert "queue: scaling events" in out or "queue: no scaling events" in out
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         HPA.format(name="b", metric="inference_queue_depth", target="4", max=4).replace(
@@ -153,3 +155,35 @@ def test_cli_window_rate_scale_and_an_empty_window(tmp_path, capsys):
     assert doc["settings"]["initial_replicas"] == 2
     assert main([*args, "--start", "10m"]) == 2
     assert "t.csv: no requests in the chosen window (--start/--duration)" in capsys.readouterr().err
+
+
+def test_llm_server_signals_are_reported():
+    """Batch size (running sequences), KV-cache usage, token rates and TTFT quantiles, as vLLM/SGLang report
+    them through the catalogue, from the same serving model; an HPA can scale on them."""
+    from gpuscale.replay.signals import AdapterView
+
+    p = ServingProfile()
+    model = ServingModel(steady(4, 120, inp=1000, out=200), profile=p)
+    model.add_replica(0.0, startup_s=0.0)
+    view = AdapterView(model, catalogue=load_catalogue())
+    for k in range(int(90 / 0.25)):
+        if k % 20 == 0:
+            view.refresh(k * 0.25)
+        model.advance(k * 0.25)
+    view.refresh(90.0)  # NB: read now, to compare with the replica's state now
+    [values] = view.latest.values()
+    r = model.replicas[0]
+    assert values["inference_batch_size"][0] == r.running > 0
+    assert values["inference_kv_cache_usage"][0] == pytest.approx(100 * r.kv_reserved / p.kv_capacity_tokens)
+    assert values["inference_prompt_tokens_per_second"][0] == pytest.approx(4 * 1000, rel=0.1)
+    assert values["inference_generation_tokens_per_second"][0] == pytest.approx(4 * 200, rel=0.15)
+    p50, p95 = values["inference_ttft_p50_seconds"][0], values["inference_ttft_p95_seconds"][0]
+    assert p.prefill_s(1000) <= p50 <= p95 < 1.0
+    out = replay(
+        steady(20, 300),
+        hpa("inference_kv_cache_usage", "5"),
+        catalogue=load_catalogue(),
+        profile=p,
+        settings=ReplaySettings(startup_s=30),
+    )
+    assert out.max_replicas > 1 and "inference_kv_cache_usage=" in out.events[0].why
