@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from importlib.abc import Traversable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
@@ -47,6 +48,17 @@ def _regex(text: str) -> str:
 
 Regex = Annotated[str, AfterValidator(_regex)]
 """A regular-expression field: the file is rejected, naming the field, when the expression does not compile."""
+
+
+def _http_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{text!r} is not an http:// or https:// URL with a host (e.g. http://prometheus:9090)")
+    return text
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+"""A server's base URL, checked when it is given: "prometheus:9090" is refused at once rather than retried."""
 
 
 def is_duration(field: FieldInfo) -> bool:

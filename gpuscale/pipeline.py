@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from gpuscale.metrics.aggregation import build_snapshot
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue
+from gpuscale.metrics.series import MetricsSource
 from gpuscale.metrics.store import MetricsStore, Snapshot
-from gpuscale.sources.base import MetricsSource
 
 log = logging.getLogger(__name__)
 

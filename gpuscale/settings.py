@@ -12,7 +12,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpuscale.config import Seconds, is_duration
+from gpuscale.config import HttpUrl, Seconds, is_duration
 from gpuscale.errors import ConfigError
 from gpuscale.model import format_duration
 
@@ -36,7 +36,7 @@ class AdapterSettings(_Settings):
         "gpuscale.io/scrape=triton",
         description="label selector of inference pods to scrape (pods annotated gpuscale.io/scrape=true are too)",
     )
-    prometheus_url: str | None = Field(None, description="read from this Prometheus-compatible server instead")
+    prometheus_url: HttpUrl | None = Field(None, description="read from this Prometheus-compatible server instead")
     prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
     prometheus_ca_file: str | None = Field(None, description="CA bundle to verify --prometheus-url")
     prometheus_client_cert: str | None = Field(None, description="client certificate for --prometheus-url")
@@ -149,7 +149,7 @@ class ControllerSettings(_Settings):
         False, description="scrape the dcgm-exporter pods found through the Kubernetes API (their node: the pod's)"
     )
     dcgm_exporter_selector: str = Field("app=nvidia-dcgm-exporter", description="label selector of dcgm-exporter pods")
-    prometheus_url: str | None = Field(None, description="read DCGM series from this Prometheus-compatible server")
+    prometheus_url: HttpUrl | None = Field(None, description="read DCGM series from this Prometheus-compatible server")
     prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
     scrape_timeout: Seconds = Field(5.0, gt=0, description="timeout of one exporter scrape or Prometheus query")
     policies: str | None = Field(

@@ -14,8 +14,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpuscale.errors import one_line
+from gpuscale.metrics.series import HealthReporter
 from gpuscale.metrics.store import MetricsStore, Snapshot
-from gpuscale.sources.base import HealthReporter
 
 
 class _SourceCollector(Collector):

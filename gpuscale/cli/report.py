@@ -22,8 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpuscale.config import Seconds
+from gpuscale.config import HttpUrl, Seconds
 from gpuscale.errors import ConfigError
+from gpuscale.policy_files import check_policies_dir
 from gpuscale.settings import add_arguments
 
 __all__ = ["ReportSettings", "add_report_arguments", "run_report"]
@@ -32,7 +33,7 @@ __all__ = ["ReportSettings", "add_report_arguments", "run_report"]
 class ReportSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    prometheus_url: str | None = Field(None, description="Prometheus-compatible server holding the DCGM history")
+    prometheus_url: HttpUrl | None = Field(None, description="Prometheus-compatible server holding the DCGM history")
     prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
     prometheus_ca_file: str | None = Field(None, description="CA bundle that verifies --prometheus-url")
     from_file: str | None = Field(None, description="(--from) make the report from a file written by --export")
@@ -209,6 +210,8 @@ def run_report(settings: ReportSettings) -> None:
     from gpuscale.report.policy import load_report_policy
     from gpuscale.sources.history_file import export_history, load_history
 
+    if settings.policies:
+        check_policies_dir(settings.policies)
     policy = load_report_policy(settings.policies)
     render = formatter(settings.output)
     now = time.time()

@@ -22,11 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from gpuscale.config import Seconds
+from gpuscale.config import HttpUrl, Seconds
 from gpuscale.errors import ConfigError, SourceUnavailable
 from gpuscale.hpa import parse_manifests
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import load_catalogue
+from gpuscale.policy_files import check_policies_dir
 from gpuscale.replay.history import MetricHistory, history_from_samples, parse_history_csv, promql_for, replay_history
 from gpuscale.replay.results import SCHEMA, Outcome
 from gpuscale.replay.serving import ServingProfile
@@ -45,7 +46,7 @@ class SimulateSettings(BaseModel):
         None, description="request trace: Azure LLM CSV, Mooncake JSONL, or CSV timestamp,input_tokens,output_tokens"
     )
     history: str | None = Field(None, description="metric history instead of a trace: CSV timestamp,pod,metric,value")
-    prometheus_url: str | None = Field(None, description="metric history from this Prometheus (range queries)")
+    prometheus_url: HttpUrl | None = Field(None, description="metric history from this Prometheus (range queries)")
     history_end: str | None = Field(None, description="end of the Prometheus history: RFC 3339 or Unix seconds (now)")
     history_span: Seconds = Field(3600.0, gt=0, description="length of the Prometheus history")
     history_step: Seconds = Field(15.0, gt=0, description="resolution of the Prometheus range queries")
@@ -127,6 +128,8 @@ def load_hpas(paths: list[str]) -> list[tuple[str, HorizontalPodAutoscaler]]:
 
 def run_simulate(settings: SimulateSettings) -> dict:
     """The whole report as the JSON document (schema ``gpuscale.simulate/v1``)."""
+    if settings.policies:
+        check_policies_dir(settings.policies)
     catalogue = load_catalogue(settings.config, policies=settings.policies)
     hpas = load_hpas(settings.hpa)
     if settings.trace is None:
@@ -310,7 +313,10 @@ def main_simulate(settings: SimulateSettings) -> None:
     if settings.html:
         from gpuscale.replay.chart import write_html
 
-        write_html(doc, settings.html)
+        try:
+            write_html(doc, settings.html)
+        except OSError as e:
+            raise ConfigError(f"--html {settings.html}: {e.strerror or e}") from e
     if settings.output == "json":
         sys.stdout.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     else:

@@ -46,7 +46,7 @@ from gpuscale.cli.render_top import (
     render,
     sort_items,
 )
-from gpuscale.config import Seconds
+from gpuscale.config import HttpUrl, Seconds
 from gpuscale.errors import ConfigError, GpuscaleError, MetricNotFound, ObjectNotFound, SelectorError, SourceUnavailable
 from gpuscale.metrics.attribution import Device
 from gpuscale.metrics.devices import DEVICE_SERIES, GpuStatus, device_queries, gpu_statuses, read_devices
@@ -116,7 +116,7 @@ class TopOptions(BaseModel):
         description="exporter /metrics URL to scrape (repeatable; as for the adapter, 'NAMESPACE/POD=URL' names "
         "the pod serving it)",
     )
-    prometheus_url: str | None = Field(None, description="read the exporters' series from this Prometheus instead")
+    prometheus_url: HttpUrl | None = Field(None, description="read the exporters' series from this Prometheus instead")
     prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
     adapter_url: str | None = Field(
         None,
@@ -274,11 +274,12 @@ def _resolve_selection(settings: TopSettings, cluster: ClusterObjects | None) ->
 
 def _context_namespace(kubeconfig: str) -> str:
     """The current context's namespace in a kubeconfig, else "default" (as kubectl)."""
+    import yaml
     from kubernetes_asyncio import config
 
     try:
         _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-    except (config.ConfigException, OSError, ValueError, KeyError, TypeError):
+    except (config.ConfigException, yaml.YAMLError, OSError, ValueError, KeyError, TypeError):
         return "default"  # NB: load_api_client reports a broken kubeconfig; here only the default matters
     return ((active or {}).get("context") or {}).get("namespace") or "default"
 

@@ -36,6 +36,9 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 KARPENTER_POOL = "karpenter.sh/nodepool"
 IDLE_PODS = "gpuscale.io/idle-gpu-pods"
+# NB: the pods discovery scrapes as inference servers (sources/discovery.py): the selector's, or annotated so —
+# how vLLM, SGLang, TGI and NIM pods are usually marked, since the default selector names Triton.
+SCRAPE_ANNOTATION = "gpuscale.io/scrape"
 UNDER_REMEDIATION = "gpuscale.io/tainted-by"  # the health planner's mark: the autoscaler should replace the node
 _MARKER = {
     SCALE_DOWN_DISABLED: "gpuscale.io/scale-down-disabled-by",
@@ -97,6 +100,12 @@ def idle_gpus(telemetry: ClusterTelemetry, *, idle_for: float) -> dict[str, int]
     return out
 
 
+def _serves_inference(pod: Mapping[str, Any], selector: LabelSelector) -> bool:
+    meta = _meta(pod)
+    annotated = str((meta.get("annotations") or {}).get(SCRAPE_ANNOTATION, "")).lower() == "true"
+    return annotated or selector.matches(meta.get("labels") or {})
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
 
@@ -151,7 +160,7 @@ class HintsPlanner:
                 if active and gpus >= protect.gang_min_gpus:
                     what = f"gang {gang[1]}" if gang is not None else "pod"
                     reasons.append(f"{what} {pod[0]}/{pod[1]} active on {gpus} GPUs")
-                elif active and selector.matches(_meta(obj).get("labels") or {}):
+                elif active and _serves_inference(obj, selector):
                     reasons.append(f"inference {pod[0]}/{pod[1]} served recently")
                 if pod_idle[pod] >= idle.for_seconds:
                     idle_here.append(pod)

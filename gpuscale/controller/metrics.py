@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpuscale.sources.base import TargetHealth
+from gpuscale.metrics.series import TargetHealth
 
 __all__ = ["ControllerMetrics"]
 

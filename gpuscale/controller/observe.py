@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from gpuscale.controller.telemetry import TELEMETRY_SERIES, ClusterTelemetry, TelemetryHistory
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.devices import read_devices
-from gpuscale.sources.base import MetricsSource, SeriesValue, TargetHealth, TermQuery
+from gpuscale.metrics.series import MetricsSource, SeriesValue, TargetHealth, TermQuery
 
 __all__ = ["TelemetryFeed"]
 

@@ -18,9 +18,9 @@ import numpy as np
 
 from gpuscale.metrics.attribution import Device
 from gpuscale.metrics.catalogue import Catalogue, MetricDefinition, Term
+from gpuscale.metrics.series import SeriesValue, TermQuery
 from gpuscale.metrics.store import DeviceColumns, LabelledPart, MetricPoint, Partial, Snapshot
 from gpuscale.model import ObjectRef
-from gpuscale.sources.base import SeriesValue, TermQuery
 
 Reader = Callable[[TermQuery], list[SeriesValue]]
 Attribute = Callable[[str, dict[str, str], str], Device]

@@ -45,8 +45,8 @@ from gpuscale.metrics.diagnosis import (
     diagnose,
     signals_from_dcgm,
 )
+from gpuscale.metrics.series import SeriesValue, TermQuery
 from gpuscale.model import rfc3339
-from gpuscale.sources.base import SeriesValue, TermQuery
 
 __all__ = [
     "DEVICE_SERIES",

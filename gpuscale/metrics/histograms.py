@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from gpuscale.sources.base import SeriesValue, series_value
+from gpuscale.metrics.series import SeriesValue, series_value
 
 BUCKET_SUFFIX = "_bucket"
 

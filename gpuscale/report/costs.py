@@ -15,7 +15,7 @@ idle time, it is unknown time, and the report says how much of it there was (``H
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -112,28 +112,7 @@ def fleet_costs(history: History, activities: list[GpuActivity], policy: ReportP
         timeline_alloc += np.pad(held.astype(np.float64), (0, pad)).reshape(blocks, hour).sum(axis=1)
         timeline_active += np.pad(a.astype(np.float64), (0, pad)).reshape(blocks, hour).sum(axis=1)
     price_of = _price_of(policy)
-    idle_nodes = []
-    rule = policy.rightsizing.idle_node
-    for node, acc in sorted(nodes.items()):
-        sampled = sum(acc.allocated.values()) + sum(acc.unallocated.values())
-        allocated = sum(acc.allocated.values())
-        if not sampled or not allocated:
-            continue
-        allocated_share = allocated / sampled
-        active_share = sum(acc.active.values()) / allocated
-        if allocated_share >= rule.min_allocated_share and active_share <= rule.max_active_share:
-            f = acc.figures(price_of)
-            idle_nodes.append(
-                IdleNode(
-                    node=node,
-                    pool=history.node_pools.get(node, node),
-                    gpus=f.gpus,
-                    allocated_share=round(allocated_share, 4),
-                    active_share=round(active_share, 4),
-                    idle_hours=f.idle_hours,
-                    idle_cost=f.idle_cost,
-                )
-            )
+    idle_nodes = find_idle_nodes(nodes, node_pools=history.node_pools, policy=policy)
     samples_per_block = np.minimum(hour, history.steps - np.arange(blocks) * hour)
     timeline = [
         TimelinePoint(
@@ -150,6 +129,37 @@ def fleet_costs(history: History, activities: list[GpuActivity], policy: ReportP
         idle_nodes,
         timeline,
     )
+
+
+def find_idle_nodes(
+    nodes: Mapping[str, CostAccumulator], *, node_pools: Mapping[str, str], policy: ReportPolicy
+) -> list[IdleNode]:
+    """Nodes whose GPUs were mostly requested (``min_allocated_share`` of the samples) yet barely active
+    (at most ``max_active_share`` of the allocated time): rightsizing.yaml's ``idle_node`` rule, both modes."""
+    price_of = _price_of(policy)
+    rule = policy.rightsizing.idle_node
+    found = []
+    for node, acc in sorted(nodes.items()):
+        allocated = sum(acc.allocated.values())
+        sampled = allocated + sum(acc.unallocated.values())
+        if not sampled or not allocated:
+            continue
+        allocated_share = allocated / sampled
+        active_share = sum(acc.active.values()) / allocated
+        if allocated_share >= rule.min_allocated_share and active_share <= rule.max_active_share:
+            f = acc.figures(price_of)
+            found.append(
+                IdleNode(
+                    node=node,
+                    pool=node_pools.get(node, node),
+                    gpus=f.gpus,
+                    allocated_share=round(allocated_share, 4),
+                    active_share=round(active_share, 4),
+                    idle_hours=f.idle_hours,
+                    idle_cost=f.idle_cost,
+                )
+            )
+    return found
 
 
 def _price_of(policy: ReportPolicy) -> Callable[[str | None], float | None]:

@@ -26,8 +26,8 @@ import numpy as np
 
 from gpuscale.metrics.history import SUMMARY_STATS, PodRef, SeriesSummary, SummaryHistory
 from gpuscale.report.build import workloads_of
-from gpuscale.report.costs import CostAccumulator, _price_of
-from gpuscale.report.model import Group, IdleNode, Incident, Report, TimelinePoint, Window
+from gpuscale.report.costs import CostAccumulator, _price_of, find_idle_nodes
+from gpuscale.report.model import Group, Incident, Report, TimelinePoint, Window
 from gpuscale.report.policy import ReportPolicy
 from gpuscale.report.usage import SIGNALS, PodSteps, WorkloadKey, WorkloadUsage, new_usage, owner_of
 
@@ -134,26 +134,7 @@ def build_summary_report(h: SummaryHistory, *, policy: ReportPolicy, generated_a
         cost_step_seconds=h.step_seconds,
     )
     price_of = _price_of(policy)
-    rule = rs.idle_node
-    idle_nodes = []
-    for node, acc in sorted(nodes.items()):
-        sampled = sum(acc.allocated.values()) + sum(acc.unallocated.values())
-        allocated = sum(acc.allocated.values())
-        if sampled and allocated:
-            a_share, act_share = allocated / sampled, sum(acc.active.values()) / allocated
-            if a_share >= rule.min_allocated_share and act_share <= rule.max_active_share:
-                f = acc.figures(price_of)
-                idle_nodes.append(
-                    IdleNode(
-                        node=node,
-                        pool=h.node_pools.get(node, node),
-                        gpus=f.gpus,
-                        allocated_share=round(a_share, 4),
-                        active_share=round(act_share, 4),
-                        idle_hours=f.idle_hours,
-                        idle_cost=f.idle_cost,
-                    )
-                )
+    idle_nodes = find_idle_nodes(nodes, node_pools=h.node_pools, policy=policy)
     incidents = _throttle_incidents(h, policy)
     for i in h.incidents:
         if i.kind == "throttle":

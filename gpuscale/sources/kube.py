@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 
 from gpuscale.errors import SelectorError, SourceUnavailable
@@ -749,8 +750,9 @@ async def load_api_client(kubeconfig: str | os.PathLike[str] | None) -> client.A
             raise SourceUnavailable(SOURCE, f"kubeconfig {path} does not exist")
         try:
             return await config.new_client_from_config(config_file=path, persist_config=False)
-        except (config.ConfigException, OSError, ValueError, KeyError, TypeError) as e:
-            raise SourceUnavailable(SOURCE, f"cannot load kubeconfig {path}: {e}") from e
+        except (config.ConfigException, yaml.YAMLError, OSError, ValueError, KeyError, TypeError) as e:
+            # NB: one line: a YAML error's text spans three (problem, context, "in file, line, column")
+            raise SourceUnavailable(SOURCE, f"cannot load kubeconfig {path}: {' '.join(str(e).split())}") from e
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)

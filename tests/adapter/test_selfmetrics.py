@@ -18,17 +18,21 @@ class FakeSource:
 
     def health(self):
         return [
-            TargetHealth("http://10.0.0.1:9400/metrics", True, last_success=95.0, last_duration_seconds=0.01,
-                         series=120),
-            TargetHealth("http://10.0.0.2:8002/metrics", False, last_success=40.0, error="HTTP 500",
-                         failures_total=3),
+            TargetHealth(
+                "http://10.0.0.1:9400/metrics", True, last_success=95.0, last_duration_seconds=0.01, series=120
+            ),
+            TargetHealth("http://10.0.0.2:8002/metrics", False, last_success=40.0, error="HTTP 500", failures_total=3),
         ]
 
 
 async def promtool_check(text: bytes) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        PROMTOOL, "check", "metrics", stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        PROMTOOL,
+        "check",
+        "metrics",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     out, _ = await asyncio.wait_for(proc.communicate(text), 20)
     return proc.returncode, out.decode()

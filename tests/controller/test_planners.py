@@ -165,15 +165,17 @@ class TestHints:
         assert self.plan(objects, tel, HintActions(idle=False)) == []
 
     @pytest.mark.parametrize(
-        ("labels", "gpus", "protected"),
+        ("labels", "annotations", "gpus", "protected"),
         [
-            ({}, 1, False),  # a one-GPU pod is no gang
-            ({}, 2, True),  # one pod holding two GPUs
-            ({"gpuscale.io/scrape": "triton"}, 1, True),  # warm inference
+            ({}, {}, 1, False),  # a one-GPU pod is no gang
+            ({}, {}, 2, True),  # one pod holding two GPUs
+            ({"gpuscale.io/scrape": "triton"}, {}, 1, True),  # warm inference
+            ({}, {"gpuscale.io/scrape": "true"}, 1, True),  # warm inference discovery scrapes by annotation (vLLM…)
+            ({}, {"gpuscale.io/scrape": "false"}, 1, False),
         ],
     )
-    def test_what_counts_as_worth_protecting(self, labels, gpus, protected):
-        objects = [node_obj("a"), pod_obj("ml", "p", labels=labels)]
+    def test_what_counts_as_worth_protecting(self, labels, annotations, gpus, protected):
+        objects = [node_obj("a"), pod_obj("ml", "p", labels=labels, **annotations)]
         tel = telemetry(*(gpu("a", i, pod=("ml", "p"), idle=0) for i in range(gpus)))
         writes = self.plan(objects, tel, HintActions(idle=False))
         assert bool(writes) is protected

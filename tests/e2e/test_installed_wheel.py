@@ -83,6 +83,23 @@ def installed(tmp_path_factory) -> Installed:
     return Installed(venv, workdir)
 
 
+async def _until_ready(proc: asyncio.subprocess.Process, readyz: str, *, timeout: float = 60) -> None:
+    """Poll ``readyz`` until it answers 200; fail with the process's output if it exits first."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            if proc.returncode is not None:
+                pytest.fail((await proc.stdout.read()).decode())
+            try:
+                async with session.get(readyz) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, f"{readyz} did not become ready"
+            await asyncio.sleep(0.2)
+
+
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
     done = installed.run(str(installed.bin / "python"), "-c", "import gpuscale, sys; print(gpuscale.__file__)")
     assert done.returncode == 0, done.stderr
@@ -100,6 +117,8 @@ def test_help_of_every_command(installed):
         ["gpuscale", "top", "--help"],
         ["gpuscale", "controller", "--help"],
         ["gpuscale", "simulate", "--help"],
+        ["gpuscale", "report", "--help"],
+        ["gpuscale", "demo", "--help"],
     ):
         done = installed.run(*args)
         assert done.returncode == 0 and "usage: gpuscale" in done.stdout, (args, done.stderr)
@@ -121,19 +140,7 @@ async def test_adapter_serves_the_shipped_catalogue(installed):
         proc = await installed.start(*args)
         server = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 60
-            async with aiohttp.ClientSession() as session:
-                while True:
-                    if proc.returncode is not None:
-                        pytest.fail((await proc.stdout.read()).decode())
-                    try:
-                        async with session.get(f"{server}/readyz") as resp:
-                            if resp.status == 200:
-                                break
-                    except aiohttp.ClientError:
-                        pass
-                    assert time.monotonic() < deadline, "the installed adapter did not become ready"
-                    await asyncio.sleep(0.2)
+            await _until_ready(proc, f"{server}/readyz")
             done = await asyncio.to_thread(
                 installed.run,
                 KUBECTL,
@@ -164,21 +171,9 @@ async def test_controller_runs_on_the_shipped_policies(installed):
             args += ["--scrape-url", url]
         proc = await installed.start(*args)
         try:
-            deadline = time.monotonic() + 60
-            async with aiohttp.ClientSession() as session:
-                while True:
-                    if proc.returncode is not None:
-                        pytest.fail((await proc.stdout.read()).decode())
-                    try:
-                        async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
-                            if resp.status == 200:
-                                break
-                    except aiohttp.ClientError:
-                        pass
-                    assert time.monotonic() < deadline, "the installed controller did not become ready"
-                    await asyncio.sleep(0.2)
-                async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
-                    assert "gpuscale_controller_dry_run 1.0" in await resp.text()
+            await _until_ready(proc, f"http://127.0.0.1:{port}/readyz")
+            async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                assert "gpuscale_controller_dry_run 1.0" in await resp.text()
         finally:
             if proc.returncode is None:
                 proc.terminate()
@@ -266,3 +261,39 @@ def test_report_from_a_plain_install_writes_markdown_and_html(installed, tmp_pat
     html = installed.run("gpuscale", "report", "--from", str(exported), "-o", "html")
     assert html.returncode == 0, html.stderr
     assert html.stdout.count("<svg") == 3 and "<script" not in html.stdout
+
+
+def test_the_wheel_carries_every_policy_file_and_the_replay_data(installed):
+    """Each policies/*.yaml of the checkout, and the demo's trace and manifest, are package data in the wheel."""
+    probe = (
+        "from importlib.resources import files; "
+        "print(*sorted(p.name for d in ('policies', 'replay/data') for p in (files('gpuscale') / d).iterdir()))"
+    )
+    done = installed.run(str(installed.bin / "python"), "-c", probe)
+    assert done.returncode == 0, done.stderr
+    shipped = set(done.stdout.split())
+    assert {p.name for p in (REPO / "policies").glob("*.yaml")} <= shipped, shipped
+    assert {"azure-conv-15-45min.csv.gz", "demo-hpa.yaml"} <= shipped, shipped
+
+
+def test_simulate_the_readme_way_from_a_plain_install(installed, tmp_path):
+    """README's `gpuscale simulate` (its shipped trace and example manifests; 10 minutes of it), table, JSON, HTML."""
+    args = ["gpuscale", "simulate", "--trace", str(REPO / "tests/fixtures/traces/AzureLLMInferenceTrace_conv.csv.gz")]
+    args += ["--rate-scale", "4", "--duration", "10m"]
+    args += [
+        "--hpa",
+        str(REPO / "deploy/examples/llm-hpa.yaml"),
+        "--hpa",
+        str(REPO / "deploy/examples/triton-hpa.yaml"),
+    ]
+    page = tmp_path / "out.html"
+    table = installed.run(*args, "--html", str(page))
+    assert table.returncode == 0, table.stderr
+    assert "llm-server" in table.stdout and "triton" in table.stdout, table.stdout
+    assert page.read_text().count("<svg") >= 2 and "<script src" not in page.read_text()  # opens offline
+    done = installed.run(*args, "--output", "json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["schema"] == "gpuscale.simulate/v1" and [r["hpa"] for r in doc["results"]] == ["llm-server", "triton"]
+    missing = installed.run("gpuscale", "simulate", "--trace", "nope.csv", "--hpa", "nope.yaml")
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr

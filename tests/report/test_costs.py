@@ -8,7 +8,9 @@ import pytest
 from gpuscale.metrics.history import clean
 from gpuscale.report.build import build_report
 from gpuscale.report.policy import load_report_policy
+from gpuscale.report.summary import build_summary_report
 from tests.report.histories import H100, add_pod, constant, history
+from tests.report.test_summary_mode import summarise
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +61,12 @@ def test_a_node_requested_but_idle_is_listed_with_its_idle_cost(policy):
     assert node.idle_hours == 80.0 and node.idle_cost == pytest.approx(80 * policy.prices.per_gpu_hour(H100))
     (w,) = report.workloads
     assert any(v.code == "idle-holding-memory" and v.share == 1.0 for v in w.verdicts)
+    # summary mode applies the same rule to the same exact figures
+    idle = policy.diagnosis.diagnosis.idle
+    summary = build_summary_report(
+        summarise(h, idle_busy_percent=idle.busy_percent, idle_sm_active=idle.sm_active), policy=policy, generated_at=0
+    )
+    assert summary.idle_nodes == report.idle_nodes
 
 
 def test_an_unpriced_product_shows_hours_and_no_cost(policy):
