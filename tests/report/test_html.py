@@ -3,28 +3,14 @@ screenshot shows the three charts."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 
 from gpuscale.report.build import build_report
 from gpuscale.report.html import ACTIVE_COLOUR, ALLOCATED_COLOUR, IDLE_COLOUR
 from gpuscale.report.policy import load_report_policy
+from tests.browser import screenshot
 from tests.report.histories import add_pod, constant, history
-
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-]
 
 
 def sample_history():
@@ -47,10 +33,6 @@ def colour_pixels(png, hex_colour: str, tolerance: float = 0.04) -> int:
 
 @pytest.mark.e2e
 def test_the_html_report_renders_its_charts_in_headless_chromium(tmp_path):
-    chromium = shutil.which("chromium")
-    assert chromium, "chromium is required (bash .ci/setup --test)"
-    from PIL import Image
-
     from gpuscale.report.formatters import formatter
 
     report = build_report(sample_history(), policy=load_report_policy(), generated_at=0)
@@ -61,21 +43,7 @@ def test_the_html_report_renders_its_charts_in_headless_chromium(tmp_path):
     assert 'xlink:href="http' not in text and "@import" not in text
     assert text.count("<svg") == 3
 
-    shot = tmp_path / "shot.png"
-    subprocess.run(
-        [
-            chromium,
-            *CHROMIUM_FLAGS,
-            f"--user-data-dir={tmp_path / 'profile'}",
-            f"--screenshot={shot}",
-            "--window-size=1280,4000",
-            page.as_uri(),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    png = np.asarray(Image.open(shot).convert("RGB"), dtype=np.float32) / 255
+    png = screenshot(page, width=1280, height=4000).astype(np.float32) / 255
     assert png.shape[0] >= 4000 and png.shape[1] >= 1280
     # each chart is drawn: the timeline's active and allocated areas, the pools' idle bars, the bands
     assert colour_pixels(png, ACTIVE_COLOUR) > 2000
