@@ -10,3 +10,39 @@ from gpuscale.metrics.catalogue import load_catalogue
 @pytest.fixture
 def catalogue():
     return load_catalogue()
+
+
+# --- the real Kubernetes control plane (tests/cluster/, docs/testing.md) ----------------------------------------
+
+_control_plane_report: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def control_plane():
+    """etcd, kube-apiserver and kube-controller-manager of the pinned release, started once per session on
+    loopback and stopped at its end. Without Go or a build the tests that need it skip with the reason; under
+    CI (CI=true) they fail instead, so a green CI always means they ran."""
+    import os
+    import shutil
+
+    from tests.cluster.controlplane import ControlPlaneUnavailable, cached_binaries, start_control_plane
+
+    try:
+        plane = start_control_plane(cached_binaries())
+    except ControlPlaneUnavailable as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"real control plane unavailable under CI: {e}")
+        pytest.skip(f"real control plane unavailable: {e}")
+    started = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in plane.timings.items())
+    _control_plane_report.append(f"real control plane {plane.bin.name}: healthy after {started}")
+    yield plane
+    plane.stop()
+    if os.environ.get("GPUSCALE_KEEP_CLUSTER"):
+        _control_plane_report.append(f"real control plane: kept {plane.workdir} (logs, pki, kubeconfigs)")
+    else:
+        shutil.rmtree(plane.workdir, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _control_plane_report:
+        terminalreporter.write_line(line)
