@@ -145,10 +145,7 @@ class ControlPlane:
 
     def rest(self, user: str = "admin", *groups: str) -> Rest:
         """A REST client authenticated as ``user`` by a client certificate (admin: system:masters)."""
-        if user == "admin":
-            cert = self._admin_cert
-        else:
-            cert = self.pki.client(user, *groups)
+        cert = self._admin_cert if user == "admin" else self.pki.client(user, *groups)
         return Rest(self.server, ca_file=str(self.pki.ca), cert=(str(cert.cert), str(cert.key)))
 
     def token_rest(self, token: str) -> Rest:
