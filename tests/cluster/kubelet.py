@@ -4,7 +4,7 @@ The control plane has no kubelet and no scheduler (tests/cluster/controlplane.py
 Node and reports it Ready with its GPUs through ``nodes/{name}/status``; ``FakeKubelet`` is a background
 thread that, for the namespaces it looks after, binds each unscheduled pod to a node through
 ``pods/{name}/binding`` (round robin over its nodes), reports bound pods Running and Ready through
-``pods/{name}/status`` (with a pod IP, as the kubelet does), and completes graceful deletions the way a kubelet
+``pods/{name}/status`` (with a loopback pod IP a test may serve on), and completes graceful deletions the way a kubelet
 does once containers stopped (DELETE with gracePeriodSeconds=0). Everything it does is an ordinary API call, so
 watches, controllers and the HPA see the same objects and events they would in a real cluster.
 """
@@ -93,7 +93,9 @@ class FakeKubelet:
         assert self.nodes, "a kubelet needs at least one node"
         self.interval = interval_seconds
         self._next_node = itertools.cycle(self.nodes)
-        self._ips = (f"10.244.{i // 250}.{i % 250 + 2}" for i in itertools.count())
+        # NB: pod IPs on loopback (127.2.0.0/16; the API accepts them for pods, unlike for Endpoints), so a test
+        # can serve a pod's "container" on its IP and the adapter scrape it by IP as in a cluster.
+        self._ips = (f"127.2.{i // 250}.{i % 250 + 2}" for i in itertools.count())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-kubelet", daemon=True)
         self.errors: list[str] = []

@@ -91,6 +91,58 @@ class DcgmExporter:
         self.server.shutdown()
 
 
+class NimContainers:
+    """The llm pods' serving containers: for each Running pod, an HTTP server on the pod's (loopback) IP and
+    port 8000 that answers NVIDIA NIM's LLM metrics, ``num_requests_waiting`` set by the test. The adapter finds
+    them as it does in a cluster: pods annotated ``gpuscale.io/scrape: "true"``, scraped at their IP."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.rest = plane.rest()
+        self.waiting = 0.0
+        self._servers: dict[str, http.server.ThreadingHTTPServer] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        containers = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = (
+                    "# HELP num_requests_waiting Number of requests waiting to be processed.\n"
+                    "# TYPE num_requests_waiting gauge\n"
+                    f'num_requests_waiting{{model_name="meta/llama-3.1-8b-instruct"}} {containers.waiting:g}\n'
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            pods = self.rest.get(f"/api/v1/namespaces/{NS}/pods", labelSelector="app=llm").body.get("items", [])
+            for pod in pods:
+                ip = (pod.get("status") or {}).get("podIP")
+                if ip and ip not in self._servers:
+                    server = http.server.ThreadingHTTPServer((ip, 8000), self._handler())
+                    threading.Thread(target=server.serve_forever, daemon=True).start()
+                    self._servers[ip] = server
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for server in self._servers.values():
+            server.shutdown()
+            server.server_close()
+
+
 def _until(check: Callable[[], object], *, timeout: float, what: str, interval: float = 0.25) -> object:
     deadline = time.monotonic() + timeout
     last: object = None
@@ -112,7 +164,10 @@ def _deployment() -> dict:
             "replicas": 1,
             "selector": {"matchLabels": labels},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {"gpuscale.io/scrape": "true", "gpuscale.io/port": "8000"},
+                },
                 "spec": {
                     "containers": [
                         {
@@ -169,11 +224,13 @@ def adapter(control_plane: ControlPlane, tmp_path_factory) -> Iterator[dict]:
         make_node(rest, node, labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
     rest.post(f"/apis/apps/v1/namespaces/{NS}/deployments", _deployment()).expect(201)
     exporter = DcgmExporter(plane)
+    nim = NimContainers(plane)
     kubeconfig = plane.service_account_kubeconfig("gpuscale", "gpuscale-adapter")
     args = [
         sys.executable, "-m", "gpuscale.cli.main", "adapter",
         "--kubeconfig", str(kubeconfig),
         "--scrape-url", f"gpuscale/dcgm-exporter-test={exporter.url}",
+        "--discover-exporters",
         "--bind-address", cluster_ip,
         "--secure-port", str(port),
         "--tls-cert-file", str(cert),
@@ -199,7 +256,7 @@ def adapter(control_plane: ControlPlane, tmp_path_factory) -> Iterator[dict]:
             raise AssertionError(
                 f"{e}\n{available() or ''}\nadapter log: {(work / 'adapter.log').read_text()[-1500:]}"
             ) from None
-        yield {"plane": plane, "exporter": exporter, "proc": proc, "log": work / "adapter.log", "kubelet": kubelet}
+        yield {"plane": plane, "exporter": exporter, "nim": nim, "proc": proc, "log": work / "adapter.log"}
     finally:
         kubelet.__exit__(None, None, None)
         proc.terminate()
@@ -208,6 +265,7 @@ def adapter(control_plane: ControlPlane, tmp_path_factory) -> Iterator[dict]:
         except subprocess.TimeoutExpired:
             proc.kill()
         exporter.stop()
+        nim.stop()
         log.close()
 
 
@@ -242,6 +300,16 @@ def test_kubectl_reads_every_api_version_through_the_real_aggregator(adapter):
     code, external = _raw(plane, f"{EXTERNAL}/v1beta1")
     assert code == 0, external
     assert external["kind"] == "APIResourceList" and external["resources"], external
+    adapter["nim"].waiting = 7
+
+    def queue() -> dict | None:
+        code, body = _raw(plane, f"{EXTERNAL}/v1beta1/namespaces/{NS}/inference_queue_depth")
+        return body if code == 0 and body.get("items") and body["items"][0]["value"] != "0" else None
+
+    # The NIM server's queue, scraped from the pod's own IP, summed over the namespace's pods.
+    items = _until(queue, timeout=30, what="inference_queue_depth through external.metrics")["items"]
+    pods = len(plane.rest().get(f"/api/v1/namespaces/{NS}/pods", labelSelector="app=llm").body["items"])
+    assert items[0]["metricName"] == "inference_queue_depth" and items[0]["value"] == str(7 * pods), items
     code, listing = _raw(plane, f"{CUSTOM}/v1beta2")
     assert code == 0 and any(r["name"] == "pods/gpu_utilization" for r in listing["resources"]), listing
 
@@ -347,3 +415,23 @@ def test_the_real_hpa_controller_scales_up_and_back_down_on_gpu_metrics(adapter)
     events = rest.get(f"/api/v1/namespaces/{NS}/events", fieldSelector="involvedObject.name=llm").body["items"]
     reasons = [e["message"] for e in events if e["reason"] == "SuccessfulRescale"]
     assert any("above target" in m for m in reasons) and any("below target" in m for m in reasons), reasons
+
+
+def test_the_real_hpa_controller_scales_on_the_inference_servers_queue(adapter):
+    """The same HPA switched to an inference metric: NIM's waiting requests per pod, scraped at each pod's IP."""
+    plane, nim = adapter["plane"], adapter["nim"]
+    rest = plane.rest()
+    path = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers/llm"
+    scale = f"/apis/apps/v1/namespaces/{NS}/deployments/llm/scale"
+    _until(lambda: rest.get(scale).body["spec"]["replicas"] == 1, timeout=30, what="the previous test's scale-down")
+    metric = {
+        "type": "Pods",
+        "pods": {"metric": {"name": "inference_queue_depth"}, "target": {"type": "AverageValue", "averageValue": "4"}},
+    }
+    rest.patch(path, {"spec": {"metrics": [metric]}}).expect(200)
+    nim.waiting = 12  # 12 waiting per pod against 4: three replicas wanted, capped at maxReplicas 3
+    _until(lambda: rest.get(scale).body["spec"]["replicas"] == 3, timeout=40, what="scale up on the queue")
+    current = rest.get(path).body["status"]["currentMetrics"][0]["pods"]
+    assert current["metric"]["name"] == "inference_queue_depth", current
+    nim.waiting = 0
+    _until(lambda: rest.get(scale).body["spec"]["replicas"] == 1, timeout=40, what="scale down once the queue drained")
