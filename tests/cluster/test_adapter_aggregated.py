@@ -15,6 +15,7 @@ import hashlib
 import http.server
 import itertools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -192,6 +193,20 @@ def adapter(control_plane: ControlPlane, tmp_path_factory) -> Iterator[dict]:
     rest = plane.rest()
     service = rest.get("/api/v1/namespaces/gpuscale/services/gpuscale-adapter").expect(200)
     cluster_ip, port = service["spec"]["clusterIP"], service["spec"]["ports"][0]["port"]
+    if port < 1024 and os.geteuid() != 0:
+        # NB: deploy/'s Service port (443) needs root to bind here; elsewhere move Service and APIServices to a
+        # free unprivileged port — the aggregator dials whatever the APIService names.
+        port = free_port()
+        patch = [{"op": "replace", "path": "/spec/ports/0/port", "value": port}]
+        rest.patch("/api/v1/namespaces/gpuscale/services/gpuscale-adapter", patch, "json").expect(200)
+        for name in (
+            "v1beta1.custom.metrics.k8s.io",
+            "v1beta2.custom.metrics.k8s.io",
+            "v1beta1.external.metrics.k8s.io",
+        ):
+            rest.patch(
+                f"/apis/apiregistration.k8s.io/v1/apiservices/{name}", {"spec": {"service": {"port": port}}}
+            ).expect(200)
     # What components/cert-manager does in a cluster: a CA issues the serving certificate for the Service's
     # DNS name and cainjector puts the CA into every APIService's caBundle.
     ca = trustme.CA()
