@@ -71,9 +71,9 @@ def _percent(n: int, period: int) -> dict:
 CASES = [
     ("within-default-tolerance", 1, 43, _hpa(max_replicas=3, behavior=_up([_pods(1, 2)]))),
     ("per-hpa-tolerance-5%", 1, 43, _hpa(max_replicas=3, behavior=_up([_pods(1, 2)], tolerance="0.05"))),
-    ("select-min-pods-vs-percent", 1, 400, _hpa(max_replicas=6, behavior=_up([_pods(4, 3), _percent(100, 3)], "Min"))),
-    ("select-max-pods-vs-percent", 1, 400, _hpa(max_replicas=6, behavior=_up([_pods(4, 3), _percent(100, 3)], "Max"))),
-    ("scale-up-percent-rounds-up", 3, 400, _hpa(max_replicas=6, behavior=_up([_percent(50, 3)]))),
+    ("select-min-pods-vs-percent", 1, 400, _hpa(max_replicas=6, behavior=_up([_pods(4, 2), _percent(100, 2)], "Min"))),
+    ("select-max-pods-vs-percent", 1, 400, _hpa(max_replicas=6, behavior=_up([_pods(4, 2), _percent(100, 2)], "Max"))),
+    ("scale-up-percent-rounds-up", 3, 400, _hpa(max_replicas=6, behavior=_up([_percent(50, 2)]))),
     ("scale-down-percent-truncates", 5, 4, _hpa(max_replicas=6, behavior=_down([_percent(50, 2)], window=2))),
     ("scale-down-disabled", 3, 4, _hpa(max_replicas=6, behavior=_down([_percent(100, 1)], "Disabled"))),
     ("min-replicas-floor", 3, 4, _hpa(min_replicas=2, max_replicas=6, behavior=_down([_pods(5, 1)]))),
@@ -118,8 +118,19 @@ def _metric_settled(rest, replicas: int, value: int) -> bool:
     return len(items) == replicas and all(i["value"] == str(value) for i in items)
 
 
-def real_path(stack, manifest: dict, *, start: int, value_percent: int, quiet: float = 4.5) -> tuple[list[int], float]:
-    """The sizes kube-controller-manager writes for ``manifest``, until none changed for ``quiet`` seconds."""
+def _quiet_seconds(manifest: dict) -> float:
+    """How long without a change ends a run: the longest policy period or window, plus two syncs."""
+    rules = manifest["spec"]["behavior"].values()
+    longest = max(
+        [r.get("stabilizationWindowSeconds", 0) for r in rules]
+        + [p["periodSeconds"] for r in rules for p in r.get("policies", [])]
+    )
+    return max(longest, 1) + 2.0
+
+
+def real_path(stack, manifest: dict, *, start: int, value_percent: int) -> tuple[list[int], float]:
+    """The sizes kube-controller-manager writes for ``manifest``, until none changed for a quiet spell."""
+    quiet = _quiet_seconds(manifest)
     rest = stack.plane.rest()
     rest.delete(f"{HPA_PATH}/parity")
     rest.delete(f"{HPA_PATH}/llm")  # the adapter tests' HPA: two HPAs on one target would both stop
