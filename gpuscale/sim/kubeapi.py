@@ -430,6 +430,8 @@ class ApiStatusError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if not self.reason:
+            del body["reason"]  # NB: kube-apiserver leaves it out where it has none (an eviction under two PDBs)
         if self.details:
             body["details"] = self.details
         return body
@@ -906,6 +908,14 @@ def _validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None)
             )
     elif rt.kind == "Job" and not rt.custom:
         causes.extend(_job_causes(spec, (old or {}).get("spec")))
+    elif rt.kind == "Event" and rt.group == "" and not rt.custom:
+        # NB: core/v1 Events live in their object's namespace; one about a cluster-scoped object (a Node) in
+        # "default" (ValidateEventCreate).
+        involved = str((obj.get("involvedObject") or {}).get("namespace") or "")
+        if involved != meta.get("namespace", "") and not (involved == "" and meta.get("namespace") == "default"):
+            causes.append(
+                _Cause("involvedObject.namespace", f'Invalid value: "{involved}": does not match event.namespace')
+            )
     elif rt.kind == "CustomResourceDefinition" and not rt.custom:
         causes.extend(_crd_causes(name, spec, (old or {}).get("spec")))
     if causes:
@@ -1221,8 +1231,33 @@ def _default_job(spec: dict[str, Any], meta: Mapping[str, Any]) -> None:
             labels.setdefault(f"{prefix}job-name", meta["name"])
 
 
+NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+
+
+def _node_not_ready_taint(node: dict[str, Any], *, creating: bool) -> None:
+    """The taint kube-apiserver's TaintNodesByCondition admission puts on every new Node (``creating``), and the
+    node lifecycle controller takes off once the Node reports Ready (at once here, on any write)."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions if isinstance(c, dict))
+    spec = node.setdefault("spec", {})
+    taints = [t for t in spec.get("taints") or [] if isinstance(t, dict)]
+    has = any(t.get("key") == NOT_READY_TAINT["key"] and t.get("effect") == "NoSchedule" for t in taints)
+    if ready and has:
+        spec["taints"] = [
+            t for t in taints if t.get("key") != NOT_READY_TAINT["key"] or t.get("effect") != "NoSchedule"
+        ]
+        if not spec["taints"]:
+            del spec["taints"]
+    elif creating and not ready and not has:
+        spec["taints"] = [*taints, dict(NOT_READY_TAINT)]
+    if spec.get("taints") == []:
+        del spec["taints"]  # NB: omitempty — kube-apiserver serves no taints as no field at all
+
+
 def _status_on_create(rt: ResourceType, obj: dict[str, Any]) -> None:
     """What kube-apiserver keeps of a status sent with a create (PrepareForCreate)."""
+    if rt.kind == "Node" and not rt.custom:
+        _node_not_ready_taint(obj, creating=True)
     if rt.custom:
         if rt.has_status:
             obj.pop("status", None)  # NB: with the status subresource, a create's status is dropped
@@ -2377,6 +2412,8 @@ class SimKubeApi:
                 for allocated in ("clusterIP", "clusterIPs"):
                     if allocated in old_spec and allocated not in new_spec:
                         new_spec[allocated] = copy.deepcopy(old_spec[allocated])
+            if rt.kind == "Node" and not rt.custom:
+                _node_not_ready_taint(new, creating=False)
             _default(rt, new, self)
             _validate(rt, new, old)
         new["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
@@ -2829,7 +2866,7 @@ class SimKubeApi:
             if len(budgets) > 1:
                 raise ApiStatusError(
                     500,
-                    "InternalError",
+                    "",
                     "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
                 )
             if budgets:

@@ -50,7 +50,18 @@ def make_node(
             ],
         }
     }
-    return rest.patch(f"/api/v1/nodes/{name}/status", status, "strategic").expect(200)
+    node = rest.patch(f"/api/v1/nodes/{name}/status", status, "strategic").expect(200)
+    # What the node lifecycle controller (not run here) does once a node is Ready: take off the not-ready taint
+    # the TaintNodesByCondition admission put on at create — guarded, so another agent's taints stay.
+    taints = node["spec"].get("taints") or []
+    if any(t["key"] == "node.kubernetes.io/not-ready" for t in taints):
+        kept = [t for t in taints if t["key"] != "node.kubernetes.io/not-ready"]
+        patch = [
+            {"op": "test", "path": "/spec/taints", "value": taints},
+            {"op": "replace", "path": "/spec/taints", "value": kept},
+        ]
+        node = rest.patch(f"/api/v1/nodes/{name}", patch, "json").expect(200)
+    return node
 
 
 def _running_status(pod: Mapping, ip: str) -> dict:
