@@ -40,6 +40,8 @@ class DcgmExporter:
         self.rest = plane.rest()
         self.util = 30.0
         self.sm_active = 0.2
+        self.sm_active_of: dict[str, float] = {}
+        """SM activity of the pods of other apps (label ``app``) in NS, e.g. the HPA parity cases' Deployments."""
         self.waiting = 0.0
         exporter = self
 
@@ -60,7 +62,8 @@ class DcgmExporter:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def render(self) -> str:
-        pods = self.rest.get(f"/api/v1/namespaces/{NS}/pods", labelSelector="app=llm").body.get("items", [])
+        apps = ",".join(["llm", *self.sm_active_of])
+        pods = self.rest.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=f"app in ({apps})").body.get("items", [])
         lines = [
             "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).",
             "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
@@ -79,7 +82,8 @@ class DcgmExporter:
                 f'modelName="NVIDIA A100-SXM4-80GB",Hostname="{node}",container="server",namespace="{NS}",pod="{name}"'
             )
             lines.append(f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {self.util:g}")
-            sm.append(f"DCGM_FI_PROF_SM_ACTIVE{{{labels}}} {self.sm_active:g}")
+            active = self.sm_active_of.get(pod["metadata"]["labels"].get("app", ""), self.sm_active)
+            sm.append(f"DCGM_FI_PROF_SM_ACTIVE{{{labels}}} {active:g}")
         return "\n".join(lines + sm) + "\n"
 
     def stop(self) -> None:

@@ -14,27 +14,28 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from gpuscale.hpa import controller as hpa
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
-from tests.cluster.metrics_stack import CUSTOM, NS, until
+from tests.cluster.metrics_stack import CUSTOM, NS, llm_deployment, until
 
 pytestmark = pytest.mark.e2e
 
 TARGET = "40"  # gpu_sm_active, percent
 HPA_PATH = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"
-SCALE = f"/apis/apps/v1/namespaces/{NS}/deployments/llm/scale"
 
 
 def _hpa(*, min_replicas: int = 1, max_replicas: int, behavior: Mapping) -> dict:
+    """The case's HPA; ``real_path`` names it and its Deployment after the case."""
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
         "metadata": {"name": "parity", "namespace": NS},
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm"},
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "parity"},
             "minReplicas": min_replicas,
             "maxReplicas": max_replicas,
             "metrics": [
@@ -112,8 +113,8 @@ def gpuscale_path(manifest: dict, *, start: int, value_percent: int, seconds: fl
     return path
 
 
-def _metric_settled(rest, replicas: int, value: int) -> bool:
-    answer = rest.get(f"{CUSTOM}/v1beta2/namespaces/{NS}/pods/*/gpu_sm_active", labelSelector="app=llm")
+def _metric_settled(rest, app: str, replicas: int, value: int) -> bool:
+    answer = rest.get(f"{CUSTOM}/v1beta2/namespaces/{NS}/pods/*/gpu_sm_active", labelSelector=f"app={app}")
     items = answer.body.get("items", []) if answer.ok else []
     return len(items) == replicas and all(i["value"] == str(value) for i in items)
 
@@ -128,36 +129,58 @@ def _quiet_seconds(manifest: dict) -> float:
     return max(longest, 1) + 2.0
 
 
-def real_path(stack, manifest: dict, *, start: int, value_percent: int) -> tuple[list[int], float]:
-    """The sizes kube-controller-manager writes for ``manifest``, until none changed for a quiet spell."""
+def real_path(stack, case: str, manifest: dict, *, start: int, value_percent: int) -> tuple[list[int], float]:
+    """The sizes kube-controller-manager writes for ``manifest`` on a Deployment of the case's own, until none
+    changed for a quiet spell (the cases run side by side, each on its own Deployment and HPA)."""
     quiet = _quiet_seconds(manifest)
     rest = stack.plane.rest()
-    rest.delete(f"{HPA_PATH}/parity")
-    rest.delete(f"{HPA_PATH}/llm")  # the adapter tests' HPA: two HPAs on one target would both stop
-    rest.patch(SCALE, {"spec": {"replicas": start}}).expect(200)
-    stack.exporter.sm_active = value_percent / 100
-    until(
-        lambda: _metric_settled(rest, start, value_percent),
-        timeout=30,
-        what=f"{start} pods reporting gpu_sm_active {value_percent}",
-    )
-    rest.post(HPA_PATH, manifest).expect(201)
-    began = last_change = time.monotonic()
-    path = [start]
+    app = f"parity-{case}".replace("%", "pct")
+    deployment = llm_deployment()
+    deployment["metadata"]["name"] = app
+    deployment["spec"].update(replicas=start, selector={"matchLabels": {"app": app}})
+    deployment["spec"]["template"]["metadata"] = {"labels": {"app": app}}
+    manifest = copy.deepcopy(manifest)
+    manifest["metadata"]["name"] = app
+    manifest["spec"]["scaleTargetRef"]["name"] = app
+    stack.exporter.sm_active_of[app] = value_percent / 100
+    rest.post(f"/apis/apps/v1/namespaces/{NS}/deployments", deployment).expect(201)
+    scale = f"/apis/apps/v1/namespaces/{NS}/deployments/{app}/scale"
     try:
+        until(
+            lambda: _metric_settled(rest, app, start, value_percent),
+            timeout=40,
+            what=f"{case}: {start} pods reporting gpu_sm_active {value_percent}",
+        )
+        rest.post(HPA_PATH, manifest).expect(201)
+        began = last_change = time.monotonic()
+        path = [start]
         while time.monotonic() - last_change < quiet and time.monotonic() - began < 45:
-            replicas = rest.get(SCALE).body["spec"]["replicas"]
+            replicas = rest.get(scale).body["spec"]["replicas"]
             if replicas != path[-1]:
                 path.append(replicas)
                 last_change = time.monotonic()
-            time.sleep(0.1)
+            time.sleep(0.2)
+        return path, time.monotonic() - began
     finally:
-        rest.delete(f"{HPA_PATH}/parity")
-    return path, time.monotonic() - began
+        rest.delete(f"{HPA_PATH}/{app}")
+        rest.delete(
+            f"/apis/apps/v1/namespaces/{NS}/deployments/{app}",
+            {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+        )
 
 
-@pytest.mark.parametrize(("case", "start", "value", "manifest"), CASES, ids=[c[0] for c in CASES])
-def test_gpuscale_hpa_makes_the_real_controllers_decisions(metrics_stack, case, start, value, manifest):
-    real, seconds = real_path(metrics_stack, copy.deepcopy(manifest), start=start, value_percent=value)
-    ours = gpuscale_path(manifest, start=start, value_percent=value, seconds=seconds)
-    assert ours == real, f"{case}: real HPA controller {real}, gpuscale/hpa {ours}"
+def test_gpuscale_hpa_makes_the_real_controllers_decisions(metrics_stack):
+    """Every case side by side (each on its own Deployment and HPA), then each compared with gpuscale/hpa."""
+
+    def run(case: str, start: int, value: int, manifest: dict) -> tuple[str, list[int], list[int]]:
+        real, seconds = real_path(metrics_stack, case, manifest, start=start, value_percent=value)
+        return case, real, gpuscale_path(manifest, start=start, value_percent=value, seconds=seconds)
+
+    with ThreadPoolExecutor(len(CASES)) as pool:
+        results = list(pool.map(lambda c: run(*c), CASES))
+    differences = [
+        f"{case}: real HPA controller {real}, gpuscale/hpa {ours}" for case, real, ours in results if real != ours
+    ]
+    assert not differences, "\n".join(differences)
+    # The cases tell the rules apart: no two share a path, so a rule ignored on both sides would still show.
+    assert len({tuple(real) for _, real, _ in results}) == len(CASES), results
