@@ -416,6 +416,7 @@ class ApiStatusError(Exception):
         self.reason = reason
         self.message = message
         self.details = dict(details or {})
+        self._send_details = details is not None  # NB: `details: {}` is sent as given (a failed JSON patch)
         self.headers = dict(headers or {})
         """HTTP headers sent with the Status (``Retry-After`` on 429 and 5xx that ask clients to come back)."""
 
@@ -432,7 +433,7 @@ class ApiStatusError(Exception):
         }
         if not self.reason:
             del body["reason"]  # NB: kube-apiserver leaves it out where it has none (an eviction under two PDBs)
-        if self.details:
+        if self.details or self._send_details:
             body["details"] = self.details
         return body
 
@@ -444,6 +445,49 @@ def _details(rt: ResourceType, name: str | None) -> dict[str, Any]:
     if rt.group:
         details["group"] = rt.group
     return details
+
+
+# The kinds whose DELETE answers the deleted object (their registries set ReturnDeletedObject); every other kind
+# answers a Success Status naming what was deleted — unless the object is only marked for deletion (finalizers).
+_RETURNS_DELETED_OBJECT = frozenset({("v1", "Pod"), ("v1", "Namespace"), ("v1", "Service"), ("v1", "PodTemplate")})
+
+
+def _delete_answer(rt: ResourceType, deleted: dict[str, Any]) -> dict[str, Any]:
+    meta = deleted.get("metadata") or {}
+    if (rt.api_version, rt.kind) in _RETURNS_DELETED_OBJECT or meta.get("deletionTimestamp"):
+        return deleted
+    details = {**_details(rt, meta.get("name")), "uid": meta.get("uid")}
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
+
+
+_OPTIONS_KIND = {"POST": "CreateOptions", "PUT": "UpdateOptions", "PATCH": "PatchOptions", "DELETE": "DeleteOptions"}
+
+
+def _check_write_options(method: str, query: Mapping[str, str]) -> None:
+    """The write options kube-apiserver validates before anything else: ``dryRun`` (only "All") and the
+    ``fieldManager`` (at most 128 bytes) — a 422 about the CreateOptions/UpdateOptions/PatchOptions."""
+    kind = _OPTIONS_KIND.get(method)
+    if kind is None:
+        return
+    causes: list[dict[str, str]] = []
+    dry_run = query.getall("dryRun", []) if hasattr(query, "getall") else [query.get("dryRun", "")]
+    bad = [v for v in dry_run if v != "All"]
+    if bad:
+        values = ", ".join(json.dumps(v) for v in dry_run)
+        message = f'Unsupported value: [{values}]: supported values: "All"'
+        causes.append({"reason": "FieldValueNotSupported", "message": message, "field": "dryRun"})
+    if kind != "DeleteOptions" and len(query.get("fieldManager", "").encode()) > 128:
+        message = "Too long: may not be more than 128 bytes"
+        causes.append({"reason": "FieldValueTooLong", "message": message, "field": "fieldManager"})
+    if causes:
+        errors = [f"{c['field']}: {c['message']}" for c in causes]
+        text = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
+        raise ApiStatusError(
+            422,
+            "Invalid",
+            f'{kind}.meta.k8s.io "" is invalid: {text}',
+            details={"group": "meta.k8s.io", "kind": kind, "causes": causes},
+        )
 
 
 def _not_found(rt: ResourceType, name: str) -> ApiStatusError:
@@ -545,6 +589,8 @@ def _age(obj: Mapping[str, Any]) -> str:
 
 _DNS1123_LABEL_MAX = 63
 _DNS1123_SUBDOMAIN_MAX = 253
+_DNS1123_LABEL_RE = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN_RE = rf"{_DNS1123_LABEL_RE}(\.{_DNS1123_LABEL_RE})*"
 _NAME_CHARS = frozenset(string.ascii_lowercase + string.digits + "-.")
 _GENERATE_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
@@ -556,10 +602,14 @@ def _name_problem(name: str, *, label: bool) -> str | None:
     parts = [name] if label else name.split(".")
     for part in parts:
         if not part or not set(part) <= _NAME_CHARS - {"."} or not part[0].isalnum() or not part[-1].isalnum():
-            kind, chars = ("RFC 1123 label", "'-'") if label else ("RFC 1123 subdomain", "'-' or '.'")
+            if label:
+                kind, chars, example, regex = "RFC 1123 label", "'-'", "'my-name',  or '123-abc'", _DNS1123_LABEL_RE
+            else:
+                kind, chars, example, regex = "RFC 1123 subdomain", "'-' or '.'", "'example.com'", _DNS1123_SUBDOMAIN_RE
             return (
                 f"a lowercase {kind} must consist of lower case alphanumeric characters, {chars}, "
-                "and must start and end with an alphanumeric character"
+                f"and must start and end with an alphanumeric character (e.g. {example}, regex used for "
+                f"validation is '{regex}')"
             )
     return None
 
@@ -577,6 +627,9 @@ def _truthy(value: str | None) -> bool:
 
 
 # --- patches ----------------------------------------------------------------------------------------
+
+
+_PATCH_REJECTED = "the server rejected our request due to an error in our request"
 
 
 class _PatchError(Exception):
@@ -692,6 +745,8 @@ def _smp_list(field_name: str, current: Any, patch: list[Any]) -> list[Any]:
     if any(i.get("$patch") == "replace" for i in patch):
         return [_strip_directives(i) for i in patch if "$patch" not in i]
     merged = copy.deepcopy(current) if isinstance(current, list) else []
+    server_order = [old.get(key) if isinstance(old, dict) else None for old in merged]
+    patched: list[Any] = []
     for item in patch:
         position = next(
             (n for n, old in enumerate(merged) if isinstance(old, dict) and key in item and old.get(key) == item[key]),
@@ -705,7 +760,40 @@ def _smp_list(field_name: str, current: Any, patch: list[Any]) -> list[Any]:
             merged.append(_strip_nulls(_strip_directives(item)))
         else:
             merged[position] = strategic_merge_patch(merged[position], item)
-    return merged
+        patched.append(item.get(key))
+    return _smp_order(merged, key, patched, server_order)
+
+
+def _smp_order(merged: list[Any], key: str, patched: list[Any], server_order: list[Any]) -> list[Any]:
+    """The order strategicpatch.normalizeElementOrder gives a merged list: the patch's items in the patch's order,
+    with the items only on the server slotted in by their server order (mergeSortedSlice) — so a new item
+    comes before the ones the server already had."""
+
+    def key_of(item: Any) -> Any:
+        return item.get(key) if isinstance(item, dict) else None
+
+    in_patch = [
+        next(i for i in merged if key_of(i) == k) for k in dict.fromkeys(patched) if any(key_of(i) == k for i in merged)
+    ]
+    server_only = [i for i in merged if key_of(i) not in set(patched)]
+    out: list[Any] = []
+    left, right = 0, 0
+    while left < len(server_only) or right < len(in_patch):
+        if left >= len(server_only):
+            out.append(in_patch[right])
+            right += 1
+        elif right >= len(in_patch):
+            out.append(server_only[left])
+            left += 1
+        else:
+            lk, rk = key_of(server_only[left]), key_of(in_patch[right])
+            if lk in server_order and rk in server_order and server_order.index(lk) < server_order.index(rk):
+                out.append(server_only[left])
+                left += 1
+            else:
+                out.append(in_patch[right])
+                right += 1
+    return out
 
 
 def _pointer(path: str) -> list[str]:
@@ -728,13 +816,15 @@ def _resolve_parent(doc: Any, tokens: list[str], path: str) -> tuple[Any, str]:
     return node, tokens[-1]
 
 
-def _get_at(doc: Any, path: str) -> Any:
+def _get_at(doc: Any, path: str, *, missing_is_null: bool = False) -> Any:
     tokens = _pointer(path)
     if not tokens:
         return doc
     parent, last = _resolve_parent(doc, tokens, path)
     if isinstance(parent, dict) and last in parent:
         return parent[last]
+    if isinstance(parent, dict) and missing_is_null:
+        return None
     if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
         return parent[int(last)]
     raise _PatchError(f"path {path!r} does not exist")
@@ -758,8 +848,7 @@ def _add_at(doc: Any, path: str, value: Any, *, replace: bool = False) -> Any:
         return value
     parent, last = _resolve_parent(doc, tokens, path)
     if isinstance(parent, dict):
-        if replace and last not in parent:
-            raise _PatchError(f"replace operation does not apply: doc is missing key {path!r}")
+        # NB: kube-apiserver's JSON patch lets `replace` add a missing key of an existing object.
         parent[last] = value
     elif isinstance(parent, list):
         if last == "-" and not replace:
@@ -800,10 +889,11 @@ def json_patch(doc: Any, operations: Any) -> Any:
         elif kind == "copy":
             doc = _add_at(doc, path, copy.deepcopy(_get_at(doc, op["from"])))
         elif kind == "test":
-            if _get_at(doc, path) != op["value"]:
+            # NB: an absent member of an existing object reads as null, so testing it for null passes.
+            if _get_at(doc, path, missing_is_null=True) != op["value"]:
                 raise _PatchError(f"testing value {path} failed: test failed")
         else:
-            raise _bad_request(f"unexpected JSON patch operation {kind!r}")
+            raise _PatchError(f"unexpected JSON patch operation {kind!r}")
     return doc
 
 
@@ -876,7 +966,7 @@ def _validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None)
     causes: list[_Cause] = []
     problem = _name_problem(name, label=rt.kind == "Namespace")
     if problem:
-        causes.append(_Cause("metadata.name", f"Invalid value: {name!r}: {problem}"))
+        causes.append(_Cause("metadata.name", f"Invalid value: {json.dumps(name)}: {problem}"))
     for key, value in (meta.get("labels") or {}).items():
         key_problem = label_key_problem(str(key))
         if key_problem:
@@ -1304,7 +1394,8 @@ def _scale_of(obj: Mapping[str, Any]) -> dict[str, Any]:
             "resourceVersion": meta["resourceVersion"],
             "creationTimestamp": meta["creationTimestamp"],
         },
-        "spec": {"replicas": spec.get("replicas", 0)},
+        # NB: ScaleSpec.replicas is omitempty: a target scaled to 0 has an empty spec.
+        "spec": {"replicas": spec["replicas"]} if spec.get("replicas") else {},
         "status": {"replicas": status.get("replicas", 0), "selector": _selector_text(spec.get("selector"))},
     }
 
@@ -2260,6 +2351,10 @@ class SimKubeApi:
 
     def _commit(self, rt: ResourceType, kind: str, new: dict[str, Any], prev: dict[str, Any] | None) -> dict[str, Any]:
         """Write (or, for DELETED, remove) an object at a fresh resourceVersion and tell the watchers."""
+        meta = new["metadata"]
+        for omitempty in ("labels", "annotations", "finalizers", "ownerReferences"):
+            if omitempty in meta and not meta[omitempty]:
+                del meta[omitempty]  # NB: kube-apiserver stores and serves an empty one as no field at all
         self._rv += 1
         new["metadata"]["resourceVersion"] = str(self._rv)
         key = (new["metadata"].get("namespace", ""), new["metadata"]["name"])
@@ -2329,8 +2424,7 @@ class SimKubeApi:
         _status_on_create(rt, obj)
         _validate(rt, obj, None)
         if (write or _NO_OPTIONS).dry_run:
-            obj["metadata"]["resourceVersion"] = ""
-            return _to_served(rt, obj)
+            return _to_served(rt, obj)  # NB: nothing stored, so no resourceVersion
         return _to_served(rt, self._commit(rt, "ADDED", obj, None))
 
     def _check_body(
@@ -2480,7 +2574,9 @@ class SimKubeApi:
                     raise _bad_request("a strategic merge patch must be a JSON object")
                 patched = strategic_merge_patch(current, patch)
         except _PatchError as e:
-            raise ApiStatusError(422, "Invalid", str(e)) from e
+            # NB: kube-apiserver does not say which operation failed: one generic 422 with empty details.
+            log.debug("JSON patch of %s %s/%s not applied: %s", rt.kind, namespace, name, e)
+            raise ApiStatusError(422, "Invalid", _PATCH_REJECTED, details={}) from e
         if not isinstance(patched, dict):
             raise _bad_request("the patched object is not a JSON object")
         # NB: a patch carries the current resourceVersion unless it sets one, which then acts as a precondition.
@@ -2735,6 +2831,7 @@ class SimKubeApi:
         if rt.namespaced and name is not None and namespace is None:
             raise _NO_RESOURCE
         ns = namespace if rt.namespaced else ""
+        _check_write_options(request.method, request.query)
         write = _Write(request.query.get("dryRun") == "All", request.query.get("fieldValidation") or "Warn")
         if write.field_validation not in ("Ignore", "Warn", "Strict"):
             raise _bad_request(f"fieldValidation must be one of Ignore, Warn or Strict, not {write.field_validation!r}")
@@ -2822,7 +2919,8 @@ class SimKubeApi:
                     options = json.loads(raw)
                 except ValueError as e:
                     raise _bad_request(f"error decoding DeleteOptions: {e}") from e
-            return _json(self._delete(rt, ns, name, options if isinstance(options, dict) else {}, write=write))
+            deleted = self._delete(rt, ns, name, options if isinstance(options, dict) else {}, write=write)
+            return _json(_delete_answer(rt, deleted))
         raise _NOT_ALLOWED
 
     def _bind(self, rt: ResourceType, namespace: str, name: str, body: Any) -> web.Response:
