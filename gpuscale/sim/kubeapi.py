@@ -36,15 +36,19 @@ What is faithful (the things clients and controllers depend on):
   common batch-scheduling CRDs (Volcano, coscheduling, Kueue, ProvisioningRequest).
 * Subresources: ``status`` (pods, nodes, namespaces, services and the apps kinds), ``scale`` (deployments,
   statefulsets, replicasets; GET/PUT/PATCH an ``autoscaling/v1`` Scale whose ``spec.replicas`` writes through),
-  ``pods/binding``, ``pods/eviction`` (policy/v1 Eviction: PodDisruptionBudgets respected, 429 when one allows
-  no disruption — computed from the selected pods' readiness, as there is no disruption controller).
+  ``pods/binding``, ``pods/eviction`` (policy/v1 Eviction: PodDisruptionBudgets respected as kube-apiserver
+  does — Pending/finished/terminating pods ignore them, 429 with kube's cause when one allows no disruption, 500
+  under two). PodDisruptionBudget statuses are kept as the disruption controller keeps them
+  (``gpuscale.sim.disruption_controller``), on every change of a pod or budget of their namespace.
 * Validation that real clusters enforce and that would hide bugs if skipped: object names, label keys/values,
   workload ``spec.selector`` present, non-empty, matching the template labels and immutable, pods having
   containers, pod spec immutability (except images, tolerations, activeDeadlineSeconds).
 * Watch (``?watch=1``): newline-delimited events ADDED/MODIFIED/DELETED/BOOKMARK/ERROR from a resourceVersion
   (or the current state as synthetic ADDED when it is unset or "0"), with selectors applied the way the watch
   cache applies them (an object leaving the selection is DELETED, entering it is ADDED), ``timeoutSeconds``,
-  ``allowWatchBookmarks``; a resourceVersion older than the retained history (see ``compact()``) yields one
+  ``allowWatchBookmarks`` (a BOOKMARK every ``bookmark_interval_seconds`` and one 2 s before the timeout, as the
+  watch cache sends them: only when the resource changed after the watch began); a resourceVersion older than
+  the retained history (see ``compact()``; for a custom resource, older than its CRD being served) yields one
   ERROR event carrying a 410 ``Expired`` Status, exactly as kube-apiserver does.
 * ``Accept: application/json;as=Table`` → server-side ``meta.k8s.io/v1`` Tables with kubectl's usual columns
   for every served kind.
@@ -103,9 +107,10 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from gpuscale.disruption import disruptions_allowed, pdb_selects
+from gpuscale.disruption import pdb_selects
 from gpuscale.errors import SelectorError
 from gpuscale.selectors import FieldSelector, LabelSelector, field_value, label_key_problem, label_value_problem
+from gpuscale.sim.disruption_controller import budget_status, can_ignore_budgets, eviction_verdict
 
 __all__ = [
     "RESOURCES",
@@ -359,8 +364,8 @@ RESOURCES: tuple[ResourceType, ...] = (
         },
         storage_name="events",  # the same objects as core v1 Events, converted on the way in and out
     ),
-    # --- disruption: policy/v1 PodDisruptionBudgets (and pods/eviction above); no disruption controller, so
-    # ``status`` is what clients write, and an Eviction computes the budget from the pods themselves.
+    # --- disruption: policy/v1 PodDisruptionBudgets (and pods/eviction above); their ``status`` is kept as the
+    # disruption controller keeps it (gpuscale.sim.disruption_controller) whenever a pod or budget changes.
     ResourceType(
         "policy",
         "v1",
@@ -369,6 +374,7 @@ RESOURCES: tuple[ResourceType, ...] = (
         namespaced=True,
         short_names=("pdb",),
         subresources=("status",),
+        tracks_generation=True,
     ),
 )
 _BY_PATH = {(rt.group, rt.version, rt.plural): rt for rt in RESOURCES}
@@ -1899,6 +1905,8 @@ class SimKubeApi:
         self._rv = 0
         self._history: deque[_Change] = deque(maxlen=history_limit)
         self._floor = 0  # every change with rv > floor is in the history
+        self._storage_floor: dict[str, int] = {}  # per storage, a later floor (a newly served custom resource)
+        self._storage_rv: dict[str, int] = {}  # per storage, the resourceVersion of its newest change
         self._watchers: dict[str, set[_Watcher]] = {}
         self._next_cluster_ip = 1
         self._runner: web.AppRunner | None = None
@@ -2308,9 +2316,14 @@ class SimKubeApi:
         for path in [p for p, rt in self._custom.items() if rt.storage == storage]:
             del self._custom[path]
         if kind != "DELETED":
+            if storage not in self._storage_floor and not any(rt.storage == storage for rt in self._custom.values()):
+                # NB: like the watch cache kube-apiserver starts for a newly served resource, no history from before
+                # now: a watch from an older resourceVersion gets 410 Expired.
+                self._storage_floor[storage] = self._rv
             for rt in _custom_resource_types(crd):
                 self._custom[(rt.group, rt.version, rt.plural)] = rt
             return
+        self._storage_floor.pop(storage, None)
         types = _custom_resource_types(crd)
         if types:
             for _, stored in sorted(self._store(types[0]).items()):
@@ -2363,6 +2376,7 @@ class SimKubeApi:
             store.pop(key, None)
         else:
             store[key] = new
+        self._storage_rv[rt.storage] = self._rv
         change = _Change(self._rv, rt.storage, kind, new, prev)
         if len(self._history) == self._history.maxlen:
             self._floor = self._history[0].rv
@@ -2373,7 +2387,24 @@ class SimKubeApi:
                 watcher.queue.put_nowait(event)
         if rt.kind == "CustomResourceDefinition" and not rt.custom:
             self._crd_changed(kind, new)
+        if not rt.custom and (rt.kind == "Pod" or (rt.kind == "PodDisruptionBudget" and kind != "DELETED")):
+            self._keep_budget_statuses(key[0])
         return new
+
+    def _keep_budget_statuses(self, namespace: str) -> None:
+        """The disruption controller's part: every PodDisruptionBudget of ``namespace`` gets the status computed
+        from its pods (gpuscale.sim.disruption_controller), written like any status change (MODIFIED)."""
+        budgets_rt = _BY_KIND[("policy/v1", "PodDisruptionBudget")]
+        budgets = [(k, b) for k, b in self._store(budgets_rt).items() if k[0] == namespace]
+        if not budgets:
+            return
+        pods = [p for (ns, _), p in self._store(_BY_KIND[("v1", "Pod")]).items() if ns == namespace]
+        for _, budget in budgets:
+            status = budget_status(budget, pods, now=_timestamp(), previous=budget.get("status"))
+            if status != budget.get("status"):
+                updated = copy.deepcopy(budget)
+                updated["status"] = status
+                self._commit(budgets_rt, "MODIFIED", updated, budget)
 
     def _create(
         self,
@@ -2924,15 +2955,35 @@ class SimKubeApi:
         raise _NOT_ALLOWED
 
     def _bind(self, rt: ResourceType, namespace: str, name: str, body: Any) -> web.Response:
+        """POST pods/{name}/binding, as the scheduler binds: nodeName set once, PodScheduled=True."""
+        if isinstance(body, dict) and (body.get("metadata") or {}).get("name") not in (None, "", name):
+            raise _bad_request("name in URL does not match name in Binding object")
         target = (body or {}).get("target") or {}
         node = target.get("name")
         if not node:
             raise _invalid(rt, name, [_Cause("target.name", "Required value", "FieldValueRequired")])
         pod = self._require(rt, namespace, name)
         if (pod.get("spec") or {}).get("nodeName"):
-            raise _conflict(rt, name, f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+            raise ApiStatusError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already assigned to node '
+                f'"{pod["spec"]["nodeName"]}"',
+                details={"name": name, "kind": "pods/binding"},
+            )
         bound = copy.deepcopy(pod)
         bound["spec"]["nodeName"] = node
+        status = bound.setdefault("status", {})
+        scheduled = {
+            "type": "PodScheduled",
+            "status": "True",
+            "lastProbeTime": None,
+            "lastTransitionTime": _timestamp(),
+        }
+        status["conditions"] = [
+            *(c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"),
+            scheduled,
+        ]
         self._commit(rt, "MODIFIED", bound, pod)
         return _json(
             {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, status=201
@@ -2943,11 +2994,11 @@ class SimKubeApi:
     def _evict(self, namespace: str, name: str, body: Any, *, write: _Write) -> web.Response:
         """POST pods/{name}/eviction, as kube-apiserver's eviction REST does it.
 
-        A finished pod (Succeeded/Failed) is deleted without consulting budgets. Otherwise the PDBs selecting the
-        pod decide: more than one → 500 (unsupported, as upstream); one with no disruption allowed → 429
-        TooManyRequests with a ``DisruptionBudget`` cause; else the pod is deleted (``dryRun=All`` honoured) and
-        the answer is a 201 Success Status. ``disruptionsAllowed`` is computed from the pods (see
-        gpuscale.disruption), since no disruption controller keeps PDB statuses here.
+        A Pending, finished (Succeeded/Failed) or terminating pod is deleted without consulting budgets.
+        Otherwise the PDBs selecting the pod decide: more than one → 500 (unsupported, as upstream); one that
+        forbids it (``eviction_verdict``, from the budget's status) → 429 TooManyRequests with kube-apiserver's
+        ``DisruptionBudget`` cause; else the pod is deleted (``dryRun=All`` honoured) and the answer is a 201
+        Success Status.
         """
         pods = _BY_KIND[("v1", "Pod")]
         if not isinstance(body, dict) or body.get("kind", "Eviction") != "Eviction":
@@ -2956,10 +3007,11 @@ class SimKubeApi:
         if meta.get("name") not in (None, "", name):
             raise _bad_request(f"name in URL does not match name in Eviction object: {meta.get('name')} vs {name}")
         pod = self._require(pods, namespace, name)
-        phase = (pod.get("status") or {}).get("phase")
-        if phase not in ("Succeeded", "Failed"):
+        if not can_ignore_budgets(pod):
             budgets = [
-                b for b in self._store(_BY_KIND[("policy/v1", "PodDisruptionBudget")]).values() if pdb_selects(b, pod)
+                b
+                for (ns, _), b in self._store(_BY_KIND[("policy/v1", "PodDisruptionBudget")]).items()
+                if ns == namespace and pdb_selects(b, pod)
             ]
             if len(budgets) > 1:
                 raise ApiStatusError(
@@ -2968,15 +3020,19 @@ class SimKubeApi:
                     "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
                 )
             if budgets:
-                budget = budgets[0]
-                in_namespace = [p for (ns, _), p in self._store(pods).items() if ns == namespace]
-                if disruptions_allowed(budget, in_namespace) <= 0:
-                    cause = f"The disruption budget {budget['metadata']['name']} needs more healthy pods"
+                verdict = eviction_verdict(budgets[0], pod)
+                if not verdict.allowed:
+                    details: dict[str, Any] = {"causes": [{"reason": "DisruptionBudget", "message": verdict.cause}]}
+                    headers = {}
+                    if verdict.retry_after_seconds:
+                        details["retryAfterSeconds"] = verdict.retry_after_seconds
+                        headers["Retry-After"] = str(verdict.retry_after_seconds)
                     raise ApiStatusError(
                         429,
                         "TooManyRequests",
                         "Cannot evict pod as it would violate the pod's disruption budget.",
-                        details={"causes": [{"reason": "DisruptionBudget", "message": cause}]},
+                        details=details,
+                        headers=headers,
                     )
         self._delete(pods, namespace, name, body.get("deleteOptions") or {}, write=write)
         return _json(
@@ -3082,7 +3138,7 @@ class SimKubeApi:
             pass
         elif rv_text in ("", "0"):
             initial = [("ADDED", o) for o in self._select(rt, namespace, labels, fields)]
-        elif since < self._floor:
+        elif since < max(self._floor, self._storage_floor.get(rt.storage, 0)):
             expired = True
         else:
             for change in self._history:
@@ -3092,7 +3148,9 @@ class SimKubeApi:
                         initial.append(event)
         if not expired:
             self._watchers.setdefault(rt.storage, set()).add(watcher)
-        last_rv = self._rv
+        # NB: the watch cache sends a bookmark only with a resourceVersion of the resource newer than every one the
+        # watch had when it began (events it replayed included, whether or not they passed its selectors).
+        started_rv = max(since, self._storage_rv.get(rt.storage, 0))
         response = web.StreamResponse(status=200, headers={"Content-Type": JSON, "Cache-Control": "no-cache, private"})
         first_table = True
 
@@ -3107,26 +3165,29 @@ class SimKubeApi:
                 payload = _to_served(rt, obj)
             await response.write(json.dumps({"type": kind, "object": payload}, separators=(",", ":")).encode() + b"\n")
 
-        def bookmark() -> dict[str, Any]:
-            return {
-                "kind": rt.kind,
-                "apiVersion": rt.api_version,
-                "metadata": {"resourceVersion": str(last_rv), "creationTimestamp": None},
-            }
+        async def bookmark() -> None:
+            newest = self._storage_rv.get(rt.storage, 0)
+            if newest > started_rv:
+                obj = {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": {"resourceVersion": str(newest)}}
+                await send("BOOKMARK", obj)
 
         try:
             await response.prepare(request)
             if expired:
                 # NB: a planned 410 (``fail_next``) names the current resourceVersion as the oldest one kept.
-                oldest = self._rv if expire else self._floor
+                oldest = self._rv if expire else max(self._floor, self._storage_floor.get(rt.storage, 0))
                 gone = ApiStatusError(410, "Expired", f"too old resource version: {rv_text} ({oldest})").status
                 await send("ERROR", gone)
                 return response
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
+            # NB: kube-apiserver sends bookmarks every minute and once about 2 s before the watch times out, so
+            # the client resumes from as close to now as it can; none when that moment has passed at the start.
+            pre_timeout = deadline - 2.0 if timeout >= 2.0 else None
             next_bookmark = loop.time() + self._bookmark_interval
+            if pre_timeout is not None:
+                next_bookmark = min(next_bookmark, pre_timeout)
             for kind, obj in initial:
-                last_rv = max(last_rv, int(obj["metadata"]["resourceVersion"]))
                 await send(kind, obj)
             while not self._stopping:
                 now = loop.time()
@@ -3143,19 +3204,15 @@ class SimKubeApi:
                 except TimeoutError:
                     # An empty queue means every change up to now that this watch selects has been sent.
                     if bookmarks and loop.time() >= next_bookmark and watcher.queue.empty():
-                        last_rv = self._rv
-                        await send("BOOKMARK", bookmark())
+                        await bookmark()
                         next_bookmark = loop.time() + self._bookmark_interval
+                        if pre_timeout is not None and loop.time() < pre_timeout:
+                            next_bookmark = min(next_bookmark, pre_timeout)
                     continue
                 if item is None:
                     break
                 kind, obj = item
-                last_rv = int(obj["metadata"]["resourceVersion"])
                 await send(kind, obj)
-            if bookmarks and not self._stopping and not watcher.dropped and watcher.queue.empty():
-                # NB: like the watch cache, end a timed-out watch with a bookmark so the client resumes from here.
-                last_rv = self._rv
-                await send("BOOKMARK", bookmark())
         except ConnectionResetError:
             pass
         finally:
