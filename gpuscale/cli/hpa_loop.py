@@ -158,7 +158,8 @@ class HpaLoop:
         fetched = await self.fetch(selector)
         decision = self.autoscaler.reconcile(
             now,
-            spec_replicas=scale["spec"]["replicas"],
+            # NB: kube-apiserver omits spec.replicas from a Scale when it is 0 (tests/cluster/test_conformance.py).
+            spec_replicas=int((scale.get("spec") or {}).get("replicas") or 0),
             status_replicas=scale["status"].get("replicas"),
             pods=pods,
             readings=fetched,
