@@ -758,7 +758,7 @@ def test_evictions_respect_disruption_budgets(api: Target):
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
             "metadata": {"name": name},
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "ev"}}},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "ev"}}},
         }
 
     def eviction(name: str, **delete_options: Any) -> dict:
@@ -773,13 +773,13 @@ def test_evictions_respect_disruption_budgets(api: Target):
     api.rest.post(base, _pod("pending", app="ev")).expect(201)
     assert api.rest.post(f"{base}/pending/eviction", eviction("pending")).body == success
     assert api.rest.get(f"{base}/pending").status == 404
-    for name in ("a", "b"):
+    for name in ("a", "b", "c", "u"):
         api.rest.post(base, _pod(name, app="ev")).expect(201)
     with FakeKubelet(api.rest, namespaces=[ns], nodes=[node], interval_seconds=0.1) as kubelet:
         status = _until(
-            "the budget to allow one disruption",
+            "the budget to allow two disruptions",
             _pdb_settled(
-                api, f"{budgets}/one", currentHealthy=2, desiredHealthy=1, disruptionsAllowed=1, expectedPods=2
+                api, f"{budgets}/one", currentHealthy=4, desiredHealthy=2, disruptionsAllowed=2, expectedPods=4
             ),
         )
         assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [
@@ -788,14 +788,18 @@ def test_evictions_respect_disruption_budgets(api: Target):
         dry = api.rest.post(f"{base}/a/eviction", eviction("a"), dryRun="All")
         assert (dry.status, dry.body) == (201, success)
         assert "deletionTimestamp" not in api.rest.get(f"{base}/a").expect(200)["metadata"]
-        assert api.rest.get(f"{budgets}/one").expect(200)["status"]["disruptionsAllowed"] == 1
+        assert api.rest.get(f"{budgets}/one").expect(200)["status"]["disruptionsAllowed"] == 2
         evicted = api.rest.post(f"{base}/a/eviction", eviction("a", gracePeriodSeconds=0))
         assert (evicted.status, evicted.body) == (201, success)
         assert api.rest.get(f"{base}/a").status == 404
+        # u stops being Ready: the budget is exactly met, so no ready pod may go — but u itself may (the default
+        # unhealthyPodEvictionPolicy, IfHealthyBudget, lets an unready pod go while the budget is met).
+        unready = {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+        api.rest.patch(f"{base}/u/status", unready, "strategic").expect(200)
         _until(
             "the budget to allow no disruption",
             _pdb_settled(
-                api, f"{budgets}/one", currentHealthy=1, desiredHealthy=1, disruptionsAllowed=0, expectedPods=1
+                api, f"{budgets}/one", currentHealthy=2, desiredHealthy=2, disruptionsAllowed=0, expectedPods=3
             ),
         )
         blocked = api.rest.post(f"{base}/b/eviction", eviction("b"))
@@ -809,12 +813,14 @@ def test_evictions_respect_disruption_budgets(api: Target):
                     "causes": [
                         {
                             "reason": "DisruptionBudget",
-                            "message": "The disruption budget one needs 1 healthy pods and has 1 currently",
+                            "message": "The disruption budget one needs 2 healthy pods and has 2 currently",
                         }
                     ]
                 },
             ),
         )
+        assert api.rest.post(f"{base}/u/eviction", eviction("u", gracePeriodSeconds=0)).body == success
+        assert api.rest.get(f"{base}/u").status == 404
         api.rest.post(budgets, budget("two")).expect(201)
         two = api.rest.post(f"{base}/b/eviction", eviction("b"))
         assert _failure(two) == (
