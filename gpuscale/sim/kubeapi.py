@@ -145,6 +145,13 @@ _PATCH_TYPES = (JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, APPLY_PATCH)
 # kube-apiserver picks a watch timeout in [min-request-timeout, 2×) when the client gives none.
 _DEFAULT_WATCH_TIMEOUT_SECONDS = 1800.0
 _WRITE_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+
+
+def _deletes_collections(rt: ResourceType) -> bool:
+    """Namespaces are deleted one by one (kube-apiserver serves no deletecollection for them)."""
+    return rt.custom or (rt.api_version, rt.kind) != ("v1", "Namespace")
+
+
 _SUBRESOURCE_VERBS = ("get", "patch", "update")
 
 
@@ -532,7 +539,7 @@ def _invalid(rt: ResourceType, name: str, causes: list[_Cause]) -> ApiStatusErro
 
 
 _NOT_ALLOWED = ApiStatusError(
-    405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+    405, "MethodNotAllowed", "the server does not allow this method on the requested resource", details={}
 )
 _NO_RESOURCE = ApiStatusError(404, "NotFound", "the server could not find the requested resource")
 
@@ -2898,7 +2905,7 @@ class SimKubeApi:
             if method == "POST" and (ns or not rt.namespaced):
                 created = self._create(rt, ns or "", await _body(request), write=write)
                 return _json(created, status=201)
-            if method == "DELETE" and (ns or not rt.namespaced):
+            if method == "DELETE" and (ns or not rt.namespaced) and _deletes_collections(rt):
                 return self._delete_collection(request, rt, ns or "", write=write)
             raise _NOT_ALLOWED
         assert ns is not None
@@ -3284,7 +3291,7 @@ def _resource_list(group: str, version: str, served: Iterable[ResourceType] = RE
             "singularName": rt.singular,
             "namespaced": rt.namespaced,
             "kind": rt.kind,
-            "verbs": list(_WRITE_VERBS),
+            "verbs": [v for v in _WRITE_VERBS if v != "deletecollection" or _deletes_collections(rt)],
         }
         if rt.short_names:
             entry["shortNames"] = list(rt.short_names)

@@ -838,3 +838,58 @@ def test_evictions_respect_disruption_budgets(api: Target):
         )
         assert not kubelet.errors
     api.rest.delete(f"/api/v1/nodes/{node}").expect(200)
+
+
+# --- discovery: how sources/kuberest.py finds where a kind is served -------------------------------------------
+
+_ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+_STATUS_VERBS = ["get", "patch", "update"]
+DISCOVERY = {
+    "/api/v1": {
+        "pods": (True, "Pod", None, None, _ALL_VERBS),
+        "pods/binding": (True, "Binding", None, None, ["create"]),
+        "pods/eviction": (True, "Eviction", "policy", "v1", ["create"]),
+        "pods/status": (True, "Pod", None, None, _STATUS_VERBS),
+        "nodes": (False, "Node", None, None, _ALL_VERBS),
+        "nodes/status": (False, "Node", None, None, _STATUS_VERBS),
+        "configmaps": (True, "ConfigMap", None, None, _ALL_VERBS),
+        "events": (True, "Event", None, None, _ALL_VERBS),
+        "namespaces": (False, "Namespace", None, None, [v for v in _ALL_VERBS if v != "deletecollection"]),
+    },
+    "/apis/policy/v1": {
+        "poddisruptionbudgets": (True, "PodDisruptionBudget", None, None, _ALL_VERBS),
+        "poddisruptionbudgets/status": (True, "PodDisruptionBudget", None, None, _STATUS_VERBS),
+    },
+    "/apis/coordination.k8s.io/v1": {"leases": (True, "Lease", None, None, _ALL_VERBS)},
+    "/apis/apps/v1": {
+        "deployments": (True, "Deployment", None, None, _ALL_VERBS),
+        "deployments/scale": (True, "Scale", "autoscaling", "v1", _STATUS_VERBS),
+        "statefulsets": (True, "StatefulSet", None, None, _ALL_VERBS),
+        "statefulsets/scale": (True, "Scale", "autoscaling", "v1", _STATUS_VERBS),
+    },
+}
+
+
+@pytest.mark.parametrize("path", list(DISCOVERY))
+def test_discovery_names_each_kinds_resource_and_scope(api: Target, path: str):
+    listed = api.rest.get(path).expect(200)
+    assert (listed["kind"], listed["groupVersion"]) == (
+        "APIResourceList",
+        path.removeprefix("/api/").removeprefix("/apis/"),
+    )
+    found = {
+        e["name"]: (e["namespaced"], e["kind"], e.get("group"), e.get("version"), sorted(e["verbs"]))
+        for e in listed["resources"]
+        if e["name"] in DISCOVERY[path]
+    }
+    assert found == DISCOVERY[path]
+
+
+def test_a_group_version_not_served_answers_404(api: Target):
+    """An optional kind (a ProvisioningRequest without its CRD): the group/version is simply not there."""
+    assert api.rest.get("/apis/autoscaling.x-k8s.io/v1beta1").status == 404
+    # Namespaces are deleted one by one: no deletecollection.
+    assert _failure(api.rest.delete("/api/v1/namespaces", labelSelector="conformance=none")) == (
+        405,
+        _status(405, "MethodNotAllowed", "the server does not allow this method on the requested resource", {}),
+    )
