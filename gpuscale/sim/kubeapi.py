@@ -14,7 +14,8 @@ What is faithful (the things clients and controllers depend on):
   every object, ``generation`` on workloads (bumped when the spec changes); a no-op write changes nothing and
   emits no event. Typed list responses (``PodList``…) whose items carry no kind/apiVersion, as kube-apiserver
   sends them; ``labelSelector``, ``fieldSelector`` (only the field labels kube-apiserver supports for the
-  resource — others are a 400), ``limit`` + ``continue``.
+  resource — others are a 400), ``limit`` + ``continue`` (every page is the first page's snapshot, as etcd
+  serves it; 410 Expired once the history no longer reaches back to it).
 * Writes: create → 201 (409 AlreadyExists, ``generateName``, the namespace must exist), update with a stale
   ``metadata.resourceVersion`` → 409 Conflict, no-op updates keep the resourceVersion, ``status`` changes only
   through the status subresource and the spec only through the main resource; PATCH as JSON merge patch,
@@ -69,15 +70,15 @@ What is faithful (the things clients and controllers depend on):
   connections mid-stream; ``go_away``/``come_back`` (or ``outage(seconds)``) close the listening socket and every
   connection and reopen on the same port, storage kept. ``faults_served`` records what was answered.
 
-Limitations (on purpose): no controllers (a Deployment creates no pods, nothing updates status unless you do),
-no kubelet (pods are deleted at once, without a grace period), no garbage collector (ownerReferences do not
-cascade; deleting a namespace deletes its objects at once, standing in for the namespace controller), no
-admission webhooks, no RBAC on its own API (any bearer token is accepted unless ``tokens`` is given; the
-tokens of ``add_token`` and the grants of ``allow`` only answer TokenReviews and SubjectAccessReviews), no field
-ownership in server-side apply (an apply is a strategic merge of the applied configuration), continue tokens page
-over the current state rather than a snapshot, no OpenAPI schemas, no aggregated discovery, and no protobuf: a
-protobuf body gets 415, so kubectl's typed-client generators (``kubectl create deployment``, ``create
-configmap``) fail — ``kubectl create -f`` / ``apply`` / ``patch`` / ``scale`` / ``label`` / ``delete`` work.
+Limitations (on purpose): no controllers (a Deployment creates no pods; but for PodDisruptionBudgets, nothing
+updates status unless you do), no kubelet (pods are deleted at once, without a grace period), no garbage collector
+(ownerReferences do not cascade; deleting a namespace deletes its objects at once, standing in for the namespace
+controller), no admission webhooks, no RBAC on its own API (any bearer token is accepted unless ``tokens`` is
+given; the tokens of ``add_token`` and the grants of ``allow`` only answer TokenReviews and SubjectAccessReviews),
+no field ownership in server-side apply (an apply is a strategic merge of the applied configuration; no
+managedFields), no OpenAPI schemas, no aggregated discovery, and no protobuf: a protobuf body gets 415, so
+kubectl's typed-client generators (``kubectl create deployment``, ``create configmap``) fail — ``kubectl create
+-f`` / ``apply`` / ``patch`` / ``scale`` / ``label`` / ``delete`` work.
 
 In-process helpers (``create``, ``apply``, ``replace``, ``patch``, ``delete``, ``get``, ``list``) go through the
 same code as the HTTP handlers (same validation, resourceVersions and watch events) and raise ``ApiStatusError``.
@@ -430,6 +431,7 @@ class ApiStatusError(Exception):
         self.message = message
         self.details = dict(details or {})
         self._send_details = details is not None  # NB: `details: {}` is sent as given (a failed JSON patch)
+        self.list_meta: dict[str, Any] = {}  # the Status's ListMeta (an expired continue's fresh token)
         self.headers = dict(headers or {})
         """HTTP headers sent with the Status (``Retry-After`` on 429 and 5xx that ask clients to come back)."""
 
@@ -438,7 +440,7 @@ class ApiStatusError(Exception):
         body: dict[str, Any] = {
             "kind": "Status",
             "apiVersion": "v1",
-            "metadata": {},
+            "metadata": dict(self.list_meta),
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,
@@ -501,6 +503,23 @@ def _check_write_options(method: str, query: Mapping[str, str]) -> None:
             f'{kind}.meta.k8s.io "" is invalid: {text}',
             details={"group": "meta.k8s.io", "kind": kind, "causes": causes},
         )
+
+
+def _continue_expired(rv: int, start: tuple[str, str]) -> ApiStatusError:
+    """410 for a continue token older than the server keeps, with the inconsistent token kube-apiserver offers."""
+    error = ApiStatusError(
+        410,
+        "Expired",
+        "The provided continue parameter is too old to display a consistent list result. You can start a new list "
+        "without the continue parameter, or use the continue token in this response to retrieve the remainder of "
+        "the results. Continuing with the provided token results in an inconsistent list - objects that were "
+        "created, modified, or deleted between the time the first chunk was returned and now may show up in the "
+        "list.",
+    )
+    error.list_meta = {
+        "continue": base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": list(start)}).encode()).decode()
+    }
+    return error
 
 
 def _not_found(rt: ResourceType, name: str) -> ApiStatusError:
@@ -3067,7 +3086,14 @@ class SimKubeApi:
                 start = (str(state["start"][0]), str(state["start"][1]))
                 list_rv = int(state["rv"])
             except (ValueError, KeyError, TypeError, IndexError) as e:
-                raise _bad_request(f"continue key is not valid: {e}") from e
+                raise _bad_request(f"invalid continue token: continue key is not valid: {e}") from e
+            # NB: every page of a list is the same snapshot, the first page's resourceVersion (etcd serves the
+            # later pages at that revision); once the history no longer reaches back to it, 410 Expired.
+            snapshot = self._snapshot(rt, list_rv)
+            if snapshot is None:
+                raise _continue_expired(self._rv, start)
+            selection = _Filter(rt, namespace, labels, fields)
+            items = [o for _, o in sorted(snapshot.items()) if selection.passes(o)]
             items = [o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > start]
         limit = query.get("limit")
         if limit:
@@ -3094,6 +3120,24 @@ class SimKubeApi:
                 obj.pop("apiVersion", None)
             served.append(obj)
         return _json({"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": served})
+
+    def _snapshot(self, rt: ResourceType, rv: int) -> dict[tuple[str, str], dict[str, Any]] | None:
+        """The stored objects of ``rt`` as they were at resourceVersion ``rv`` (the current ones with the newer
+        changes undone), or None when the history no longer reaches back that far."""
+        if rv < max(self._floor, self._storage_floor.get(rt.storage, 0)):
+            return None
+        state = dict(self._store(rt))
+        for change in reversed(self._history):
+            if change.rv <= rv:
+                break
+            if change.storage != rt.storage:
+                continue
+            key = (change.obj["metadata"].get("namespace", ""), change.obj["metadata"]["name"])
+            if change.prev is None:
+                state.pop(key, None)
+            else:
+                state[key] = change.prev
+        return state
 
     def _delete_collection(
         self, request: web.Request, rt: ResourceType, namespace: str, *, write: _Write

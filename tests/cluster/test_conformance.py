@@ -386,21 +386,33 @@ def test_dry_run_all_validates_and_stores_nothing(api: Target):
 # --- list and watch: what the reflectors rely on ------------------------------------------------------------------
 
 
-def test_lists_page_with_limit_and_continue(api: Target):
+def test_lists_page_with_limit_and_continue_over_one_snapshot(api: Target):
     ns = api.namespace()
     base = f"/api/v1/namespaces/{ns}/configmaps"
-    for name in ("a", "b", "c"):
-        api.rest.post(base, _cm(name)).expect(201)
+    for name in ("a", "b", "c", "d"):
+        api.rest.post(base, _cm(name, v="1")).expect(201)
     first = api.rest.get(base, limit=2).expect(200)
     assert (first["kind"], first["apiVersion"]) == ("ConfigMapList", "v1")
     assert [i["metadata"]["name"] for i in first["items"]] == ["a", "b"]
-    assert first["metadata"]["remainingItemCount"] == 1 and first["metadata"]["continue"]
+    assert first["metadata"]["remainingItemCount"] == 2 and first["metadata"]["continue"]
     assert all("kind" not in i for i in first["items"])  # typed lists: items carry no kind/apiVersion
+    # Changes after the first page do not show in the next ones: every page is the first page's snapshot.
+    api.rest.post(base, _cm("bb", v="1")).expect(201)
+    api.rest.delete(f"{base}/c").expect(200)
+    api.rest.patch(f"{base}/d", {"data": {"v": "2"}}).expect(200)
     rest = api.rest.get(base, limit=2, **{"continue": first["metadata"]["continue"]}).expect(200)
-    assert [i["metadata"]["name"] for i in rest["items"]] == ["c"]
-    assert "continue" not in rest["metadata"] and "remainingItemCount" not in rest["metadata"]
-    # The pages are one snapshot: the list's resourceVersion, not a later one.
-    assert rest["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+    assert [(i["metadata"]["name"], i["data"]) for i in rest["items"]] == [("c", {"v": "1"}), ("d", {"v": "1"})]
+    assert rest["metadata"] == {"resourceVersion": first["metadata"]["resourceVersion"]}
+    now = api.rest.get(base).expect(200)
+    assert [(i["metadata"]["name"], i["data"]) for i in now["items"]] == [
+        ("a", {"v": "1"}),
+        ("b", {"v": "1"}),
+        ("bb", {"v": "1"}),
+        ("d", {"v": "2"}),
+    ]
+    bad = api.rest.get(base, limit=2, **{"continue": "garbage"})
+    assert (bad.status, bad.body["reason"]) == (400, "BadRequest")
+    assert bad.body["message"].startswith("invalid continue token: continue key is not valid: ")
 
 
 def test_watch_from_the_lists_resource_version_replays_every_change_in_order(api: Target):
