@@ -4,11 +4,14 @@
   conflicts) and writes nothing; the outcome is ``dry-run`` and the log line says what would have changed.
   The same write validated once is not sent again (planners re-plan it every reconcile, since nothing changed).
 - Retries: 429, 5xx and a 409 Conflict on an unconditional write are retried with doubling backoff (never
-  sooner than a ``Retry-After``), up to ``attempts``; a 409 on a write with a ``resource_version`` is
-  ``refused`` (the object moved; the next reconcile plans from the new state).
-- Idempotent: AlreadyExists on a create and NotFound on a delete are ``already-done``; an Eviction the
-  PodDisruptionBudget forbids now (429 with a DisruptionBudget cause) is ``refused`` and tried again by a later
-  reconcile.
+  sooner than a ``Retry-After``), up to ``attempts``.
+- Guarded writes are never retried blindly: a 409 on a write with a ``resource_version``, a 422 on a JSON patch
+  (a ``test`` operation failed: the object is not as the plan read it) and AlreadyExists on a create are a
+  ``conflict``; the loop re-reads the object and plans again. NotFound on a delete is ``already-done``; an
+  Eviction the PodDisruptionBudget forbids now (429 with a DisruptionBudget cause) is ``refused`` and tried again
+  by a later reconcile.
+- Order: when a ``barrier`` write does not apply, the rest of the batch is ``skipped``; when one eviction of a
+  gang (``Evict.group``) does not apply, the gang's later evictions are ``skipped``.
 - Events: ``Emit`` creates a core v1 Event named after what it is about and a hash of reason and message; a
   repeat bumps ``count`` and ``lastTimestamp`` instead of creating another, as client-go's recorder does.
 
@@ -30,7 +33,7 @@ from gpuscale.controller.writes import Create, Delete, Emit, Evict, Patch, Write
 from gpuscale.errors import SourceUnavailable
 from gpuscale.sources.kuberest import PATCH_CONTENT_TYPES, KubeAnswer, KubeRest
 
-__all__ = ["KubeActuator", "action_of"]
+__all__ = ["KubeActuator", "action_of", "target_of"]
 
 log = logging.getLogger("gpuscale.controller.actuator")
 
@@ -50,7 +53,8 @@ def action_of(write: Write) -> str:
     return "event"
 
 
-def _target(write: Write) -> str:
+def target_of(write: Write) -> str:
+    """What a write is about, for logs: ``Node/gpu-1``, ``Pod/ns/name``."""
     if isinstance(write, (Create, Patch, Delete)):
         return str(write.key)
     if isinstance(write, Evict):
@@ -95,15 +99,27 @@ class KubeActuator:
 
     async def apply(self, writes: Sequence[Write]) -> list[WriteOutcome]:
         out = []
+        barrier_failed = ""
+        failed_groups: set[str] = set()
         for write in writes:
             # NB: keyed on what and why, not the body: bodies carry times (heartbeats, "since") that move each time.
-            memo = f"{action_of(write)} {_target(write)} {write.why}" if self.dry_run else ""
+            memo = f"{action_of(write)} {target_of(write)} {write.why}" if self.dry_run else ""
             if memo and memo in self._validated:
                 continue
-            try:
-                outcome = await self._apply(write)
-            except SourceUnavailable as e:
-                outcome = WriteOutcome(write, "failed", str(e))
+            group = write.group if isinstance(write, Evict) else ""
+            if barrier_failed or group in failed_groups:
+                why = barrier_failed or f"an earlier eviction of {group} did not apply"
+                outcome = WriteOutcome(write, "skipped", why)
+            else:
+                try:
+                    outcome = await self._apply(write)
+                except SourceUnavailable as e:
+                    outcome = WriteOutcome(write, "failed", str(e))
+                if outcome.result not in ("applied", "dry-run", "already-done"):
+                    if getattr(write, "barrier", False):
+                        barrier_failed = f"{action_of(write)} {target_of(write)} did not apply ({outcome.result})"
+                    if group:
+                        failed_groups.add(group)
             if memo and outcome.result == "dry-run":
                 if len(self._validated) >= 100_000:  # NB: bounded: a long dry run may see many distinct writes
                     self._validated.clear()
@@ -114,7 +130,7 @@ class KubeActuator:
                 level,
                 "action=%s object=%s result=%s why=%r%s",
                 action_of(write),
-                _target(write),
+                target_of(write),
                 outcome.result,
                 write.why,
                 f" detail={outcome.detail!r}" if outcome.detail else "",
@@ -132,7 +148,7 @@ class KubeActuator:
             path = await self.rest.path(key.api_version, key.kind, namespace=key.namespace)
             answer = await self._send(write, "POST", path, body=dict(write.obj))
             if answer.status == 409 and answer.reason == "AlreadyExists":
-                return WriteOutcome(write, "already-done", answer.message)
+                return WriteOutcome(write, "conflict", f"AlreadyExists: {answer.message}")
             return self._outcome(write, answer)
         if isinstance(write, Patch):
             key = write.key
@@ -150,6 +166,10 @@ class KubeActuator:
                 content_type=PATCH_CONTENT_TYPES[write.patch_type],
                 conflict_is_final=write.resource_version is not None,
             )
+            if answer.status == 422 and write.patch_type == "json":
+                # NB: kube answers a failed ``test`` (or a ``remove`` of what is gone) with one generic 422.
+                detail = f"HTTP 422: the object changed since it was read: {answer.message}"
+                return WriteOutcome(write, "conflict", detail)
             return self._outcome(write, answer)
         if isinstance(write, Delete):
             key = write.key
@@ -173,8 +193,13 @@ class KubeActuator:
 
     def _outcome(self, write: Write, answer: KubeAnswer) -> WriteOutcome:
         if answer.ok:
-            return WriteOutcome(write, "dry-run" if self.dry_run else "applied")
-        if answer.status == 409 or answer.status == 404:
+            if self.dry_run:
+                return WriteOutcome(write, "dry-run")
+            obj = answer.body if answer.body.get("kind") not in ("Status", None) else None
+            return WriteOutcome(write, "applied", obj=obj)
+        if answer.status == 409:
+            return WriteOutcome(write, "conflict", f"HTTP 409 {answer.reason}: {answer.message}")
+        if answer.status == 404:
             return WriteOutcome(write, "refused", f"HTTP {answer.status} {answer.reason}: {answer.message}")
         return WriteOutcome(write, "failed", f"HTTP {answer.status} {answer.reason}: {answer.message}".rstrip(": "))
 
@@ -215,7 +240,7 @@ class KubeActuator:
                 log.info(
                     "action=%s object=%s retry=%d after=%.2fs status=%s",
                     action_of(write),
-                    _target(write),
+                    target_of(write),
                     attempt + 1,
                     wait,
                     answer.status or "no answer",

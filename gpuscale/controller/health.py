@@ -168,10 +168,12 @@ def node_json_patch(
 ) -> list[dict[str, Any]]:
     """RFC 6902 operations changing only what is given (None: leave alone).
 
-    NB: JSON patch, not merge patch: ``spec.taints`` is an atomic list (replaced whole), so replacing it is
+    NB: JSON patch, not merge patch: ``spec.taints`` is an atomic list (replaced whole), so every change of it is
     guarded by a ``test`` of the list as read — a taint someone added meanwhile fails the write (422) instead of
     being dropped — while the node's other changes (its status, heartbeats) do not get in the way as a
-    resourceVersion precondition would.
+    resourceVersion precondition would. Where the copy read has no taints (or no annotations), the ``add`` that
+    creates the member is guarded by a ``test`` that it is still absent (RFC 6902 ``add`` replaces an existing
+    member: from a stale copy it would wipe what others wrote).
     """
     ops: list[dict[str, Any]] = []
     current = _annotations(node)
@@ -182,6 +184,8 @@ def node_json_patch(
             merged = {**current, **annotations}
             added = {k: v for k, v in merged.items() if v is not None}
             if added:
+                if not current:
+                    ops.append({"op": "test", "path": "/metadata/annotations", "value": None})
                 ops.append({"op": "add", "path": "/metadata/annotations", "value": added})
         else:
             for k, v in annotations.items():
@@ -202,6 +206,7 @@ def node_json_patch(
                 else {"op": "remove", "path": "/spec/taints"}
             )
         elif taints:
+            ops.append({"op": "test", "path": "/spec/taints", "value": None})
             ops.append({"op": "add", "path": "/spec/taints", "value": taints})
     if unschedulable is True:
         ops.append({"op": "add", "path": "/spec/unschedulable", "value": True})
@@ -301,6 +306,7 @@ class HealthPlanner:
         writes: list[Write] = []
         for node in nodes:
             if self._opted_out(node):
+                writes.extend(self._release({**node, _HAD_ANNOTATIONS: bool(_annotations(node))}, now=now))
                 continue
             node = {**node, _HAD_ANNOTATIONS: bool(_annotations(node))}  # NB: this plan's copy: see _patch
             tel = telemetry.node(_name(node))
@@ -313,8 +319,9 @@ class HealthPlanner:
             elif _record(node) is not None:
                 writes.extend(self._recover(node, now=now))
             writes.extend(self._warnings(node, [p for p in problems if p.action == "warn"]))
-        writes.extend(self._save_breaker(view, breaker, now=now))
-        return writes
+        # NB: the breaker's record goes first, as a barrier: if it cannot be written (another leader wrote it
+        # meanwhile), none of the steps it admitted is taken; a step taken is always on record.
+        return [*self._save_breaker(view, breaker, now=now), *writes]
 
     def remediates(self, node: Mapping[str, Any], telemetry: NodeGpuTelemetry) -> bool:
         """Whether this planner takes a disruptive step on ``node`` for what ``telemetry`` shows (or keeps it out):
@@ -340,17 +347,38 @@ class HealthPlanner:
             pool = _pool_of(node, self.policy.pool_labels)
             pool_by_node[_name(node)] = pool
             pool_size[pool] = pool_size.get(pool, 0) + 1
-            annotations = _annotations(node)
-            if annotations.get(TAINTED_BY) or annotations.get(CORDONED_BY):
+            if self._acted_on(node):
                 acting.setdefault(pool, set()).add(_name(node))
+        # NB: the window's memory is the ConfigMap and, should it be lost, the recoveries our condition records
+        # (its lastTransitionTime to True): deleting the ConfigMap cannot reset the breaker.
+        remembered = {**self._recovered_at(nodes), **self._breaker_state(view)}
         recent = {
             node: at
-            for node, at in self._breaker_state(view).items()
+            for node, at in remembered.items()
             if now - at < self.policy.breaker.window and node in pool_by_node
         }
         for node in recent:
             acting.setdefault(pool_by_node[node], set()).add(node)
         return _Breaker(pool_size, len(pool_by_node), acting, recent, self.policy)
+
+    def _acted_on(self, node: Mapping[str, Any]) -> bool:
+        """Whether a disruptive step of ours is on the node now: our annotations, or our taint (a step is
+        counted even if someone removed the annotations that record it)."""
+        annotations = _annotations(node)
+        if annotations.get(TAINTED_BY) or annotations.get(CORDONED_BY):
+            return True
+        return any(t.get("key") == self.policy.taint.key for t in (node.get("spec") or {}).get("taints") or [])
+
+    def _recovered_at(self, nodes: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+        """node → when our condition last turned True after a remediation (``GpuRecovered``)."""
+        out = {}
+        for node in nodes:
+            condition = _condition(node, self.policy.condition_type)
+            if condition and condition.get("status") == "True" and condition.get("reason") == "GpuRecovered":
+                at = _parse_iso(condition.get("lastTransitionTime") or "")
+                if at is not None:
+                    out[_name(node)] = at
+        return out
 
     def _breaker_state(self, view: ClusterView) -> dict[str, float]:
         cm = view.get("v1", "ConfigMap", self.state_name, self.state_namespace)
@@ -372,20 +400,19 @@ class HealthPlanner:
         acted = {**breaker.recent, **breaker.added}
         data = {"breaker": json.dumps({"acted": {n: _iso(t) for n, t in sorted(acted.items())}}, sort_keys=True)}
         why = f"breaker: acted on {', '.join(sorted(breaker.added))}"
-        if view.get("v1", "ConfigMap", self.state_name, self.state_namespace) is None:
-            return [
-                Create(
-                    {
-                        "apiVersion": "v1",
-                        "kind": "ConfigMap",
-                        "metadata": {"name": self.state_name, "namespace": self.state_namespace},
-                        "data": data,
-                    },
-                    why,
-                )
-            ]
+        current = view.get("v1", "ConfigMap", self.state_name, self.state_namespace)
+        if current is None:
+            manifest = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": self.state_name, "namespace": self.state_namespace},
+                "data": data,
+            }
+            return [Create(manifest, why, barrier=True)]
         key = ObjectKey("v1", "ConfigMap", self.state_name, self.state_namespace)
-        return [Patch(key, {"data": data}, why)]
+        # NB: read-modify-write of the record: conditional on the version read (another leader's entries stay).
+        version = (current.get("metadata") or {}).get("resourceVersion")
+        return [Patch(key, {"data": data}, why, resource_version=version, barrier=True)]
 
     # -- remediation
 
@@ -559,6 +586,43 @@ class HealthPlanner:
         )
         if self.actions.events:
             writes.append(Emit(key, "Normal", "GpuRecovered", message))
+        return writes
+
+    # -- opt-out
+
+    def _release(self, node: dict[str, Any], *, now: float) -> list[Write]:
+        """A node opted out after we acted on it: take off our taint, our condition(s), our annotations and the
+        cordon we put there — nothing anyone else wrote."""
+        annotations = _annotations(node)
+        spec = node.get("spec") or {}
+        taints = list(spec.get("taints") or [])
+        ours = [t for t in taints if t.get("key") == self.policy.taint.key] if annotations.get(TAINTED_BY) else []
+        notes = {k: None for k in ANNOTATIONS if k in annotations}
+        uncordon = bool(annotations.get(CORDONED_BY) and spec.get("unschedulable"))
+        owned = [self.policy.condition_type] + ([AHR] if annotations.get(AHR_BY) else [])
+        conditions = [c for c in owned if _condition(node, c) is not None]
+        if not (ours or notes or uncordon or conditions):
+            return []
+        why = "opted out: gpuscale's own marks removed"
+        writes: list[Write] = []
+        if conditions:
+            patch = {"status": {"conditions": [{"type": c, "$patch": "delete"} for c in conditions]}}
+            writes.append(
+                Patch(ObjectKey("v1", "Node", _name(node)), patch, f"{why}: condition {', '.join(conditions)}",
+                      patch_type="strategic", subresource="status")
+            )  # fmt: skip
+        if ours or notes or uncordon:
+            writes.append(
+                self._patch(
+                    node,
+                    why,
+                    annotations=notes or None,
+                    taints=[t for t in taints if t not in ours] if ours else None,
+                    unschedulable=False if uncordon else None,
+                )
+            )
+        if self.actions.events:
+            writes.append(Emit(ObjectKey("v1", "Node", _name(node)), "Normal", "RemediationOptedOut", why))
         return writes
 
     # -- warnings

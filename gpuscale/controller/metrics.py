@@ -43,7 +43,7 @@ class ControllerMetrics:
         self.actions = Counter(
             "gpuscale_controller_actions",
             "Kubernetes writes by planner, action (create, patch, patch-status, evict, event…) and result "
-            "(applied, dry-run, already-done, refused, failed)",
+            "(applied, dry-run, already-done, conflict, refused, skipped, failed)",
             ["planner", "action", "result"],
             registry=r,
         )
@@ -82,6 +82,23 @@ class ControllerMetrics:
             "gpuscale_controller_reconcile_failures", "reconciles or planners that failed", ["stage"], registry=r
         )
         self.leader = Gauge("gpuscale_controller_leader", "1 while this replica holds the Lease", registry=r)
+        self.view_confirmed = Gauge(
+            "gpuscale_controller_view_confirmed",
+            "1 when every watch cache has listed since its last error (and since this replica became leader); "
+            "0: the controller plans and writes nothing",
+            registry=r,
+        )
+        self.reconciles_held = Counter(
+            "gpuscale_controller_reconciles_held",
+            "reconciles that planned nothing, by why: view (caches not confirmed), telemetry (unreadable)",
+            ["stage"],
+            registry=r,
+        )
+        self.replans = Counter(
+            "gpuscale_controller_replans",
+            "re-reads and new plans after a write found its object changed (409, AlreadyExists, failed test)",
+            registry=r,
+        )
         self.telemetry_nodes = Gauge(
             "gpuscale_controller_telemetry_nodes",
             "GPU nodes by whether their exporter answered",

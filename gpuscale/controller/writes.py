@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from gpuscale.controller.telemetry import ClusterTelemetry
@@ -25,6 +25,7 @@ __all__ = [
     "Delete",
     "Emit",
     "Evict",
+    "LiveClusterView",
     "ObjectKey",
     "Patch",
     "Planner",
@@ -55,10 +56,15 @@ class ObjectKey:
 
 @dataclass(frozen=True, slots=True)
 class Create:
-    """Create ``obj`` (a full manifest). An AlreadyExists answer counts as done: restarts create no duplicates."""
+    """Create ``obj`` (a full manifest). An AlreadyExists answer is a ``conflict``, never "done": the object
+    exists in a state this plan did not see, so the loop re-reads it and plans again.
+
+    ``barrier``: if this write does not apply, the planner's later writes of this reconcile are not sent
+    (a breaker's record is written before the actions it admits, never after)."""
 
     obj: Mapping[str, Any]
     why: str
+    barrier: bool = False
 
     @property
     def key(self) -> ObjectKey:
@@ -69,8 +75,9 @@ class Create:
 class Patch:
     """Patch one object. ``patch_type`` is the Content-Type family; ``subresource`` e.g. ``"status"``.
 
-    ``resource_version`` (optional) makes the write conditional: the API answers 409 if the object changed,
-    and the actuator then leaves it to the next reconcile, which plans again from the new state.
+    ``resource_version`` (optional) makes the write conditional: the API answers 409 if the object changed.
+    A JSON patch guards itself with ``test`` operations; the API answers 422 when one fails. Either answer is a
+    ``conflict``: the loop re-reads the object and plans again from what it holds now. ``barrier``: see ``Create``.
     """
 
     key: ObjectKey
@@ -79,6 +86,7 @@ class Patch:
     patch_type: Literal["merge", "strategic", "json"] = "merge"
     subresource: str | None = None
     resource_version: str | None = None
+    barrier: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +102,13 @@ class Evict:
     """Evict one pod through the Eviction API (``pods/eviction``), so PodDisruptionBudgets are respected.
 
     A 429 answer (a PDB forbids it now) is not an error: the pod stays, and a later reconcile tries again.
+    ``group`` (a gang): once one eviction of a group does not apply, the group's later evictions are not sent.
     """
 
     namespace: str
     name: str
     why: str
+    group: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,13 +128,22 @@ class Emit:
 Write = Create | Patch | Delete | Evict | Emit
 
 
+Result = Literal["applied", "dry-run", "already-done", "conflict", "refused", "skipped", "failed"]
+
+
 @dataclass(frozen=True, slots=True)
 class WriteOutcome:
-    """What became of one write: ``applied`` (or validated only, under dry-run), or why not."""
+    """What became of one write: ``applied`` (or validated only, under dry-run), or why not.
+
+    ``conflict``: the object is not as the plan saw it (409, AlreadyExists, a failed JSON-patch ``test``);
+    ``refused``: the API said not now (an eviction a PDB forbids); ``skipped``: not sent, because a write it
+    depends on (a barrier, an earlier eviction of its gang) did not apply. ``obj``: the object as the API
+    answered it, when it did (what the loop records in its view, so the next plan sees its own write)."""
 
     write: Write
-    result: Literal["applied", "dry-run", "already-done", "refused", "failed"]
+    result: Result
     detail: str = ""
+    obj: Mapping[str, Any] | None = None
 
 
 class Actuator(Protocol):
@@ -139,6 +158,31 @@ class ClusterView(Protocol):
     def objects(self, api_version: str, kind: str, namespace: str | None = None) -> list[Mapping[str, Any]]: ...
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Mapping[str, Any] | None: ...
+
+
+@runtime_checkable
+class LiveClusterView(ClusterView, Protocol):
+    """A view kept by watches, which can say whether it is confirmed — every kind listed since its last watch
+    error — and be brought up to date: what the loop needs to act only on a view just confirmed."""
+
+    @property
+    def confirmed(self) -> bool: ...
+
+    def unconfirmed(self) -> str:
+        """Why the view is not confirmed now ("" when it is)."""
+        ...
+
+    async def reconfirm(self, timeout: float) -> bool:
+        """List every kind again (after a leadership change); True once all are listed within ``timeout``."""
+        ...
+
+    async def reread(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
+        """Read one object from the API into the view (or drop it there when it is gone)."""
+        ...
+
+    def record(self, obj: Mapping[str, Any]) -> None:
+        """Store an object as a write's answer returned it (never over a newer one the watch delivered)."""
+        ...
 
 
 class Planner(Protocol):

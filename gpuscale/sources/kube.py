@@ -436,6 +436,12 @@ class Reflector:
         self._last_problem: dict[str, tuple[str, float]] = {}  # kind → (reason, when), kept after recovery
         self.relists = 0
         """How many times a watch expired (410 Gone) and its kind was listed again."""
+        self.relist_after_error = False
+        """Whether a watch error (not a clean end) leads to a new list rather than a watch resumed from the last
+        resourceVersion: a cache others act on (the controller's) is confirmed again by a list after any outage."""
+        self._confirmed: set[str] = set()  # kinds listed since their last watch error
+        self._unconfirmed_since: dict[str, float] = {}  # kind → when its last error made it unconfirmed
+        self._confirm_changed = asyncio.Event()  # set by every list: what ``reconfirm`` waits on
 
     def health(self) -> list[TargetHealth]:
         """One entry per kind, as sources report targets: /metrics and /readyz show an API outage with them."""
@@ -538,6 +544,11 @@ class Reflector:
                 TimeoutError,
                 ValueError,
             ) as e:
+                if self.relist_after_error:
+                    resource_version = None
+                    if kind.name in self._confirmed:
+                        self._confirmed.discard(kind.name)
+                        self._unconfirmed_since[kind.name] = time.time()
                 error = api_unavailable(kind.name, e)
                 self.last_errors[kind.name] = error.reason
                 self._failures[kind.name] = self._failures.get(kind.name, 0) + 1
@@ -576,6 +587,9 @@ class Reflector:
                 break
         kind.replace(items)
         self._listed.add(kind.name)
+        self._confirmed.add(kind.name)
+        self._unconfirmed_since.pop(kind.name, None)
+        self._confirm_changed.set()
         self._answered(kind.name)
         if len(self._listed) == len(self._kinds):
             self._synced_event.set()

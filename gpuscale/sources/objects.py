@@ -10,12 +10,15 @@ It answers ``objects`` / ``get`` from memory, which is the ``controller.writes.C
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscale.errors import KindNotServed, SourceUnavailable
+from gpuscale.errors import KindNotServed, SelectorError, SourceUnavailable
+from gpuscale.selectors import LabelSelector
 from gpuscale.sources.kube import Reflector, _Kind
 from gpuscale.sources.kuberest import KubeRest
 
@@ -40,6 +43,48 @@ class WatchSpec:
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return meta.get("namespace") or "", meta.get("name", "")
+
+
+def _older(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """Whether ``new`` is an older version of the object than ``old``.
+
+    NB: resourceVersions are opaque to clients in general, but kube-apiserver's are etcd revisions (integers that
+    only grow): a write's answer recorded before the watch delivered it must not be undone by a watch event of
+    the version before it. Anything not numeric is taken as newer (the watch's order then decides)."""
+    if old is None:
+        return False
+    a = (new.get("metadata") or {}).get("resourceVersion", "")
+    b = (old.get("metadata") or {}).get("resourceVersion", "")
+    return a.isdigit() and b.isdigit() and int(a) < int(b)
+
+
+_FIELDS = {
+    "metadata.name": lambda o: (o.get("metadata") or {}).get("name", ""),
+    "metadata.namespace": lambda o: (o.get("metadata") or {}).get("namespace", ""),
+    "source": lambda o: (o.get("source") or {}).get("component", "") or o.get("reportingComponent", ""),
+}
+
+
+def _selected(spec: WatchSpec, obj: Mapping[str, Any]) -> bool | None:
+    """Whether the watch of ``spec`` would deliver ``obj`` (None: a selector this cannot evaluate)."""
+    meta = obj.get("metadata") or {}
+    if spec.namespace is not None and meta.get("namespace") != spec.namespace:
+        return False
+    if spec.label_selector:
+        try:
+            if not LabelSelector.parse(spec.label_selector).matches(meta.get("labels") or {}):
+                return False
+        except SelectorError:
+            return None
+    for term in filter(None, spec.field_selector.split(",")):
+        field, op, value = term.partition("!=") if "!=" in term else term.partition("=")
+        read = _FIELDS.get(field.strip())
+        if read is None:
+            return None
+        equal = read(obj) == value.lstrip("=").strip()
+        if equal != (op == "="):
+            return False
+    return True
 
 
 class ObjectCache(Reflector):
@@ -70,6 +115,7 @@ class ObjectCache(Reflector):
         for spec, bucket in self._buckets.items():
             self._by_kind.setdefault((spec.api_version, spec.kind), []).append(bucket)
         self.generation = 0
+        self.relist_after_error = True  # NB: the controller acts on this view: confirm it by a list after errors
         self.absent: list[str] = []
         """Optional kinds the server does not serve (``apiVersion kind``)."""
 
@@ -109,6 +155,8 @@ class ObjectCache(Reflector):
                 bucket[_key(obj)] = typed(obj)
 
         def put(obj: dict[str, Any]) -> None:
+            if _older(obj, bucket.get(_key(obj))):
+                return
             self.generation += 1
             bucket[_key(obj)] = typed(obj)
 
@@ -155,6 +203,73 @@ class ObjectCache(Reflector):
     async def refresh_once(self) -> None:
         await self.prepare()
         await super().refresh_once()
+
+    # -- confirmation (controller.writes.LiveClusterView)
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self._kinds) and all(k.name in self._confirmed for k in self._kinds)
+
+    def unconfirmed(self) -> str:
+        if not self._kinds:
+            error = self.last_errors.get("discovery")
+            return "kinds not discovered yet" + (f" ({error})" if error else "")
+        waiting = [k.name for k in self._kinds if k.name not in self._confirmed]
+        if not waiting:
+            return ""
+        errors = "; ".join(f"{k}: {self.last_errors[k]}" for k in waiting if k in self.last_errors)
+        return f"not listed since the last watch error or leadership change: {', '.join(waiting)}" + (
+            f" ({errors})" if errors else ""
+        )
+
+    async def reconfirm(self, timeout: float) -> bool:
+        """List every kind again (each loop restarts with a list) and wait for all, at most ``timeout`` s."""
+        if not self._kinds:
+            return False
+        now = time.time()
+        for kind in self._kinds:
+            self._confirmed.discard(kind.name)
+            self._unconfirmed_since[kind.name] = now
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks = [asyncio.create_task(self._run(k), name=f"kube-watch-{k.name}") for k in self._kinds]
+        deadline = time.monotonic() + timeout
+        while not self.confirmed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._confirm_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._confirm_changed.wait(), left)
+        return True
+
+    async def reread(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
+        """GET one object into the view; a 404 drops it. SourceUnavailable when the API cannot answer."""
+        if (api_version, kind) not in self._by_kind:
+            return
+        path = await self._rest.path(api_version, kind, namespace=namespace, name=name)
+        answer = await self._rest.request("GET", path)
+        if answer.status == 404:
+            self.generation += 1
+            for bucket in self._by_kind[(api_version, kind)]:
+                bucket.pop((namespace or "", name), None)
+        elif answer.ok:
+            self.record({**answer.body, "apiVersion": api_version, "kind": kind})
+        else:
+            raise SourceUnavailable(self.name, f"cannot read {kind} {name}: HTTP {answer.status} {answer.message}")
+
+    def record(self, obj: Mapping[str, Any]) -> None:
+        """Put ``obj`` (a write's answer, or a re-read) where the watches would: into the buckets that hold it or
+        whose spec selects it, unless the bucket already holds a newer version."""
+        key = _key(obj)
+        for spec, bucket in self._buckets.items():
+            if (spec.api_version, spec.kind) != (obj.get("apiVersion"), obj.get("kind")):
+                continue
+            if (key in bucket or _selected(spec, obj)) and not _older(obj, bucket.get(key)):
+                self.generation += 1
+                bucket[key] = dict(obj)
 
     # -- ClusterView
 

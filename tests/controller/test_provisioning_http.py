@@ -113,9 +113,11 @@ async def test_provisioning_request_flow_over_http(sim, tmp_path) -> None:
     try:
         controller = Controller(api)
         assert await controller.plan(T0 + 30) == []
-        # a replayed plan (the old process died before it learned its writes were applied) changes nothing
+        # a replayed plan (the old process died before it learned its writes were applied) changes nothing: the
+        # AlreadyExists answers are conflicts (the loop re-reads and plans again), never counted as done
         outcomes = await controller.actuator.apply(writes)
-        assert [o.result for o in outcomes] == ["already-done", "already-done"]
+        assert [o.result for o in outcomes] == ["conflict", "conflict"]
+        assert all("AlreadyExists" in o.detail for o in outcomes)
         assert len(await items(dyn, *PROVISIONING_REQUEST)) == 1
         # the cluster-autoscaler gives up on it: Failed, written as CA writes it
         name = listed[0]["metadata"]["name"]

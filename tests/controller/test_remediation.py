@@ -10,6 +10,7 @@ are retried; opted-out nodes are left alone; a vanished GPU and sustained slowdo
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -45,11 +46,11 @@ async def test_fatal_xid_gets_event_condition_taint_cordon_in_order_and_is_resto
     result = await h.reconcile()
     writes = [(r.method, r.path_qs.split("?")[0]) for r in list(h.api.requests)[mark:] if r.method != "GET"]
     assert writes == [
+        ("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps"),  # the breaker's record first: a step is on record
         ("POST", "/api/v1/namespaces/default/events"),
         ("PATCH", "/api/v1/nodes/gpu-01/status"),
         ("PATCH", "/api/v1/nodes/gpu-01"),
         ("PATCH", "/api/v1/nodes/gpu-01"),
-        ("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps"),
     ]
     assert all(o.result == "applied" for o in result.outcomes)
     node = h.node("gpu-01")
@@ -324,17 +325,26 @@ async def test_accelerated_hardware_ready_only_where_the_policy_says_we_own_it(t
         await h.close()
 
 
-async def test_an_api_outage_fails_writes_visibly_and_the_next_reconcile_catches_up(cluster):
+async def test_an_api_outage_holds_every_write_until_the_caches_have_listed_again(cluster):
     h = cluster
     await h.reconcile()
     h.exporters.sim.override_gpu("gpu-01", 0, last_xid=79, xid_window=((79, 1),))
     await h.api.go_away()
     try:
+        for _ in range(100):  # the watches see the outage (bounded: 10 s)
+            if not h.cache.confirmed:
+                break
+            await asyncio.sleep(0.1)
+        assert not h.cache.confirmed
         h.clock.advance(15)
-        result = await h.controller.reconcile_once()  # the caches keep their last view; the writes find no API
-        assert result.outcomes and {o.result for o in result.outcomes} == {"failed"}
-        assert all("kubernetes" in o.detail for o in result.outcomes)
+        result = await h.controller.reconcile_once()  # the caches hold their last view: never acted on
+        assert result.planned == {} and result.outcomes == []
+        assert result.error and result.error.startswith("view not confirmed"), result.error
+        assert h.controller.metrics.view_confirmed._value.get() == 0
     finally:
         await h.api.come_back()
-    await h.reconcile()
+    result = await h.reconcile()  # listed again: confirmed, and it acts once
     assert h.node("gpu-01")["spec"]["unschedulable"] is True
+    assert h.controller.metrics.view_confirmed._value.get() == 1
+    again = await h.reconcile()
+    assert again.writes == [], "nothing planned twice once the view shows the writes"
