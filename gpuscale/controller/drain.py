@@ -3,11 +3,14 @@
 As ``kubectl drain`` does: DaemonSet pods and mirror (static) pods are skipped, finished pods too; every other
 pod on the node is evicted through ``pods/eviction``, so PodDisruptionBudgets are respected by the API server.
 
-Gangs: a pod that belongs to a gang (a pod-group label or annotation, ``DrainPolicy.gang_keys``) is evicted with
-every running pod of its gang, on any node — a gang that lost one member is broken anyway, and holding the others
-only wastes their GPUs. Before evicting any of a gang, the PDBs covering its pods are checked (see
-``gpuscale.disruption``): if one would refuse, none of the gang is evicted this reconcile, and a Warning Event
-``GangDrainHeld`` on the node says which budget (once: the Events cache holds this controller's own Events).
+Gangs: a pod that belongs to a gang (a pod-group label or annotation, ``DrainPolicy.gang_keys``: coscheduling,
+Volcano, Kueue, JobSet, LeaderWorkerSet groups, Kubeflow training jobs, indexed Jobs) is evicted with every running
+pod of its gang, on any node — a gang that lost one member is broken anyway, and holding the others only wastes
+their GPUs. Before evicting any of a gang, every PDB over every pod of it is checked (see ``gpuscale.disruption``):
+if one would refuse, or a pod is covered by more than one PDB (the Eviction API answers 500 for such a pod,
+whatever the budgets allow), none of the gang is evicted this reconcile, and a Warning Event ``GangDrainHeld`` on
+the node names the blocking pod and budget(s) (once: the Events cache holds this controller's own Events). The
+gang's evictions carry one ``group``: should one still not apply (a race with the budgets), the rest are not sent.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ DEFAULT_GANG_KEYS = (
     "scheduling.k8s.io/group-name",  # Volcano (an annotation)
     "scheduling.volcano.sh/group-name",
     "kueue.x-k8s.io/workload",
+    "jobset.sigs.k8s.io/jobset-name",  # JobSet: the whole JobSet restarts when one pod fails
+    "leaderworkerset.sigs.k8s.io/name",  # LeaderWorkerSet: a group (with its index, below) is the gang
+    "training.kubeflow.org/job-name",  # Kubeflow training operator (PyTorchJob, MPIJob…)
 )
+_LWS = "leaderworkerset.sigs.k8s.io/name"
+_LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
+_INDEXED_JOB = ("batch.kubernetes.io/job-name", "batch.kubernetes.io/job-completion-index")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +53,12 @@ def gang_of(pod: Mapping[str, Any], keys: tuple[str, ...] = DEFAULT_GANG_KEYS) -
     for key in keys:
         value = labels.get(key) or annotations.get(key)
         if value:
+            if key == _LWS and labels.get(_LWS_GROUP):
+                value = f"{value}/group-{labels[_LWS_GROUP]}"
             return meta.get("namespace", ""), value
+    # NB: an indexed Job's pods (completion index set) run one distributed job together, e.g. torchrun ranks
+    if labels.get(_INDEXED_JOB[0]) and (labels.get(_INDEXED_JOB[1]) or annotations.get(_INDEXED_JOB[1])):
+        return meta.get("namespace", ""), f"job/{labels[_INDEXED_JOB[0]]}"
     return None
 
 
@@ -77,31 +91,45 @@ def plan_drain(view: ClusterView, node: str, *, policy: DrainPolicy, why: str) -
     pdbs = view.objects("policy/v1", "PodDisruptionBudget")
     writes: list[Write] = []
     for key, members in groups.items():
-        blocking = _blocking_budget(members, pdbs, pods) if key[0] == "gang" else None
+        blocking = _blocking(members, pdbs, pods) if key[0] == "gang" else None
         if blocking is not None:
             # NB: all or nothing; a later reconcile tries again. Said once (an Event on the node).
             regarding = ObjectKey("v1", "Node", node)
-            message = (
-                f"gang {key[1]}/{key[2]} ({len(members)} pods) not drained: PodDisruptionBudget {blocking} "
-                "allows fewer disruptions than the gang has pods"
-            )
+            message = f"gang {key[1]}/{key[2]} ({len(members)} pods) not drained, no pod of it evicted: {blocking}"
             if not already_reported(view, regarding, "GangDrainHeld", message):
                 writes.append(Emit(regarding, "Warning", "GangDrainHeld", message))
             continue
         for pod in members:
             meta = pod["metadata"]
             gang = f" (gang {key[1]}/{key[2]})" if key[0] == "gang" else ""
-            writes.append(Evict(meta.get("namespace", ""), meta["name"], f"{why}{gang}"))
+            group = f"{key[1]}/{key[2]}" if key[0] == "gang" else ""
+            writes.append(Evict(meta.get("namespace", ""), meta["name"], f"{why}{gang}", group=group))
     return writes
 
 
-def _blocking_budget(
+def _ref(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _blocking(
     members: list[Mapping[str, Any]], pdbs: list[Mapping[str, Any]], pods: list[Mapping[str, Any]]
 ) -> str | None:
-    """The first PDB that would refuse part of the gang (``namespace/name``), or None when all may go."""
+    """Why evicting the whole gang would not go through (naming the pod and budget), or None when all may go."""
+    for pod in members:
+        over = [pdb for pdb in pdbs if pdb_selects(pdb, pod)]
+        if len(over) > 1:
+            names = ", ".join(_ref(p) for p in over)
+            return (
+                f"pod {_ref(pod)} is covered by {len(over)} PodDisruptionBudgets ({names}); "
+                "the Eviction API refuses such a pod"
+            )
     for pdb in pdbs:
-        covered = sum(1 for p in members if pdb_selects(pdb, p))
-        if covered and covered > disruptions_allowed(pdb, pods):
-            meta = pdb.get("metadata") or {}
-            return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        covered = [p for p in members if pdb_selects(pdb, p)]
+        allowed = disruptions_allowed(pdb, pods)
+        if covered and len(covered) > allowed:
+            return (
+                f"PodDisruptionBudget {_ref(pdb)} allows {allowed} disruption(s) and covers {len(covered)} of its "
+                f"pods (first: pod {_ref(covered[0])})"
+            )
     return None

@@ -243,3 +243,19 @@ def test_a_bad_remediation_policy_names_file_and_field(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_remediation_policy(tmp_path)
     assert "remediation.yaml" in str(e.value) and "max_pool_share" in str(e.value)
+
+
+def test_gangs_are_recognised_for_every_batch_framework():
+    from gpuscale.controller.drain import gang_of
+
+    def pod(labels=None, annotations=None):
+        return {"metadata": {"namespace": "ml", "labels": labels or {}, "annotations": annotations or {}}}
+
+    assert gang_of(pod({"jobset.sigs.k8s.io/jobset-name": "js"})) == ("ml", "js")
+    assert gang_of(pod(annotations={"scheduling.k8s.io/group-name": "pg"})) == ("ml", "pg")
+    assert gang_of(pod({"training.kubeflow.org/job-name": "pt"})) == ("ml", "pt")
+    lws = {"leaderworkerset.sigs.k8s.io/name": "llm", "leaderworkerset.sigs.k8s.io/group-index": "2"}
+    assert gang_of(pod(lws)) == ("ml", "llm/group-2"), "each LeaderWorkerSet group is its own gang"
+    indexed = {"batch.kubernetes.io/job-name": "ddp", "batch.kubernetes.io/job-completion-index": "3"}
+    assert gang_of(pod(indexed)) == ("ml", "job/ddp")
+    assert gang_of(pod({"batch.kubernetes.io/job-name": "plain"})) is None, "a non-indexed Job's pods are independent"

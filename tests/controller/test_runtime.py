@@ -215,6 +215,7 @@ async def test_drain_evicts_through_the_api_respecting_budgets_and_gangs(tmp_pat
         assert "serve-0" in names, "the PDB refused (429) and the pod stays"
         held = [e for e in h.events("gpu-00") if e["reason"] == "GangDrainHeld"]
         assert len(held) == 1 and "PodDisruptionBudget default/train" in held[0]["message"]
+        assert "pod default/train-0" in held[0]["message"], held[0]["message"]
         await h.reconcile()
         (again,) = [e for e in h.events("gpu-00") if e["reason"] == "GangDrainHeld"]
         assert again["count"] == 1, "said once, not repeated every reconcile"
@@ -224,6 +225,35 @@ async def test_drain_evicts_through_the_api_respecting_budgets_and_gangs(tmp_pat
         await h.reconcile()
         names = {p["metadata"]["name"] for p in api.list("v1", "Pod")}
         assert not {"train-0", "train-1"} & names, "the gang went together, from both nodes"
+    finally:
+        await h.close()
+
+
+async def test_a_gang_pod_under_two_budgets_holds_the_whole_gang(tmp_path):
+    """The Eviction API answers 500 for a pod two PDBs select, whatever they allow: none of its gang goes."""
+    h = await start_harness(tmp_path, nodes=3, actions=HealthActions(drain=True))
+    try:
+        api = h.api
+        gang = {"jobset.sigs.k8s.io/jobset-name": "pretrain", "app": "pretrain"}
+        for i, node in enumerate(("gpu-00", "gpu-01", "gpu-02")):
+            api.create(_pod(f"pretrain-{i}", node, labels={**gang, "rank": str(i)}))
+        for name, selector in (("all-ranks", {"app": "pretrain"}), ("rank-0", {"rank": "0"})):
+            api.create(
+                {
+                    "apiVersion": "policy/v1",
+                    "kind": "PodDisruptionBudget",
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {"maxUnavailable": 3, "selector": {"matchLabels": selector}},
+                }
+            )
+        h.exporters.sim.override_gpu("gpu-01", 0, last_xid=79, xid_window=((79, 1),))
+        await h.reconcile()
+        result = await h.reconcile()
+        assert not [o for o in result.outcomes if type(o.write).__name__ == "Evict"], "no eviction was even sent"
+        assert len([p for p in api.list("v1", "Pod") if p["metadata"]["name"].startswith("pretrain-")]) == 3
+        (held,) = [e for e in h.events("gpu-01") if e["reason"] == "GangDrainHeld"]
+        message = held["message"]
+        assert "pod default/pretrain-0" in message and "default/all-ranks" in message and "default/rank-0" in message
     finally:
         await h.close()
 
