@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gpuscale.controller.actuator import KubeActuator
 from gpuscale.controller.capacity import ExpanderPlanner, GangCapacityPlanner
 from gpuscale.controller.drain import DrainPolicy
+from gpuscale.controller.expander import unmeasured_pools
 from gpuscale.controller.gangs import GANG_KINDS
 from gpuscale.controller.health import HELD_BACK, RECORD, HealthActions, HealthPlanner
 from gpuscale.controller.hints import HintActions, HintsPlanner, idle_gpus, load_hints_policy
@@ -28,7 +29,7 @@ from gpuscale.controller.leader import LeaseElector
 from gpuscale.controller.loop import Controller
 from gpuscale.controller.metrics import ControllerMetrics
 from gpuscale.controller.observe import TelemetryFeed
-from gpuscale.controller.pools import PoolsPolicy, load_pools_policy, mean_activity_by_pool
+from gpuscale.controller.pools import PoolsPolicy, load_pools_policy, mean_activity_by_pool, pools_of
 from gpuscale.controller.provisioning import PROVISIONING_KINDS
 from gpuscale.controller.remediation_policy import load_remediation_policy
 from gpuscale.controller.telemetry import (
@@ -242,6 +243,16 @@ def _observer(metrics: ControllerMetrics, hints_policy_idle_for: float, pool_lab
     return observe
 
 
+def _expander_evidence(metrics: ControllerMetrics, policy: PoolsPolicy, prices, activity):
+    """Sets ``gpuscale_controller_expander_stale``: 1 while some pool with nodes has no fresh telemetry."""
+
+    def observe(view: ClusterView, telemetry: ClusterTelemetry, now: float) -> None:
+        pools = pools_of(view.objects("v1", "Node"), policy=policy, prices=prices)
+        metrics.expander_stale.set(1 if unmeasured_pools(pools, activity(view, telemetry)) else 0)
+
+    return observe
+
+
 async def start_controller(settings: ControllerSettings) -> RunningController:
     if settings.policies:
         check_policies_dir(settings.policies)
@@ -310,8 +321,11 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
             planners.append(HintsPlanner(hints_policy, hint_actions, being_replaced=being_replaced))
         if settings.gangs and pools_policy.gangs.enabled:
             planners.append(GangCapacityPlanner(pools_policy, prices=prices))
+        observers = [_observer(metrics, hints_policy.idle.for_seconds, remediation.pool_labels)]
         if settings.expander and pools_policy.expander.enabled:
-            planners.append(ExpanderPlanner(pools_policy, prices=prices, activity=pool_activity(pools_policy)))
+            activity = pool_activity(pools_policy)
+            planners.append(ExpanderPlanner(pools_policy, prices=prices, activity=activity))
+            observers.append(_expander_evidence(metrics, pools_policy, prices, activity))
         actuator = KubeActuator(rest, dry_run=settings.dry_run, component=COMPONENT, instance=identity)
         elector = None
         # NB: a dry run writes nothing, the Lease included: it never competes with (or waits for) the acting replica.
@@ -332,7 +346,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
             actuator=actuator,
             metrics=metrics,
             leadership=elector,
-            observers=[_observer(metrics, hints_policy.idle.for_seconds, remediation.pool_labels)],
+            observers=observers,
             interval_seconds=settings.interval,
         )
         running = RunningController(controller, cache, feed, elector, metrics, "", None, closers)  # type: ignore[arg-type]

@@ -19,6 +19,12 @@ patch the ConfigMap every reconcile. The written ConfigMap is the only memory of
 Each pool gets its own priority (10, 20, 30… highest for the cheapest), so values never repeat, as CA requires.
 The ConfigMap is created if missing and patched only when ``priorities`` changes; one that exists without the
 ``app.kubernetes.io/managed-by: gpuscale`` label belongs to someone else and is left alone (with one Event).
+
+Evidence first: the ranking is written only when every pool that has GPU nodes has fresh activity figures from
+the controller's telemetry. Without them (an exporter or Prometheus outage) a ranking would rest on price alone
+and flip the autoscaler's preference for no reason, so nothing is written: the last ranking stays, a Warning Event
+``ExpanderHeld`` names the pools without telemetry (once), and ``gpuscale_controller_expander_stale`` is 1. A pool
+with no node at all (a node group scaled to zero) cannot be measured and is costed as unmeasured.
 """
 
 from __future__ import annotations
@@ -34,7 +40,15 @@ from gpuscale.controller.gangs import Gang
 from gpuscale.controller.pools import Pool, PoolsPolicy
 from gpuscale.controller.writes import ClusterView, Create, Emit, ObjectKey, Patch, Write
 
-__all__ = ["CONFIG_MAP", "PoolRank", "keep_order", "plan_expander", "priorities_text", "rank_pools"]
+__all__ = [
+    "CONFIG_MAP",
+    "PoolRank",
+    "keep_order",
+    "plan_expander",
+    "priorities_text",
+    "rank_pools",
+    "unmeasured_pools",
+]
 
 CONFIG_MAP = ("v1", "ConfigMap")
 _MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuscale"}
@@ -150,6 +164,11 @@ def _explain(ranks: Sequence[PoolRank]) -> str:
     return "pools ranked: " + "; ".join(parts)
 
 
+def unmeasured_pools(pools: Sequence[Pool], activity: Mapping[str, float]) -> list[str]:
+    """Pools that have GPU nodes but no fresh activity figure: the ranking must wait for their telemetry."""
+    return [p.name for p in pools if p.nodes and p.name not in activity]
+
+
 def plan_expander(
     view: ClusterView,
     *,
@@ -166,8 +185,17 @@ def plan_expander(
     settings = policy.expander
     if not settings.enabled or not pools:
         return []
-    ranks = rank_pools(pools, activity=activity, pending=pending, policy=policy)
     current = view.get(*CONFIG_MAP, settings.name, settings.namespace)
+    missing = unmeasured_pools(pools, activity)
+    if missing:
+        key = ObjectKey(*CONFIG_MAP, settings.name, settings.namespace)
+        message = f"priority expander not updated: no fresh GPU telemetry for pool(s) {', '.join(missing)}; " + (
+            "the last ranking stays" if current is not None else "nothing written yet"
+        )
+        if already_reported(view, key, "ExpanderHeld", message):
+            return []
+        return [Emit(key, "Warning", "ExpanderHeld", message)]
+    ranks = rank_pools(pools, activity=activity, pending=pending, policy=policy)
     if current is not None:
         ranks = keep_order(ranks, current=(current.get("data") or {}).get("priorities"), margin=settings.reorder_margin)
     text = priorities_text(ranks)

@@ -10,6 +10,9 @@ Only the leader writes; every replica keeps its caches warm, so a follower that 
 - The leader renews every ``retry_period``; if it cannot renew within ``renew_deadline`` it stops leading
   (``is_leader`` turns False) before the Lease can expire for the others.
 - ``release`` (on SIGTERM) clears the holder so a successor takes over without waiting the lease duration.
+- A Lease that cannot be read or written (its namespace missing, RBAC not granting it, the API away) is said on
+  one log line naming the fix, once per distinct problem, and retried with a doubling backoff (up to a minute);
+  ``problem`` holds it for /readyz.
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ class LeaseElector:
         self.holder: str | None = None
         self.transitions = 0
         self.changed = asyncio.Event()
+        self.problem = ""
+        """Why the Lease could not be read or written in the last step ("" when it could)."""
+        self._backoff = 0.0
 
     @property
     def is_leader(self) -> bool:
@@ -81,8 +87,15 @@ class LeaseElector:
         try:
             won = await self._step()
         except SourceUnavailable as e:
-            log.warning("lease=%s/%s error=%r", self.namespace, self.name, str(e))
+            if e.reason != self.problem:
+                log.warning("lease=%s/%s %s; retrying with backoff", self.namespace, self.name, e.reason)
+            self.problem = e.reason
+            self._backoff = min(max(self._backoff * 2, self.retry_period), 60.0)
             won = False
+        else:
+            if self.problem:
+                log.info("lease=%s/%s readable and writable again", self.namespace, self.name)
+            self.problem, self._backoff = "", 0.0
         if won:
             self._renewed_at = self._monotonic()
         if was_leader != self.is_leader:
@@ -111,12 +124,10 @@ class LeaseElector:
             if created.ok:
                 self._observe(created.body, now)
             elif created.status != 409:  # NB: 409: another replica created it first, which is no problem
-                raise SourceUnavailable(
-                    "kubernetes", f"cannot create the Lease: HTTP {created.status} {created.message}"
-                )
+                raise SourceUnavailable("kubernetes", self._explain("create", created.status, created.message))
             return created.ok
         if not answer.ok:
-            raise SourceUnavailable("kubernetes", f"cannot read Lease: HTTP {answer.status} {answer.message}")
+            raise SourceUnavailable("kubernetes", self._explain("read", answer.status, answer.message))
         lease = answer.body
         self._observe(lease, now)
         spec: Mapping[str, Any] = lease.get("spec") or {}
@@ -134,8 +145,24 @@ class LeaseElector:
         if updated.ok:
             self._observe(updated.body, now)
         elif updated.status != 409:
-            raise SourceUnavailable("kubernetes", f"cannot update the Lease: HTTP {updated.status} {updated.message}")
+            raise SourceUnavailable("kubernetes", self._explain("update", updated.status, updated.message))
         return updated.ok
+
+    def _explain(self, verb: str, status: int, message: str) -> str:
+        """One line: what failed and what fixes it."""
+        what = f"cannot {verb} the Lease (HTTP {status}: {message})"
+        if status == 404 and "namespace" in message.lower():
+            return (
+                f"{what}: namespace {self.namespace!r} does not exist — create it (kubectl create namespace "
+                f"{self.namespace}) or give --namespace the controller's own namespace"
+            )
+        if status in (401, 403):
+            return (
+                f"{what}: this identity may not {verb} leases in {self.namespace!r} — apply deploy/controller's RBAC "
+                f"(a Role granting get, create and update on coordination.k8s.io leases in {self.namespace!r}, "
+                "bound to the controller's ServiceAccount)"
+            )
+        return what
 
     def _spec(self, now: str, *, acquire: str, transitions: int) -> dict[str, Any]:
         return {
@@ -175,6 +202,6 @@ class LeaseElector:
             while not stop.is_set():
                 await self.try_acquire_or_renew()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.retry_period)
+                    await asyncio.wait_for(stop.wait(), max(self.retry_period, self._backoff))
         finally:
             await self.release()

@@ -94,6 +94,12 @@ class ControllerMetrics:
             ["stage"],
             registry=r,
         )
+        self.expander_stale = Gauge(
+            "gpuscale_controller_expander_stale",
+            "1 while the priority-expander ranking is held (kept as last written) for want of fresh GPU telemetry "
+            "for every pool it ranks",
+            registry=r,
+        )
         self.replans = Counter(
             "gpuscale_controller_replans",
             "re-reads and new plans after a write found its object changed (409, AlreadyExists, failed test)",

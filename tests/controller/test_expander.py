@@ -31,6 +31,8 @@ NODES = [
 ]
 # measured mean activity: H100 well used, A100 mostly idle; L4 and the odd pool not measured
 ACTIVITY = {"h100": 0.9, "a100": 0.2}
+# every pool with nodes measured (what a write needs): L4 at the others' mean, so the ranking is ACTIVITY's
+MEASURED = {**ACTIVITY, "l4": 0.55, "odd": 0.5}
 
 
 @pytest.fixture
@@ -85,7 +87,7 @@ def test_pools_that_cannot_host_a_pending_gang_rank_out(pools, policy, batch_sim
 
 def test_the_configmap_is_written_once_and_patched_only_when_it_changes(pools, policy) -> None:
     sim = SimKubeApi()
-    writes = plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=ACTIVITY, pending=[], policy=policy)
+    writes = plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=MEASURED, pending=[], policy=policy)
     assert [type(w) for w in writes] == [Create] and "l4 (" in writes[0].why
     apply_in_process(sim, writes)
     cm = sim.get("v1", "ConfigMap", "cluster-autoscaler-priority-expander", namespace="kube-system")
@@ -95,11 +97,11 @@ def test_the_configmap_is_written_once_and_patched_only_when_it_changes(pools, p
     assert re.fullmatch(priorities[30][0], "gke-prod-h100-5f2a9c1e-grp")
     assert re.fullmatch(priorities[40][0], "eks-l4-20c6b6a2-91ab-4c0e-aa7c")
     # unchanged ranking: no write; the same ranking from other activity figures: no write either
-    assert plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=ACTIVITY, pending=[], policy=policy) == []
-    nudged = {"h100": 0.91, "a100": 0.21}
+    assert plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=MEASURED, pending=[], policy=policy) == []
+    nudged = {**MEASURED, "h100": 0.91, "a100": 0.21}
     assert plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=nudged, pending=[], policy=policy) == []
     # the A100s got busy and the H100s idle: the order changes, one patch
-    flipped = {"h100": 0.1, "a100": 0.95}
+    flipped = {**MEASURED, "h100": 0.1, "a100": 0.95}
     writes = plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=flipped, pending=[], policy=policy)
     assert [type(w) for w in writes] == [Patch]
     apply_in_process(sim, writes)
@@ -117,10 +119,10 @@ def test_someone_elses_configmap_is_left_alone_with_one_event(pools, policy) -> 
             "data": {"priorities": "10:\n  - .*\n"},
         }
     )
-    writes = plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=ACTIVITY, pending=[], policy=policy)
+    writes = plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=MEASURED, pending=[], policy=policy)
     assert [type(w) for w in writes] == [Emit] and writes[0].reason == "ExpanderNotManaged"
     apply_in_process(sim, writes)
-    assert plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=ACTIVITY, pending=[], policy=policy) == []
+    assert plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=MEASURED, pending=[], policy=policy) == []
     cm = sim.get("v1", "ConfigMap", "cluster-autoscaler-priority-expander", namespace="kube-system")
     assert cm["data"]["priorities"] == "10:\n  - .*\n"
 
@@ -131,7 +133,7 @@ def test_expander_settings(tmp_path, pools) -> None:
     ranks = rank_pools(pools, activity=ACTIVITY, pending=[], policy=policy)
     assert [r.pool.name for r in ranks][:3] == ["h100", "l4", "a100"]  # L4 assumed 5% busy: 19.6/useful GPU-h
     empty = StaticClusterView()
-    writes = plan_expander(empty, pools=pools, activity=ACTIVITY, pending=[], policy=policy)
+    writes = plan_expander(empty, pools=pools, activity=MEASURED, pending=[], policy=policy)
     assert writes[0].key.namespace == "autoscaler"
     off = PoolsPolicy.model_validate({"expander": {"enabled": False}})
     assert plan_expander(empty, pools=pools, activity=ACTIVITY, pending=[], policy=off) == []
@@ -142,7 +144,10 @@ def test_activity_wobbling_around_a_tie_does_not_reorder(pools, policy) -> None:
 
     def order(activity: dict[str, float]) -> list[list[str]]:
         apply_in_process(
-            sim, plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=activity, pending=[], policy=policy)
+            sim,
+            plan_expander(
+                sim_view(sim, [CONFIG_MAP]), pools=pools, activity={"odd": 0.5, **activity}, pending=[], policy=policy
+            ),
         )
         cm = sim.get("v1", "ConfigMap", "cluster-autoscaler-priority-expander", namespace="kube-system")
         return [groups[0] for groups in yaml.safe_load(cm["data"]["priorities"]).values()]
@@ -160,3 +165,25 @@ def test_activity_wobbling_around_a_tie_does_not_reorder(pools, policy) -> None:
     close = rank_pools(pools, activity={"h100": 0.95, "a100": 0.2, "l4": 0.075}, pending=[], policy=policy)
     assert [r.pool.name for r in keep_order(close, current=written, margin=0.1)][:2] == ["l4", "h100"]
     assert [r.pool.name for r in keep_order(close, current=written, margin=0.0)][:2] == ["h100", "l4"]
+
+
+def test_no_ranking_is_written_without_telemetry_for_every_pool_it_ranks(pools, policy) -> None:
+    """A Prometheus or exporter outage leaves the pools unmeasured: ranking them by price alone would flip the
+    autoscaler's preference, so the last ranking stays and one Event says why."""
+    sim = SimKubeApi()
+    apply_in_process(
+        sim, plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=MEASURED, pending=[], policy=policy)
+    )
+    before = sim.get("v1", "ConfigMap", "cluster-autoscaler-priority-expander", namespace="kube-system")
+    for activity in ({}, {"h100": 0.1, "a100": 0.95}):  # nothing at all; two of four pools
+        writes = plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=activity, pending=[], policy=policy)
+        assert [(type(w), w.reason) for w in writes] == [(Emit, "ExpanderHeld")], writes
+        assert "l4" in writes[0].message and "odd" in writes[0].message and "last ranking stays" in writes[0].message
+        apply_in_process(sim, writes)
+        again = plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=activity, pending=[], policy=policy)
+        assert again == [], "said once"
+    after = sim.get("v1", "ConfigMap", "cluster-autoscaler-priority-expander", namespace="kube-system")
+    assert (
+        after["data"] == before["data"]
+        and after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    )

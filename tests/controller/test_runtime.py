@@ -90,10 +90,17 @@ async def test_release_hands_over_at_once(api, rest):
     assert await b.try_acquire_or_renew() is True
 
 
-async def test_a_lease_that_cannot_be_written_is_logged_not_silent(api, rest, caplog):
+async def test_a_lease_that_cannot_be_written_is_said_once_with_the_fix_then_backed_off(api, rest, caplog):
     lonely = LeaseElector(rest, namespace="missing", name="gpuscale-controller", identity="a")
-    assert await lonely.try_acquire_or_renew() is False
-    assert "cannot create the Lease: HTTP 404" in caplog.text
+    for _ in range(4):
+        assert await lonely.try_acquire_or_renew() is False
+    lines = [r.getMessage() for r in caplog.records if "lease=missing/gpuscale-controller" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "cannot create the Lease (HTTP 404" in lines[0] and "kubectl create namespace missing" in lines[0]
+    assert "\n" not in lines[0] and "Traceback" not in caplog.text
+    assert lonely.problem and lonely._backoff == 16.0  # 2, 4, 8, 16 s: doubling, not every retry period
+    api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "missing"}})
+    assert await lonely.try_acquire_or_renew() is True and lonely.problem == ""
 
 
 async def test_only_the_leader_acts(tmp_path):
@@ -132,6 +139,7 @@ async def _until(condition, timeout: float = 10.0) -> None:
 
 async def test_a_watch_that_returns_410_recovers(api, rest):
     cache = ObjectCache(rest, [WatchSpec("v1", "Node")], backoff_max_seconds=0.05)
+    cache.relist_after_error = False  # NB: here the watch resumes from its resourceVersion, to meet the 410
     await cache.start()
     try:
         await cache.wait_synced(timeout=10)
@@ -147,6 +155,28 @@ async def test_a_watch_that_returns_410_recovers(api, rest):
         assert cache.relists >= 1
         assert [(f.verb, f.code) for f in api.faults_served] == [("watch", 410)]
         assert cache.objects("v1", "Node")[0]["kind"] == "Node", "list items get their kind back"
+    finally:
+        await cache.stop()
+
+
+async def test_a_dropped_watch_unconfirms_the_view_until_it_has_listed_again(api, rest):
+    cache = ObjectCache(rest, [WatchSpec("v1", "Node"), WatchSpec("v1", "Pod")], backoff_max_seconds=0.05)
+    await cache.start()
+    try:
+        await cache.wait_synced(timeout=10)
+        assert cache.confirmed and cache.unconfirmed() == ""
+        lists = sum(1 for r in api.requests if r.method == "GET" and "watch" not in r.path_qs)
+        api.fail_next(503, verb="list", resource="nodes")  # the relist itself fails once: still unconfirmed
+        await _until(lambda: api.drop_watches("nodes") > 0)  # once the watch is open, cut it
+        await _until(lambda: not cache.confirmed)
+        assert "Node" in cache.unconfirmed()
+        api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-new"}})
+        await _until(lambda: cache.confirmed)
+        assert cache.get("v1", "Node", "gpu-new") is not None
+        relisted = sum(1 for r in api.requests if r.method == "GET" and "watch" not in r.path_qs) - lists
+        assert relisted >= 2, "confirmed by a list after the error (one failed, one served)"
+        # a new leader's reconfirm: every kind listed again
+        assert await cache.reconfirm(timeout=10) and cache.confirmed
     finally:
         await cache.stop()
 
