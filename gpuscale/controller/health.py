@@ -179,13 +179,14 @@ def node_json_patch(
     current = _annotations(node)
     if annotations:
         # NB: a node read without annotations gets the whole map, also from a later patch of the same reconcile
-        # (an earlier one may not have been stored: dry-run), since adding a key needs the map to exist.
+        # (an earlier one may not have been stored: dry-run), since adding a key needs the map to exist — always
+        # guarded by a test that the map is still absent: after an earlier patch of this plan created it, that
+        # test fails and the loop re-reads the node (one more round, only for a node read without annotations).
         if not node.get(_HAD_ANNOTATIONS, bool(current)):
             merged = {**current, **annotations}
             added = {k: v for k, v in merged.items() if v is not None}
             if added:
-                if not current:
-                    ops.append({"op": "test", "path": "/metadata/annotations", "value": None})
+                ops.append({"op": "test", "path": "/metadata/annotations", "value": None})
                 ops.append({"op": "add", "path": "/metadata/annotations", "value": added})
         else:
             for k, v in annotations.items():
@@ -473,17 +474,19 @@ class HealthPlanner:
             return writes
         if annotations.get(HELD_BACK):
             notes[HELD_BACK] = None
+        # NB: taint, cordon and their record in one JSON patch: atomic, and one guard for all of it.
+        steps = [s for s, wanted in (("taint", want_taint), ("cordon", want_cordon)) if wanted]
+        changes: dict[str, Any] = {}
         if want_taint:
             taint = {"key": self.policy.taint.key, "value": reason, "effect": self.policy.taint.effect}
             notes[TAINTED_BY] = self.identity
-            writes.append(self._patch(node, f"taint: {why}", annotations=notes, taints=[*taints, taint]))
-            notes = {}
+            changes["taints"] = [*taints, taint]
         if want_cordon:
             notes[CORDONED_BY] = self.identity
-            writes.append(self._patch(node, f"cordon: {why}", annotations=notes, unschedulable=True))
-            notes = {}
-        if notes:
-            writes.append(self._patch(node, why, annotations=notes))
+            changes["unschedulable"] = True
+        if notes or changes:
+            prefix = f"{', '.join(steps)}: " if steps else ""
+            writes.append(self._patch(node, f"{prefix}{why}", annotations=notes, **changes))
         if self.actions.drain and annotations.get(CORDONED_BY) and cordoned:
             writes.extend(plan_drain(view, name, policy=self.drain_policy, why=f"drain: {why}"))
         return writes

@@ -158,9 +158,9 @@ class LeaseElector:
             )
         if status in (401, 403):
             return (
-                f"{what}: this identity may not {verb} leases in {self.namespace!r} — apply deploy/controller's RBAC "
-                f"(a Role granting get, create and update on coordination.k8s.io leases in {self.namespace!r}, "
-                "bound to the controller's ServiceAccount)"
+                f"{what}: this identity may not {verb} the Lease {self.name!r} in {self.namespace!r} — apply "
+                "deploy/controller's RBAC (its Role grants create on leases and get, update on the Lease named "
+                "gpuscale-controller; another --lease-name needs the Role's resourceNames changed to match)"
             )
         return what
 

@@ -671,7 +671,16 @@ def test_scale_subresource_reads_and_writes_the_replicas(api: Target):
         {},  # NB: replicas 0 is omitted from a Scale's spec
         "app=s",
     )
-    assert scale["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    # The Scale carries its Deployment's resourceVersion (read together: the deployment controller may write the
+    # Deployment's status between two reads on the real server).
+    deployment_path = f"/apis/apps/v1/namespaces/{ns}/deployments/s"
+    _until(
+        "the Scale to carry its Deployment's resourceVersion",
+        lambda: (
+            api.rest.get(path).expect(200)["metadata"]["resourceVersion"]
+            == api.rest.get(deployment_path).expect(200)["metadata"]["resourceVersion"]
+        ),
+    )
     assert scale["metadata"]["uid"] == created["metadata"]["uid"]
     # What hpa_loop sends: the Scale it read, resized. The deployment controller writes the Deployment's status
     # meanwhile (a new resourceVersion), so a read-and-put may meet a Conflict and is tried again.

@@ -49,8 +49,7 @@ async def test_fatal_xid_gets_event_condition_taint_cordon_in_order_and_is_resto
         ("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps"),  # the breaker's record first: a step is on record
         ("POST", "/api/v1/namespaces/default/events"),
         ("PATCH", "/api/v1/nodes/gpu-01/status"),
-        ("PATCH", "/api/v1/nodes/gpu-01"),
-        ("PATCH", "/api/v1/nodes/gpu-01"),
+        ("PATCH", "/api/v1/nodes/gpu-01"),  # taint, cordon and their record: one guarded JSON patch
     ]
     assert all(o.result == "applied" for o in result.outcomes)
     node = h.node("gpu-01")
@@ -348,3 +347,32 @@ async def test_an_api_outage_holds_every_write_until_the_caches_have_listed_agai
     assert h.controller.metrics.view_confirmed._value.get() == 1
     again = await h.reconcile()
     assert again.writes == [], "nothing planned twice once the view shows the writes"
+
+
+async def test_a_write_from_a_stale_view_is_refused_re_read_and_planned_again(cluster):
+    """The stale-copy bug: the cache shows no taints and no annotations while another agent has just added both.
+    The guarded add fails (422), the node is re-read, the plan is made again, and everything survives."""
+    h = cluster
+    await h.reconcile()
+    await h.cache.stop()  # NB: the watches stop delivering: the view is stale (but saw no error)
+    person = {"key": "example.com/maintenance", "value": "alice", "effect": "NoSchedule"}
+    h.api.patch("v1", "Node", "gpu-01", [{"op": "add", "path": "/spec/taints", "value": [person]}], patch_type="json")
+    h.api.patch("v1", "Node", "gpu-01", {"metadata": {"annotations": {"example.com/owner": "team-a"}}})
+    assert not (h.cache.get("v1", "Node", "gpu-01").get("spec") or {}).get("taints"), "the view is stale"
+    h.exporters.sim.override_gpu("gpu-01", 1, last_xid=79, xid_window=((79, 1),))
+    h.clock.advance(15)
+    result = await h.controller.reconcile_once()
+    conflicts = [o for o in result.outcomes if o.result == "conflict"]
+    assert conflicts and all(o.write.key.name == "gpu-01" for o in conflicts), result.outcomes
+    assert h.controller.metrics.replans._value.get() >= 1
+    node = h.node("gpu-01")
+    assert set(taint_keys(node)) == {person["key"], TAINT}
+    assert node["metadata"]["annotations"]["example.com/owner"] == "team-a"
+    assert node["spec"]["unschedulable"] is True
+    # nothing was sent twice: one taint patch and one cordon patch applied
+    applied = [
+        o.write.why.split(":")[0]
+        for o in result.outcomes
+        if o.result == "applied" and o.write.__class__.__name__ == "Patch"
+    ]
+    assert applied.count("taint, cordon") == 1, applied
