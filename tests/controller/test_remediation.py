@@ -225,6 +225,42 @@ async def test_opted_out_nodes_are_left_alone(cluster):
     assert result.writes == []
 
 
+async def test_a_node_opted_out_after_an_action_gets_only_our_marks_removed(cluster):
+    h = cluster
+    await h.reconcile()
+    h.exporters.sim.override_gpu("gpu-01", 0, last_xid=79, xid_window=((79, 1),))
+    await h.reconcile()
+    node = h.node("gpu-01")
+    assert TAINT in taint_keys(node) and node["spec"]["unschedulable"] is True and condition(node) is not None
+    # another agent's marks, then the opt-out label
+    taints = node["spec"]["taints"]
+    person = {"key": "example.com/maintenance", "effect": "NoSchedule"}
+    h.api.patch("v1", "Node", "gpu-01", [{"op": "test", "path": "/spec/taints", "value": taints},
+                                         {"op": "add", "path": "/spec/taints/-", "value": person}], patch_type="json")  # fmt: skip
+    h.api.patch("v1", "Node", "gpu-01", {"metadata": {"annotations": {"example.com/owner": "team-a"}}})
+    other = {
+        "type": "ExampleHealthy",
+        "status": "False",
+        "reason": "AgentSaysSo",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    h.api.patch(
+        "v1", "Node", "gpu-01", {"status": {"conditions": [other]}}, patch_type="strategic", subresource="status"
+    )
+    h.api.patch("v1", "Node", "gpu-01", {"metadata": {"labels": {"gpuscale.io/remediation": "disabled"}}})
+    result = await h.reconcile()
+    assert {o.result for o in result.outcomes} == {"applied"}, result.outcomes
+    node = h.node("gpu-01")
+    assert taint_keys(node) == [person["key"]]
+    assert not node["spec"].get("unschedulable")
+    assert condition(node) is None and condition(node, "ExampleHealthy")["status"] == "False"
+    notes = node["metadata"]["annotations"]
+    assert notes.get("example.com/owner") == "team-a" and not any(k.startswith("gpuscale.io/") for k in notes)
+    assert node["metadata"]["labels"]["gpuscale.io/remediation"] == "disabled"
+    assert "RemediationOptedOut" in [e["reason"] for e in h.events("gpu-01")]
+    assert (await h.reconcile()).writes == [], "said and done once"
+
+
 async def test_nvsentinel_managed_nodes_are_left_alone_when_configured(tmp_path):
     base = load_remediation_policy()
     policy = base.model_copy(update={"opt_out": base.opt_out.model_copy(update={"defer_to_nvsentinel": True})})
