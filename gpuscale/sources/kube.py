@@ -442,6 +442,7 @@ class Reflector:
         self._confirmed: set[str] = set()  # kinds listed since their last watch error
         self._unconfirmed_since: dict[str, float] = {}  # kind → when its last error made it unconfirmed
         self._confirm_changed = asyncio.Event()  # set by every list: what ``reconfirm`` waits on
+        self._said: dict[str, tuple[str, float]] = {}  # kind → (problem last logged, when)
 
     def health(self) -> list[TargetHealth]:
         """One entry per kind, as sources report targets: /metrics and /readyz show an API outage with them."""
@@ -555,7 +556,11 @@ class Reflector:
                 self._last_problem[kind.name] = (error.reason, time.time())
                 # NB: a 429 or 503 says when to come back; never sooner than it asks.
                 delay = max(self._jitter(backoff), _retry_after(e))
-                log.warning("%s; retrying in %.1fs", error, delay)
+                # NB: said once per distinct problem (and every 5 minutes while it lasts), not every retry
+                said, said_at = self._said.get(kind.name, ("", 0.0))
+                if said != error.reason or time.monotonic() - said_at > 300:
+                    log.warning("%s; retrying with backoff (now %.1fs)", error, delay)
+                    self._said[kind.name] = (error.reason, time.monotonic())
                 await asyncio.sleep(delay)
                 backoff = min(backoff * 2, self._backoff_max)
 
@@ -589,6 +594,7 @@ class Reflector:
         self._listed.add(kind.name)
         self._confirmed.add(kind.name)
         self._unconfirmed_since.pop(kind.name, None)
+        self._said.pop(kind.name, None)
         self._confirm_changed.set()
         self._answered(kind.name)
         if len(self._listed) == len(self._kinds):
@@ -748,6 +754,8 @@ def api_unavailable(kind: str, error: BaseException) -> SourceUnavailable:
         if body:
             with contextlib.suppress(ValueError, AttributeError):
                 detail += f": {json.loads(body).get('message', '')}"
+        if error.status in (401, 403):
+            detail += " — this identity needs list and watch on it: apply deploy/'s RBAC for this component"
     else:
         detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     return SourceUnavailable(SOURCE, f"cannot list/watch {kind}: {detail}")

@@ -331,3 +331,17 @@ async def test_caches_started_while_the_api_is_away_sync_once_it_is_back(api, re
         assert cache.get("v1", "Node", "gpu-a") is not None and "discovery" not in cache.last_errors
     finally:
         await cache.stop()
+
+
+async def test_an_rbac_gap_is_said_once_with_the_fix_while_the_cache_backs_off(api, rest, caplog):
+    api.fail_next(403, verb="list", resource="nodes", times=3)
+    cache = ObjectCache(rest, [WatchSpec("v1", "Node")], backoff_max_seconds=0.05)
+    await cache.start()
+    try:
+        await cache.wait_synced(timeout=10)
+        lines = [r.getMessage() for r in caplog.records if "cannot list/watch Node" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert "HTTP 403" in lines[0] and "needs list and watch on it: apply deploy/'s RBAC" in lines[0]
+        assert [(f.verb, f.code) for f in api.faults_served] == [("list", 403)] * 3
+    finally:
+        await cache.stop()
