@@ -8,6 +8,7 @@ key is unknown; durations written as "5s", "1m30s" or seconds.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import types
 import typing
@@ -28,9 +29,11 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 def _duration(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError('expected a duration such as "5s", "1m30s" or a number of seconds')
     try:
         return parse_duration(value)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(str(e)) from e
 
 
@@ -110,29 +113,81 @@ def describe(error: ValidationError, model: type[BaseModel], data: Any = None) -
             reason = err["msg"].removeprefix("Value error, ")
             if err["type"] != "missing" and not isinstance(err.get("input"), dict | list):
                 reason += f" (got {err.get('input')!r})"
-        out.append(f"{where}: {reason}")
+        line = _line_of(loc, data)
+        out.append(f"{where}: {reason}{f' (line {line})' if line else ''}")
     return "; ".join(out)
+
+
+def _line_of(loc: tuple[Any, ...], data: Any) -> int | None:
+    """The line of the deepest part of ``loc`` the YAML file has (the key itself when it is there)."""
+    lines = getattr(data, "lines", None)
+    if not lines:
+        return None
+    for end in range(len(loc), -1, -1):
+        line = lines.get(tuple(loc[:end]))
+        if line is not None and end > 0:
+            return line
+    return None
+
+
+class YamlMapping(dict[str, Any]):
+    """A YAML file's top-level mapping that remembers the line of every value (``lines``: path → line), so a
+    validation error names the line as well as the field."""
+
+    lines: dict[tuple[Any, ...], int]
+
+
+def _lines(node: yaml.Node | None, path: tuple[Any, ...], out: dict[tuple[Any, ...], int]) -> None:
+    if node is None:
+        return
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            name: Any = key.value
+            if isinstance(key, yaml.ScalarNode) and key.tag.endswith(":int"):
+                with contextlib.suppress(ValueError):
+                    name = int(key.value)
+            out[(*path, name)] = key.start_mark.line + 1
+            _lines(value, (*path, name), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _lines(item, (*path, i), out)
 
 
 def read_yaml(path: Path | Traversable) -> dict[str, Any]:
     """A YAML mapping from ``path``; ConfigError naming the file (and line/column) otherwise."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read file: {e.strerror}", path=str(path)) from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); save the file as UTF-8",
+            path=str(path),
+        ) from None
+    try:
         data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ConfigError(f"{where}invalid YAML: {getattr(e, 'problem', e)}", path=str(path)) from None
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"{where}invalid YAML: {problem}", path=str(path)) from None
+    except (ValueError, TypeError, RecursionError) as e:  # NB: e.g. a timestamp out of range, deep nesting
+        raise ConfigError(f"invalid YAML: {' '.join(str(e).split())}", path=str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", path=str(path))
-    return data
+    located = YamlMapping(data)
+    located.lines = {}
+    _lines(node, (), located.lines)
+    return located
 
 
 def validate(model: type[_M], data: Any, path: Path | Traversable | str) -> _M:
-    """``model`` from ``data`` or ConfigError naming ``path``, each field path and reason."""
+    """``model`` from ``data`` or ConfigError naming ``path``, each field path (and line) and reason."""
     try:
         return model.model_validate(data)
     except ValidationError as e:
