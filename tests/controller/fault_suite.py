@@ -143,7 +143,7 @@ def _lease_flags(identity: str) -> list[str]:
     ]
 
 
-async def _start_cluster(backend: Backend, prefix: str, nodes: int) -> SimExporters:
+async def start_cluster(backend: Backend, prefix: str, nodes: int) -> SimExporters:
     exporters = SimExporters()
     await exporters.start(gpu_scenario(prefix, nodes))
     for obj in exporters.kube_objects():
@@ -215,7 +215,7 @@ class _Writer(threading.Thread):
 async def concurrent_writer_outage(backend: Backend, tmp_path: Path) -> dict[str, Any]:
     prefix = "f1"
     bad = f"{prefix}-gpu-01"
-    exporters = await _start_cluster(backend, prefix, 3)
+    exporters = await start_cluster(backend, prefix, 3)
     proxy = await FaultProxy(*backend.upstream).start()
     rest = backend.admin
     writer = _Writer(rest, bad)
@@ -311,7 +311,7 @@ async def breaker_across_leaders(backend: Backend, tmp_path: Path) -> dict[str, 
     policies = pool_breaker_policies(tmp_path)
     state = "/api/v1/namespaces/gpuscale/configmaps/gpuscale-controller-state"
     (await asyncio.to_thread(rest.delete, state)).expect(200, 404)
-    exporters = await _start_cluster(backend, prefix, 10)
+    exporters = await start_cluster(backend, prefix, 10)
     nodes = [f"{prefix}-gpu-{i:02d}" for i in range(10)]
     kubeconfig = backend.kubeconfig(f"{backend.scheme}://{backend.upstream[0]}:{backend.upstream[1]}")
     procs: dict[str, Any] = {}
@@ -442,7 +442,7 @@ def _seed_gang(rest: Rest, prefix: str, pods: list[str]) -> dict[str, dict[str, 
 async def gang_under_two_budgets(backend: Backend, tmp_path: Path) -> dict[str, Any]:
     prefix = "f3"
     rest = backend.admin
-    exporters = await _start_cluster(backend, prefix, 3)
+    exporters = await start_cluster(backend, prefix, 3)
     pods = [f"{prefix}-pretrain-{i}" for i in range(3)]
     try:
         budgets = await asyncio.to_thread(_seed_gang, rest, prefix, pods)
