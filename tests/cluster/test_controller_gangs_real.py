@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.cluster.rest import Rest
-from tests.controller.fault_suite import Backend, point_kubeconfig, pool_breaker_policies, start_cluster
+from tests.controller.fault_suite import Backend, point_kubeconfig, pool_breaker_policies, remove_nodes, start_cluster
 from tests.e2e.backends import free_port
 from tests.e2e.controller_process import controller_command, controller_process, until
 
@@ -96,8 +96,11 @@ async def test_a_pending_volcano_gang_gets_a_provisioning_request_the_real_schem
                 assert "result=failed" not in stderr.read_text(), stderr.read_text()[-3000:]
                 return len((await asyncio.to_thread(rest.get, path)).expect(200)["items"]) == count
 
-            await until(lambda: listed(REQUESTS, 1), timeout=30)
-            await until(lambda: listed(TEMPLATES, 1), timeout=10)
+            try:
+                await until(lambda: listed(REQUESTS, 1), timeout=30)
+                await until(lambda: listed(TEMPLATES, 1), timeout=10)
+            except AssertionError as e:
+                raise AssertionError(f"{e}; the controller's log ends: {stderr.read_text()[-3000:]}") from None
             (request,) = rest.get(REQUESTS).expect(200)["items"]
             (template,) = rest.get(TEMPLATES).expect(200)["items"]
             (pod_set,) = request["spec"]["podSets"]
@@ -113,3 +116,4 @@ async def test_a_pending_volcano_gang_gets_a_provisioning_request_the_real_schem
         assert "Forbidden" not in log and "Traceback" not in log, log[-3000:]
     finally:
         await exporters.stop()
+        await asyncio.to_thread(remove_nodes, rest, "g1")

@@ -152,6 +152,15 @@ async def start_cluster(backend: Backend, prefix: str, nodes: int) -> SimExporte
     return exporters
 
 
+def remove_nodes(rest: Rest, prefix: str) -> None:
+    """Delete the scenario's nodes: later tests on a shared control plane must not count them (a cluster-wide
+    breaker share would, and the nodes it acted on stay tainted)."""
+    for node in rest.get("/api/v1/nodes").expect(200)["items"]:
+        name = node["metadata"]["name"]
+        if name.startswith(f"{prefix}-gpu-"):
+            rest.delete(f"/api/v1/nodes/{name}").expect(200, 404)
+
+
 class _Writer(threading.Thread):
     """Another agent on one node: adds a taint (guarded, the careful way), an annotation (merge patch) and a
     condition (status, strategic merge) in turn until stopped; remembers what it added."""
@@ -303,6 +312,7 @@ async def concurrent_writer_outage(backend: Backend, tmp_path: Path) -> dict[str
         writer.stop.set()
         await proxy.stop()
         await exporters.stop()
+        await asyncio.to_thread(remove_nodes, rest, prefix)
 
 
 async def breaker_across_leaders(backend: Backend, tmp_path: Path) -> dict[str, Any]:
@@ -401,6 +411,7 @@ async def breaker_across_leaders(backend: Backend, tmp_path: Path) -> dict[str, 
                 await proc.wait()
             stderr.close()
         await exporters.stop()
+        await asyncio.to_thread(remove_nodes, rest, prefix)
 
 
 async def holder_in(holder: Callable[[], Any], identities: set[str]) -> bool:
@@ -486,5 +497,6 @@ async def gang_under_two_budgets(backend: Backend, tmp_path: Path) -> dict[str, 
         return counts
     finally:
         await exporters.stop()
+        await asyncio.to_thread(remove_nodes, rest, prefix)
         for name in pods:
             await asyncio.to_thread(rest.delete, f"/api/v1/namespaces/default/pods/{name}", gracePeriodSeconds=0)
