@@ -46,6 +46,8 @@ class Rightsizing(_Section):
     min_history: Seconds
     min_samples: int = Field(ge=1)
     busy_share: Ratio
+    safety_percentile: Ratio = 0.99
+    """The activity quantile (exact, unweighted) every downsizing must leave room for, with ``margin_fraction``."""
     time_slicing_min_pods: int = Field(ge=2)
     scale_to_zero: ScaleToZero
     idle_node: IdleNode
