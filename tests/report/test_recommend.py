@@ -162,21 +162,26 @@ def _bursty(n: int, *, base: float, p95: float, p99: float, seed: int = 7) -> np
     return blocks[rng.permutation(len(blocks))].reshape(-1)
 
 
-def test_rare_peaks_keep_the_gpu_p95_65_p99_93_gets_no_downsizing(policy):
-    """The production case: p95 65 %, p99 93 %, idle-looking on average. The recency-weighted p90 (about 30 %)
-    would fit a MIG slice; the exact p99 does not, so nothing is downsized."""
+def _one_bursty_pod(policy, name: str, *, base: float, p95: float, p99: float, util: float, fb_mib: float):
+    """48 h of one pod of Deployment ``name`` with bursty SM activity; returns (the samples, its workload)."""
     h = history(hours=48)
-    activity = _bursty(h.steps, base=0.3, p95=0.65, p99=0.93)
+    activity = _bursty(h.steps, base=base, p95=p95, p99=p99)
 
     def values(g, t):
         return {
-            "gpu_util_percent": np.full(t.shape, 100.0),
+            "gpu_util_percent": np.full(t.shape, util),
             "sm_active": activity,
-            "fb_used_mib": np.full(t.shape, 20_000.0),
+            "fb_used_mib": np.full(t.shape, fb_mib),
         }
 
-    add_pod(h, pod="chat-0", owner=("Deployment", "chat"), requests=1, values=values)
-    w = only(build_report(h, policy=policy, generated_at=0), "chat")
+    add_pod(h, pod=f"{name}-0", owner=("Deployment", name), requests=1, values=values)
+    return activity, only(build_report(h, policy=policy, generated_at=0), name)
+
+
+def test_rare_peaks_keep_the_gpu_p95_65_p99_93_gets_no_downsizing(policy):
+    """The production case: p95 65 %, p99 93 %, idle-looking on average. The recency-weighted p90 (about 30 %)
+    would fit a MIG slice; the exact p99 does not, so nothing is downsized."""
+    activity, w = _one_bursty_pod(policy, "chat", base=0.3, p95=0.65, p99=0.93, util=100.0, fb_mib=20_000.0)
     assert np.quantile(activity, 0.95, method="higher") == pytest.approx(0.65)  # the independent computation
     assert np.quantile(activity, 0.99, method="higher") == pytest.approx(0.93)
     assert w.signals["activity_percent"].p90 <= 31, "the weighted p90 alone looks idle"
@@ -187,18 +192,7 @@ def test_rare_peaks_keep_the_gpu_p95_65_p99_93_gets_no_downsizing(policy):
 
 
 def test_a_downsizing_fits_the_exact_p99_plus_margin(policy):
-    h = history(hours=48)
-    activity = _bursty(h.steps, base=0.05, p95=0.1, p99=0.2)
-
-    def values(g, t):
-        return {
-            "gpu_util_percent": np.full(t.shape, 60.0),
-            "sm_active": activity,
-            "fb_used_mib": np.full(t.shape, 8_000.0),
-        }
-
-    add_pod(h, pod="embed-0", owner=("Deployment", "embed"), requests=1, values=values)
-    w = only(build_report(h, policy=policy, generated_at=0), "embed")
+    activity, w = _one_bursty_pod(policy, "embed", base=0.05, p95=0.1, p99=0.2, util=60.0, fb_mib=8_000.0)
     (mig,) = [r for r in w.recommendations if r.kind == "mig-profile"]
     p99 = float(np.quantile(activity, 0.99, method="higher"))
     assert mig.evidence["activity_p99"] == pytest.approx(p99, abs=1e-4)
