@@ -134,6 +134,7 @@ def workload_report(
             pod_count=pod_count,
             price=price,
             conf=conf,
+            busy_hours=busy_hours,
         )
         recs += _diagnosis_recs(verdicts, policy)
         if not any(r.kind != "diagnosis" for r in recs):
@@ -195,6 +196,7 @@ def _recommend(
     pod_count: int,
     price: float | None,
     conf: float,
+    busy_hours: int = 0,
 ) -> list[Recommendation]:
     rs = policy.rightsizing
     margin = rs.margin_fraction
@@ -319,6 +321,7 @@ def _recommend(
                     monthly_saving=_r(saving) if saving is not None else None,
                 )
             )
+    out += _replicas(usage, policy=policy, requested=requested, price=price, busy_hours=busy_hours)
     stz = rs.scale_to_zero
     if usage.key.kind in stz.kinds and longest_idle >= stz.min_idle_stretch:
         out.append(
@@ -335,6 +338,55 @@ def _recommend(
             )
         )
     return out
+
+
+def _replicas(
+    usage: WorkloadUsage, *, policy: ReportPolicy, requested: float, price: float | None, busy_hours: int
+) -> list[Recommendation]:
+    """How many pods carry a pooled workload's demand: the exact p99 over time of its activity summed over all its
+    GPUs, plus the margin, at the target utilisation of each pod's GPUs (never for hours diagnosed busy)."""
+    rs = policy.rightsizing
+    rule = rs.replicas
+    if usage.key.kind not in rule.kinds or usage.demand is None or busy_hours or not requested:
+        return []
+    alive = np.sum([p.held > 0 for p in usage.pods.values()], axis=0)
+    live = alive > 0
+    if not live.any():
+        return []
+    current = float(alive[live].mean())
+    if current < rule.min_pods:
+        return []
+    demand = usage.demand[live]
+    p_demand = float(np.quantile(demand, rs.safety_percentile, method="higher"))
+    per_pod = requested * rule.target_utilisation
+    needed = max(1, math.ceil(p_demand * (1 + rs.margin_fraction) / per_pod - 1e-9))
+    if needed >= math.floor(current):
+        return []
+    freed = (current - needed) * requested
+    saving = freed * price * HOURS_PER_MONTH if price is not None else None
+    pct = f"p{rs.safety_percentile * 100:g}"
+    return [
+        Recommendation(
+            kind="replicas",
+            severity="critical" if needed <= current / 2 else "warning",
+            short=f"replicas {current:.0f}→{needed}",
+            summary=f"{needed} pods would carry the demand of {current:.1f} on average: its {pct} is "
+            f"{p_demand:.2f} GPUs busy (mean {float(demand.mean()):.2f}), +{rs.margin_fraction:.0%} at "
+            f"{rule.target_utilisation:.0%} of {requested:g} GPU{'s' if requested != 1 else ''} per pod",
+            evidence={
+                "current_pods_mean": _r(current),
+                "current_pods_peak": int(alive.max()),
+                "recommended": needed,
+                f"demand_{pct}_gpus": _r(p_demand, 3),
+                "demand_mean_gpus": _r(float(demand.mean()), 3),
+                "gpus_per_pod": requested,
+                "target_utilisation": rule.target_utilisation,
+                "margin": rs.margin_fraction,
+                "gpu_hours_freed_per_month": _r(freed * HOURS_PER_MONTH),
+            },
+            monthly_saving=_r(saving) if saving is not None else None,
+        )
+    ]
 
 
 # Hours whose diagnosis says the SMs are doing real work: a workload with any is busy, never told to shrink.

@@ -117,6 +117,8 @@ class WorkloadUsage:
     # raw mode: the activity samples themselves (views where a GPU was held all window), for exact, unweighted
     # percentiles in safety decisions (``safety_share``); empty in summary mode
     activity_samples: list[np.ndarray] = field(default_factory=list)
+    # raw mode: per step, the activity summed over every GPU the workload held (GPU-equivalents in use)
+    demand: np.ndarray | None = None
 
     def safety_share(self, q: float) -> float | None:
         """The activity (0–1) a downsizing must leave room for: the exact, unweighted ``q`` quantile of every
@@ -270,6 +272,12 @@ def _add_gpu(
     usage.activity_sources[act.source] += held
     a = act.activity if full else act.activity[mask]
     usage.activity_samples.append(a)
+    if usage.demand is None:
+        usage.demand = np.zeros(steps, dtype=np.float64)
+    if full:
+        usage.demand += act.activity
+    else:
+        usage.demand[mask] += a
     usage.allocated_steps_by_product[product] += float(held)
     usage.active_steps_by_product[product] += float(a.sum(dtype=np.float64))
     # Block sums for the verdicts over time: the steps of each block summed as a reshaped view.

@@ -234,3 +234,71 @@ def test_hours_the_diagnosis_calls_busy_make_the_workload_busy(policy):
     w = only(build_report(h, policy=policy, generated_at=0), "nightly")
     assert any(v.code == "compute-bound" for v in w.verdicts), w.verdicts
     assert w.busy and not kinds(w) & DOWNSIZING, [r.short for r in w.recommendations]
+
+
+def test_a_pooled_deployment_of_a_hundred_pods_is_told_how_many_carry_its_demand(policy):
+    """~100 one-GPU pods (some come and go), each busy in rare bursts: together about 8 GPUs' worth of work.
+    The replica count is the exact p99 of the summed demand, +margin, at the target utilisation."""
+    h = history(hours=24)
+    rng = np.random.default_rng(3)
+    demand = np.zeros(h.steps)
+    for i in range(100):
+        activity = np.where(rng.random(h.steps) < 0.08, rng.uniform(0.6, 1.0, h.steps), 0.02)
+        held = slice(0, h.steps) if i < 90 else slice(h.steps // 2, h.steps)  # ten pods only in the second half
+        alive = np.zeros(h.steps, dtype=bool)
+        alive[held] = True
+        demand += np.where(alive, activity, 0.0)
+
+        def values(g, t, a=activity):
+            return {
+                "gpu_util_percent": np.full(t.shape, 100.0),
+                "sm_active": a,
+                "fb_used_mib": np.full(t.shape, 9_000.0),
+            }
+
+        add_pod(
+            h,
+            pod=f"llm-{i}",
+            owner=("Deployment", "llm"),
+            requests=1,
+            node=f"node-{i // 8}",
+            first_gpu=i % 8,
+            values=values,
+            held=held,
+        )
+    w = only(build_report(h, policy=policy, generated_at=0), "llm")
+    (rec,) = [r for r in w.recommendations if r.kind == "replicas"]
+    rule, rs = policy.rightsizing.replicas, policy.rightsizing
+    p99 = float(np.quantile(demand, rs.safety_percentile, method="higher"))  # the independent computation
+    expected = int(np.ceil(p99 * (1 + rs.margin_fraction) / rule.target_utilisation))
+    assert rec.evidence["demand_p99_gpus"] == pytest.approx(p99, abs=1e-3)
+    assert rec.evidence["recommended"] == expected and 10 < expected < 40, rec.evidence
+    assert rec.evidence["current_pods_mean"] == pytest.approx(95.0, abs=0.1)  # 90 all day, 100 half of it
+    assert rec.evidence["current_pods_peak"] == 100
+    price = policy.prices.per_gpu_hour(H100)
+    assert rec.monthly_saving == pytest.approx((95.0 - expected) * price * 730, rel=1e-3)
+
+
+def test_a_few_pods_or_a_busy_pool_get_no_replica_advice(policy):
+    h = history(hours=24)
+    for i in range(2):  # two pods: below min_pods
+        add_pod(
+            h,
+            pod=f"small-{i}",
+            owner=("Deployment", "small"),
+            requests=1,
+            first_gpu=i,
+            values=constant(gpu_util_percent=30, sm_active=0.05, fb_used_mib=1000),
+        )
+    for i in range(4):  # four pods, each compute-bound all day: they need all four
+        add_pod(
+            h,
+            pod=f"hot-{i}",
+            owner=("Deployment", "hot"),
+            requests=1,
+            node="node-b",
+            first_gpu=i,
+            values=constant(gpu_util_percent=100, sm_active=0.9, tensor_active=0.6, fb_used_mib=9000),
+        )
+    report = build_report(h, policy=policy, generated_at=0)
+    assert "replicas" not in kinds(only(report, "small")) and "replicas" not in kinds(only(report, "hot"))
