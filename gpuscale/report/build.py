@@ -19,6 +19,7 @@ EXACT_RAW = [
     "GPU-hours (allocated, active, idle, unallocated) and their cost, on the sampled grid",
     "maxima (GPU util, SM/tensor/DRAM activity, FB used, GPUs busy at once)",
     "incidents (Xid changes, ECC DBE increases, minutes throttled)",
+    "the safety share every downsizing must fit: the p99 of activity over every sample, unweighted",
 ]
 APPROXIMATE_RAW = [
     "p50/p90/p95 and targets: to one histogram bucket (0.5 percentage point; 5 % for memory), "

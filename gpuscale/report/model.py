@@ -42,6 +42,7 @@ class Recommendation(_Out):
         "smaller-gpu",
         "mig-profile",
         "time-slicing",
+        "replicas",
         "scale-to-zero",
         "diagnosis",
         "keep",

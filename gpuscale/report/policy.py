@@ -31,6 +31,14 @@ class ScaleToZero(_Section):
     min_idle_stretch: Seconds = Field(gt=0)
 
 
+class Replicas(_Section):
+    """Replica counts for pooled workloads: how many pods carry the workload's summed GPU demand."""
+
+    kinds: tuple[str, ...] = ("Deployment", "StatefulSet", "LeaderWorkerSet")
+    target_utilisation: float = Field(0.6, gt=0, le=1)
+    min_pods: int = Field(3, ge=2)
+
+
 class IdleNode(_Section):
     min_allocated_share: Ratio
     max_active_share: Ratio
@@ -46,8 +54,11 @@ class Rightsizing(_Section):
     min_history: Seconds
     min_samples: int = Field(ge=1)
     busy_share: Ratio
+    safety_percentile: Ratio = 0.99
+    """The activity quantile (exact, unweighted) every downsizing must leave room for, with ``margin_fraction``."""
     time_slicing_min_pods: int = Field(ge=2)
     scale_to_zero: ScaleToZero
+    replicas: Replicas = Field(default_factory=Replicas)
     idle_node: IdleNode
     throttle_incident_min: Seconds
     fewer_gpus_critical_share: Ratio

@@ -96,10 +96,13 @@ def workload_report(
     idle_steps = held_any & (busy_total == 0)
     longest_idle = longest_run(idle_steps) * step_seconds
     activity = signals.get("activity_percent")
-    share_target = (activity.target / 100.0) if activity else None
-    busy = share_target is not None and share_target >= rs.busy_share
-
+    # NB: safety decisions read the exact, unweighted high quantile (never the recency-weighted target), and one
+    # story per workload: hours the diagnosis calls busy make the workload busy too.
+    safe_share = usage.safety_share(rs.safety_percentile)
     verdicts = _verdicts_over_time(usage, policy)
+    busy_hours = sum(v.hours for v in verdicts if v.code in _BUSY_VERDICTS)
+    busy = (safe_share is not None and safe_share >= rs.busy_share) or busy_hours > 0
+    share_target = safe_share
     status = "ok" if history_seconds >= rs.min_history and samples >= rs.min_samples else "not-enough-data"
     recs: list[Recommendation] = []
     price = policy.prices.per_gpu_hour(product.name if product else usage.product) or policy.prices.per_gpu_hour(
@@ -131,6 +134,7 @@ def workload_report(
             pod_count=pod_count,
             price=price,
             conf=conf,
+            busy_hours=busy_hours,
         )
         recs += _diagnosis_recs(verdicts, policy)
         if not any(r.kind != "diagnosis" for r in recs):
@@ -141,7 +145,14 @@ def workload_report(
                     short="keep" + (" (busy)" if busy else ""),
                     summary="keep the request: "
                     + ("busy, no downsizing" if busy else "no smaller shape fits the measured use"),
-                    evidence={"activity_target_percent": activity.target if activity else None, "busy": str(busy)},
+                    evidence={
+                        "activity_target_percent": activity.target if activity else None,
+                        f"activity_p{rs.safety_percentile * 100:g}_percent": _r(safe_share * 100)
+                        if safe_share is not None
+                        else None,
+                        "busy_verdict_hours": busy_hours,
+                        "busy": str(busy),
+                    },
                 )
             )
     # Shares of recency-weighted GPU-time per 10 % band, from the activity histogram's 0.5-point buckets.
@@ -185,6 +196,7 @@ def _recommend(
     pod_count: int,
     price: float | None,
     conf: float,
+    busy_hours: int = 0,
 ) -> list[Recommendation]:
     rs = policy.rightsizing
     margin = rs.margin_fraction
@@ -225,7 +237,11 @@ def _recommend(
         pass
     elif needed == 1:
         fit_fb = peak_gpu_fb * (1 + margin)
+        share_safe = share_target  # the exact safety-percentile share (see workload_report)
+        share_target = min(1.0, share_safe * (1 + margin))  # what a smaller shape must hold: that plus the margin
         mig = _mig_fit(product, fb_mib=fit_fb, share=share_target) if product else None
+        if mig is not None and mig.compute_share >= 1.0:
+            mig = None  # NB: the whole GPU as a MIG profile saves nothing: not a recommendation
         if mig is not None and product is not None:
             saving = (
                 price * (1 - mig.compute_share) * avg_pods * HOURS_PER_MONTH * min(requested, 1.0)
@@ -238,9 +254,11 @@ def _recommend(
                     severity="warning",
                     short=f"mig {mig.profile}",
                     summary=f"fits MIG {mig.profile} on {product.name}: peak FB {peak_gpu_fb / 1024:.1f} GiB "
-                    f"(+{margin:.0%} = {fit_fb / 1024:.1f} ≤ {mig.memory_mib / 1024:.1f} GiB), compute share "
-                    f"{share_target:.0%} ≤ {mig.compute_share:.0%}",
+                    f"(+{margin:.0%} = {fit_fb / 1024:.1f} ≤ {mig.memory_mib / 1024:.1f} GiB), activity "
+                    f"p{rs.safety_percentile * 100:g} {share_safe:.0%} (+{margin:.0%} = {share_target:.0%}) "
+                    f"≤ {mig.compute_share:.0%}",
                     evidence={
+                        f"activity_p{rs.safety_percentile * 100:g}": _r(share_safe, 4),
                         "fb_peak_mib": _r(peak_gpu_fb),
                         "fb_needed_mib": _r(fit_fb),
                         "profile_memory_mib": mig.memory_mib,
@@ -261,9 +279,11 @@ def _recommend(
                     severity="warning",
                     short=f"smaller-gpu {cand.name}",
                     summary=f"a {cand.name} would do: peak FB {peak_gpu_fb / 1024:.1f} GiB fits its "
-                    f"{cand.memory_mib / 1024:.0f} GiB; {share_target:.0%} of a {product.name} is "
+                    f"{cand.memory_mib / 1024:.0f} GiB; activity p{rs.safety_percentile * 100:g} "
+                    f"+{margin:.0%} = {share_target:.0%} of a {product.name} is "
                     f"{share_target * product.tflops / cand.tflops:.0%} of it",
                     evidence={
+                        f"activity_p{rs.safety_percentile * 100:g}": _r(share_safe, 4),
                         "fb_needed_mib": _r(fit_fb),
                         "candidate_memory_mib": cand.memory_mib,
                         "compute_share_target": _r(share_target, 4),
@@ -279,6 +299,11 @@ def _recommend(
         if gpu_memory:
             pods_per_gpu = min(pods_per_gpu, int(gpu_memory // max(fit_fb, 1.0)))
         if pods_per_gpu >= rs.time_slicing_min_pods:
+            saving = (
+                price * (1 - 1 / pods_per_gpu) * avg_pods * HOURS_PER_MONTH * min(requested, 1.0)
+                if price is not None
+                else None
+            )
             out.append(
                 Recommendation(
                     kind="time-slicing",
@@ -287,13 +312,16 @@ def _recommend(
                     summary=f"time-slicing candidate: {pods_per_gpu} such pods fit one GPU "
                     f"(compute share {share_target:.0%}, peak FB {peak_gpu_fb / 1024:.1f} GiB)",
                     evidence={
+                        f"activity_p{rs.safety_percentile * 100:g}": _r(share_safe, 4),
                         "compute_share_target": _r(share_target, 4),
                         "fb_needed_mib": _r(fit_fb),
                         "gpu_memory_mib": gpu_memory,
                         "pods_per_gpu": pods_per_gpu,
                     },
+                    monthly_saving=_r(saving) if saving is not None else None,
                 )
             )
+    out += _replicas(usage, policy=policy, requested=requested, price=price, busy_hours=busy_hours)
     stz = rs.scale_to_zero
     if usage.key.kind in stz.kinds and longest_idle >= stz.min_idle_stretch:
         out.append(
@@ -310,6 +338,68 @@ def _recommend(
             )
         )
     return out
+
+
+def _replicas(
+    usage: WorkloadUsage, *, policy: ReportPolicy, requested: float, price: float | None, busy_hours: int
+) -> list[Recommendation]:
+    """How many pods carry a pooled workload's demand: the exact p99 over time of its activity summed over all its
+    GPUs, plus the margin, at the target utilisation of each pod's GPUs (never for hours diagnosed busy)."""
+    rs = policy.rightsizing
+    rule = rs.replicas
+    if usage.key.kind not in rule.kinds or usage.demand is None or busy_hours or not requested:
+        return []
+    alive = np.sum([p.held > 0 for p in usage.pods.values()], axis=0)
+    live = alive > 0
+    if not live.any():
+        return []
+    current = float(alive[live].mean())
+    if current < rule.min_pods:
+        return []
+    demand = usage.demand[live]
+    p_demand = float(np.quantile(demand, rs.safety_percentile, method="higher"))
+    per_pod = requested * rule.target_utilisation
+    needed = max(1, math.ceil(p_demand * (1 + rs.margin_fraction) / per_pod - 1e-9))
+    if needed >= math.floor(current):
+        return []
+    freed = (current - needed) * requested
+    saving = freed * price * HOURS_PER_MONTH if price is not None else None
+    pct = f"p{rs.safety_percentile * 100:g}"
+    return [
+        Recommendation(
+            kind="replicas",
+            severity="critical" if needed <= current / 2 else "warning",
+            short=f"replicas {current:.0f}→{needed}",
+            summary=f"{needed} pods would carry the demand of {current:.1f} on average: its {pct} is "
+            f"{p_demand:.2f} GPUs busy (mean {float(demand.mean()):.2f}), +{rs.margin_fraction:.0%} at "
+            f"{rule.target_utilisation:.0%} of {requested:g} GPU{'s' if requested != 1 else ''} per pod",
+            evidence={
+                "current_pods_mean": _r(current),
+                "current_pods_peak": int(alive.max()),
+                "recommended": needed,
+                f"demand_{pct}_gpus": _r(p_demand, 3),
+                "demand_mean_gpus": _r(float(demand.mean()), 3),
+                "gpus_per_pod": requested,
+                "target_utilisation": rule.target_utilisation,
+                "margin": rs.margin_fraction,
+                "gpu_hours_freed_per_month": _r(freed * HOURS_PER_MONTH),
+            },
+            monthly_saving=_r(saving) if saving is not None else None,
+        )
+    ]
+
+
+# Hours whose diagnosis says the SMs are doing real work: a workload with any is busy, never told to shrink.
+_BUSY_VERDICTS = frozenset(
+    v.value
+    for v in (
+        VerdictCode.COMPUTE_BOUND,
+        VerdictCode.MEMORY_BOUND,
+        VerdictCode.PRECISION,
+        VerdictCode.LOW_OCCUPANCY,
+        VerdictCode.THROTTLED,
+    )
+)
 
 
 def _average_pods(usage: WorkloadUsage) -> float:

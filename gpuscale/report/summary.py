@@ -34,6 +34,7 @@ from gpuscale.report.usage import SIGNALS, PodSteps, WorkloadKey, WorkloadUsage,
 EXACT_SUMMARY = [
     "GPU-hours (allocated, active, idle, unallocated) and their cost",
     "maxima of every signal; GPUs held and busy at once per pod; peak memory per pod",
+    "the safety share every downsizing must fit: the maximum activity (no samples are kept for a p99)",
 ]
 APPROXIMATE_SUMMARY = [
     "p50/p90/p95 and targets: each chunk's distribution as its p25/p50/p75/p90/p95/max (an upper bound)",

@@ -114,6 +114,25 @@ class WorkloadUsage:
     # summary mode: the pod arrays are per chunk, so the grid samples are counted by the TSDB instead
     samples: int | None = None
     sample_seconds: float | None = None
+    # raw mode: the activity samples themselves (views where a GPU was held all window), for exact, unweighted
+    # percentiles in safety decisions (``safety_share``); empty in summary mode
+    activity_samples: list[np.ndarray] = field(default_factory=list)
+    # raw mode: per step, the activity summed over every GPU the workload held (GPU-equivalents in use)
+    demand: np.ndarray | None = None
+
+    def safety_share(self, q: float) -> float | None:
+        """The activity (0–1) a downsizing must leave room for: the exact, unweighted ``q`` quantile of every
+        GPU-step sample (the sample at or above it: ``method="higher"``); in summary mode, where no samples are
+        kept, the exact maximum (an upper bound of any quantile). None without a sample."""
+        if self.activity_samples:
+            parts = self.activity_samples
+            values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            if values.size:
+                return float(np.quantile(values, q, method="higher"))
+        hist = self.histograms.get("activity_percent")
+        if hist is not None and hist.count:
+            return float(hist.maximum) / 100.0
+        return None
 
     @property
     def product(self) -> str | None:
@@ -252,6 +271,13 @@ def _add_gpu(
     usage.gpus.add(gpu.key)
     usage.activity_sources[act.source] += held
     a = act.activity if full else act.activity[mask]
+    usage.activity_samples.append(a)
+    if usage.demand is None:
+        usage.demand = np.zeros(steps, dtype=np.float64)
+    if full:
+        usage.demand += act.activity
+    else:
+        usage.demand[mask] += a
     usage.allocated_steps_by_product[product] += float(held)
     usage.active_steps_by_product[product] += float(a.sum(dtype=np.float64))
     # Block sums for the verdicts over time: the steps of each block summed as a reshaped view.

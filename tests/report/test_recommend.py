@@ -149,3 +149,156 @@ def test_a_pod_without_owner_is_a_bare_pod_and_the_gap_says_so(policy):
     w = only(report, "lonely")
     assert (w.kind, w.owner_source, w.requests_source) == ("Pod", "none", "observed")
     assert any("without a known owner" in g and "ml/lonely" in g for g in report.gaps)
+
+
+def _bursty(n: int, *, base: float, p95: float, p99: float, seed: int = 7) -> np.ndarray:
+    """Activity samples (0–1) whose exact p95 and p99 are ``p95`` and ``p99``: rare peaks in a low baseline, in
+    bursts (as production inference looks), not a textbook distribution."""
+    top, next_ = int(n * 0.02), int(n * 0.04)
+    values = np.full(n, base)
+    values[:top], values[top : top + next_] = p99, p95
+    rng = np.random.default_rng(seed)
+    blocks = values.reshape(-1, 8)  # bursts of 8 minutes move together
+    return blocks[rng.permutation(len(blocks))].reshape(-1)
+
+
+def _one_bursty_pod(policy, name: str, *, base: float, p95: float, p99: float, util: float, fb_mib: float):
+    """48 h of one pod of Deployment ``name`` with bursty SM activity; returns (the samples, its workload)."""
+    h = history(hours=48)
+    activity = _bursty(h.steps, base=base, p95=p95, p99=p99)
+
+    def values(g, t):
+        return {
+            "gpu_util_percent": np.full(t.shape, util),
+            "sm_active": activity,
+            "fb_used_mib": np.full(t.shape, fb_mib),
+        }
+
+    add_pod(h, pod=f"{name}-0", owner=("Deployment", name), requests=1, values=values)
+    return activity, only(build_report(h, policy=policy, generated_at=0), name)
+
+
+def test_rare_peaks_keep_the_gpu_p95_65_p99_93_gets_no_downsizing(policy):
+    """The production case: p95 65 %, p99 93 %, idle-looking on average. The recency-weighted p90 (about 30 %)
+    would fit a MIG slice; the exact p99 does not, so nothing is downsized."""
+    activity, w = _one_bursty_pod(policy, "chat", base=0.3, p95=0.65, p99=0.93, util=100.0, fb_mib=20_000.0)
+    assert np.quantile(activity, 0.95, method="higher") == pytest.approx(0.65)  # the independent computation
+    assert np.quantile(activity, 0.99, method="higher") == pytest.approx(0.93)
+    assert w.signals["activity_percent"].p90 <= 31, "the weighted p90 alone looks idle"
+    assert w.busy
+    assert not kinds(w) & DOWNSIZING, [r.short for r in w.recommendations]
+    (keep,) = [r for r in w.recommendations if r.kind == "keep"]
+    assert keep.evidence["activity_p99_percent"] == pytest.approx(93.0, abs=0.01)
+
+
+def test_a_downsizing_fits_the_exact_p99_plus_margin(policy):
+    activity, w = _one_bursty_pod(policy, "embed", base=0.05, p95=0.1, p99=0.2, util=60.0, fb_mib=8_000.0)
+    (mig,) = [r for r in w.recommendations if r.kind == "mig-profile"]
+    p99 = float(np.quantile(activity, 0.99, method="higher"))
+    assert mig.evidence["activity_p99"] == pytest.approx(p99, abs=1e-4)
+    assert mig.evidence["profile_compute_share"] >= p99 * (1 + policy.rightsizing.margin_fraction)
+    assert mig.evidence["resource"] == "nvidia.com/mig-2g.20gb"  # 0.2 × 1.15 = 0.23 > 1/7: not 1g
+    (ts,) = [r for r in w.recommendations if r.kind == "time-slicing"]
+    assert ts.evidence["pods_per_gpu"] == 4 and ts.monthly_saving > 0  # int(1 / 0.23)
+
+
+def test_the_whole_gpu_as_a_mig_profile_is_not_a_recommendation(policy):
+    h = history(hours=48)
+    # little compute, but 70 GB of memory: only the 7g.80gb profile holds it — that is the whole GPU, no saving
+    add_pod(
+        h,
+        pod="kv-0",
+        owner=("Deployment", "kv"),
+        requests=1,
+        values=constant(gpu_util_percent=40, sm_active=0.1, fb_used_mib=70_000),
+    )
+    w = only(build_report(h, policy=policy, generated_at=0), "kv")
+    assert "mig-profile" not in kinds(w), [r.short for r in w.recommendations]
+    assert all(r.monthly_saving is None or r.monthly_saving > 0 for r in w.recommendations)
+
+
+def test_hours_the_diagnosis_calls_busy_make_the_workload_busy(policy):
+    h = history(hours=48)
+
+    # 47 quiet hours, then one compute-bound hour: one story — the verdict says busy, so no downsizing
+    def values(g, t):
+        sm = np.where(t >= 47 * 3600, 0.95, 0.05)
+        return {
+            "gpu_util_percent": np.full(t.shape, 100.0),
+            "sm_active": sm,
+            "tensor_active": np.where(t >= 47 * 3600, 0.7, 0.0),
+            "fb_used_mib": np.full(t.shape, 9_000.0),
+        }
+
+    add_pod(h, pod="batch-0", owner=("Deployment", "nightly"), requests=1, values=values)
+    w = only(build_report(h, policy=policy, generated_at=0), "nightly")
+    assert any(v.code == "compute-bound" for v in w.verdicts), w.verdicts
+    assert w.busy and not kinds(w) & DOWNSIZING, [r.short for r in w.recommendations]
+
+
+def test_a_pooled_deployment_of_a_hundred_pods_is_told_how_many_carry_its_demand(policy):
+    """~100 one-GPU pods (some come and go), each busy in rare bursts: together about 8 GPUs' worth of work.
+    The replica count is the exact p99 of the summed demand, +margin, at the target utilisation."""
+    h = history(hours=24)
+    rng = np.random.default_rng(3)
+    demand = np.zeros(h.steps)
+    for i in range(100):
+        activity = np.where(rng.random(h.steps) < 0.08, rng.uniform(0.6, 1.0, h.steps), 0.02)
+        held = slice(0, h.steps) if i < 90 else slice(h.steps // 2, h.steps)  # ten pods only in the second half
+        alive = np.zeros(h.steps, dtype=bool)
+        alive[held] = True
+        demand += np.where(alive, activity, 0.0)
+
+        def values(g, t, a=activity):
+            return {
+                "gpu_util_percent": np.full(t.shape, 100.0),
+                "sm_active": a,
+                "fb_used_mib": np.full(t.shape, 9_000.0),
+            }
+
+        add_pod(
+            h,
+            pod=f"llm-{i}",
+            owner=("Deployment", "llm"),
+            requests=1,
+            node=f"node-{i // 8}",
+            first_gpu=i % 8,
+            values=values,
+            held=held,
+        )
+    w = only(build_report(h, policy=policy, generated_at=0), "llm")
+    (rec,) = [r for r in w.recommendations if r.kind == "replicas"]
+    rule, rs = policy.rightsizing.replicas, policy.rightsizing
+    p99 = float(np.quantile(demand, rs.safety_percentile, method="higher"))  # the independent computation
+    expected = int(np.ceil(p99 * (1 + rs.margin_fraction) / rule.target_utilisation))
+    assert rec.evidence["demand_p99_gpus"] == pytest.approx(p99, abs=1e-3)
+    assert rec.evidence["recommended"] == expected and 10 < expected < 40, rec.evidence
+    assert rec.evidence["current_pods_mean"] == pytest.approx(95.0, abs=0.1)  # 90 all day, 100 half of it
+    assert rec.evidence["current_pods_peak"] == 100
+    price = policy.prices.per_gpu_hour(H100)
+    assert rec.monthly_saving == pytest.approx((95.0 - expected) * price * 730, rel=1e-3)
+
+
+def test_a_few_pods_or_a_busy_pool_get_no_replica_advice(policy):
+    h = history(hours=24)
+    for i in range(2):  # two pods: below min_pods
+        add_pod(
+            h,
+            pod=f"small-{i}",
+            owner=("Deployment", "small"),
+            requests=1,
+            first_gpu=i,
+            values=constant(gpu_util_percent=30, sm_active=0.05, fb_used_mib=1000),
+        )
+    for i in range(4):  # four pods, each compute-bound all day: they need all four
+        add_pod(
+            h,
+            pod=f"hot-{i}",
+            owner=("Deployment", "hot"),
+            requests=1,
+            node="node-b",
+            first_gpu=i,
+            values=constant(gpu_util_percent=100, sm_active=0.9, tensor_active=0.6, fb_used_mib=9000),
+        )
+    report = build_report(h, policy=policy, generated_at=0)
+    assert "replicas" not in kinds(only(report, "small")) and "replicas" not in kinds(only(report, "hot"))
