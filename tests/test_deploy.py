@@ -49,7 +49,16 @@ KUBERNETES_VERSIONS = ("1.30", "1.32")
 # Every directory under deploy/ holding a kustomization.yaml (test_every_kustomization_is_rendered
 # fails when one is added without being listed here).
 ADAPTER_OVERLAYS = ("base", "overlays/prometheus", "overlays/embedded-scrape", "overlays/dev")
-OTHER_KUSTOMIZATIONS = ("dcgm-exporter", "examples", "report/base", "report/with-configmap")
+OTHER_KUSTOMIZATIONS = (
+    "dcgm-exporter",
+    "examples",
+    "report/base",
+    "report/with-configmap",
+    # the operating picture (tests/operating): prometheus-operator objects, rules, Grafana dashboards
+    "monitoring",
+    "alerts/prometheusrules",
+    "dashboards",
+)
 COMPONENTS = ("components/cert-manager", "components/custom-only", "components/external-only")
 
 # Overlay + component, rendered through a temporary overlay that references both. The overlays that
@@ -80,10 +89,15 @@ FLAGS_BEING_ADDED = frozenset(
     }
 )
 
+PROMETHEUS_OPERATOR_CRD = "prometheus-operator CRD: kubernetes-validate ships built-in kinds only"
+
 # CRD kinds kubernetes-validate has no schema for, why we accept them, and the hand check they get instead.
 NO_SCHEMA = {
     ("cert-manager.io/v1", "Certificate"): "cert-manager CRD: kubernetes-validate ships built-in kinds only",
     ("cert-manager.io/v1", "Issuer"): "cert-manager CRD: kubernetes-validate ships built-in kinds only",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): PROMETHEUS_OPERATOR_CRD,
+    ("monitoring.coreos.com/v1", "PodMonitor"): PROMETHEUS_OPERATOR_CRD,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_OPERATOR_CRD,
 }
 
 NAMESPACE = "gpuscale"
@@ -177,7 +191,8 @@ def test_every_kustomization_is_rendered():
         "controller",
         *(f"controller/components/{c}" for c in ("drain", "safe-to-evict", "dry-run", "embedded-scrape")),
     }
-    assert found == {*ADAPTER_OVERLAYS, *OTHER_KUSTOMIZATIONS, *COMPONENTS, *controller}
+    # components/monitoring (deploy/monitoring as a component) is rendered by tests/operating/test_monitoring.py.
+    assert found == {*ADAPTER_OVERLAYS, *OTHER_KUSTOMIZATIONS, *COMPONENTS, *controller, "components/monitoring"}
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
@@ -213,9 +228,36 @@ def _check_issuer(obj: dict[str, Any]) -> None:
         assert obj["spec"]["ca"].get("secretName"), "Issuer: ca.secretName"
 
 
+MONITOR_FIELDS = frozenset({"selector", "namespaceSelector", "endpoints", "podMetricsEndpoints", "jobLabel"})
+ENDPOINT_FIELDS = frozenset(
+    {"port", "scheme", "path", "interval", "bearerTokenFile", "tlsConfig", "relabelings", "honorLabels"}
+)
+
+
+def _check_monitor(obj: dict[str, Any]) -> None:
+    spec = obj["spec"]
+    assert set(spec) <= MONITOR_FIELDS, f"{obj['kind']}: unexpected spec fields {set(spec) - MONITOR_FIELDS}"
+    assert spec["selector"].get("matchLabels"), f"{obj['kind']}: spec.selector.matchLabels"
+    endpoints = spec.get("endpoints") or spec.get("podMetricsEndpoints")
+    assert endpoints, f"{obj['kind']}: no endpoints"
+    for e in endpoints:
+        assert set(e) <= ENDPOINT_FIELDS and e.get("port"), f"{obj['kind']}: endpoint {e}"
+        assert re.fullmatch(r"\d+s", e.get("interval", "30s")), f"{obj['kind']}: interval {e.get('interval')}"
+
+
+def _check_prometheusrule(obj: dict[str, Any]) -> None:
+    # promtool checks the rules themselves (tests/operating/test_alerts.py); here only the object's shape.
+    assert set(obj["spec"]) == {"groups"} and obj["spec"]["groups"], "PrometheusRule: spec.groups"
+    for group in obj["spec"]["groups"]:
+        assert group["name"] and group["rules"], "PrometheusRule: a group without name or rules"
+
+
 HAND_CHECKS = {
     ("cert-manager.io/v1", "Certificate"): _check_certificate,
     ("cert-manager.io/v1", "Issuer"): _check_issuer,
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): _check_monitor,
+    ("monitoring.coreos.com/v1", "PodMonitor"): _check_monitor,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): _check_prometheusrule,
 }
 
 

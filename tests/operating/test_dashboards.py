@@ -1,0 +1,211 @@
+"""deploy/dashboards: every panel's queries, run against a real Prometheus loaded with the test fleet.
+
+The fleet (tests/operating/fleet.py: the shipped exporter scrapes, gpuscale's own registries, kube-state-metrics)
+is backfilled as TSDB blocks with promtool, and the two recording rules the dashboards read are backfilled from it
+with `promtool tsdb create-blocks-from rules`, as an operator's Prometheus would have recorded them. Then, for every
+dashboard: each query (template variables at "All", $__range = the loaded hour) parses and returns data over the
+last hour, names only metrics the fleet exposes or a recording rule of deploy/alerts, and each template
+variable's query lists values. Failures are collected so one run names every broken panel.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from tests.e2e.backends import Backends, require
+from tests.operating.fleet import fleet
+from tests.report.fleet import openmetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARDS = sorted((ROOT / "deploy" / "dashboards").glob("*.json"))
+RECORDING = ROOT / "deploy" / "alerts" / "gpuscale-recording.rules.yaml"
+END = (int(time.time()) // 60) * 60 - 600
+HOUR = 3600
+VARIABLES = {"$cluster": ".*", "$namespace": ".*", "$pool": ".*", "$node": ".*", "$model": ".*", "$job": ".*"}
+KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"}
+
+
+def panels(board: dict) -> list[dict]:
+    return [p for p in board["panels"] if p["type"] != "row"]
+
+
+def substitute(expr: str) -> str:
+    for name, value in VARIABLES.items():
+        expr = expr.replace(name, value)
+    return expr.replace("$__range", "1h")
+
+
+def expand(regex: str) -> set[str]:
+    """The names a regex of literals, alternations and groups matches: ``A_(B|C)_D|E`` → {A_B_D, A_C_D, E}."""
+    alternatives, depth, start = [], 0, 0
+    for i, ch in enumerate(regex):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "|" and depth == 0:
+            alternatives.append(regex[start:i])
+            start = i + 1
+    alternatives.append(regex[start:])
+    out = set()
+    for alt in alternatives:
+        m = re.search(r"\(([^()]*)\)", alt)
+        if m is None:
+            assert re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:]*", alt), f"not a plain name: {alt!r}"
+            out.add(alt)
+        else:
+            for choice in m.group(1).split("|"):
+                out |= expand(alt[: m.start()] + choice + alt[m.end() :])
+    return out
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads (selectors and __name__ regex alternatives)."""
+    names = set()
+    for regex in re.findall(r'__name__=~"([^"]+)"', expr):
+        names |= expand(regex)
+    bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    bare = re.sub(r"\{[^}]*\}", "", bare)
+    bare = re.sub(r"\[[^\]]*\]", "", bare)
+    bare = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", bare)
+    bare = re.sub(r"\b\d+(\.\d+)?([eE][+-]?\d+)?\b", " ", bare)
+    for m in re.finditer(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\()?", bare):
+        if not m.group(2) and m.group(1) not in KEYWORDS:
+            names.add(m.group(1))
+    return names
+
+
+def _info_rules(path: Path) -> None:
+    """The recording rules the dashboards read that promtool can backfill (they read only raw series)."""
+    doc = yaml.safe_load(RECORDING.read_text())
+    wanted = {"gpuscale:node_pool:info", "gpuscale:pod_training_job:info"}
+    doc["groups"] = [{**g, "rules": [r for r in g["rules"] if r.get("record") in wanted]} for g in doc["groups"]]
+    path.write_text(yaml.safe_dump(doc))
+
+
+async def api(session: aiohttp.ClientSession, url: str, path: str, **params: str) -> dict:
+    async with session.post(url + path, data=params) as resp:
+        body = await resp.json(content_type=None)
+    if body.get("status") != "success":
+        raise AssertionError(f"{body.get('errorType')}: {body.get('error')}")
+    return body["data"]
+
+
+async def test_every_panel_parses_reads_only_exposed_metrics_and_has_data(tmp_path):
+    promtool = require(shutil.which("promtool"), "promtool")
+    series = fleet(end=END)
+    text = tmp_path / "fleet.om"
+    with text.open("w") as f:
+        f.writelines(openmetrics(series))
+    raw = tmp_path / "raw"
+    subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(text), str(raw)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    rules = tmp_path / "info.rules.yaml"
+    _info_rules(rules)
+    async with Backends(tmp_path / "backends") as backends, aiohttp.ClientSession() as session:
+        # Backends.start puts its n-th Prometheus in <workdir>/prometheus[-n]/data: the blocks go there first.
+        shutil.copytree(raw, backends.workdir / "prometheus" / "data")
+        first = await backends.prometheus([])
+        at_end = {"query": "count(DCGM_FI_DEV_GPU_UTIL)", "time": str(END)}
+        await first.wait_until(lambda: api(session, first.url, "/api/v1/query", **at_end), what="the raw blocks")
+        # The info rules over the loaded window, as an operator's Prometheus would have recorded them.
+        final_data = backends.workdir / "prometheus-1" / "data"
+        done = subprocess.run(
+            [
+                promtool,
+                "tsdb",
+                "create-blocks-from",
+                "rules",
+                f"--start={END - 2 * HOUR}",
+                f"--end={END}",
+                f"--url={first.url}",
+                f"--output-dir={final_data}",
+                "--eval-interval=60s",
+                str(rules),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        shutil.copytree(raw, final_data, dirs_exist_ok=True)
+        first.stop()
+        prom = await backends.prometheus([])
+
+        async def recorded() -> bool:
+            data = await api(
+                session, prom.url, "/api/v1/query", query="count(gpuscale:pod_training_job:info)", time=str(END)
+            )
+            return bool(data["result"])
+
+        await prom.wait_until(recorded, what="the recorded info series")
+        exposed = {name for name, _, _ in series} | {
+            r["record"] for g in yaml.safe_load(RECORDING.read_text())["groups"] for r in g["rules"]
+        }
+
+        problems, counts = [], {}
+        for path in DASHBOARDS:
+            board = json.loads(path.read_text())
+            counts[path.stem] = len(panels(board))
+            for p in panels(board):
+                for target in p["targets"]:
+                    expr = substitute(target["expr"])
+                    where = f"{path.name} panel {p['id']} {p['title']!r} {target['refId']}"
+                    unknown = metric_names(expr) - exposed
+                    if unknown:
+                        problems.append(f"{where}: reads metrics nobody exposes: {sorted(unknown)}")
+                    try:
+                        if target.get("instant"):
+                            data = await api(session, prom.url, "/api/v1/query", query=expr, time=str(END))
+                        else:
+                            data = await api(
+                                session,
+                                prom.url,
+                                "/api/v1/query_range",
+                                query=expr,
+                                start=str(END - HOUR),
+                                end=str(END),
+                                step="60",
+                            )
+                    except AssertionError as e:
+                        problems.append(f"{where}: {e}")
+                        continue
+                    if not data["result"]:
+                        problems.append(f"{where}: no data")
+            for v in board["templating"]["list"]:
+                if v["type"] != "query":
+                    continue
+                query = substitute(v["query"])
+                if m := re.fullmatch(r"label_values\((.*), (\w+)\)", query, re.S):
+                    query = f"count by ({m.group(2)}) ({m.group(1)})"
+                elif m := re.fullmatch(r"query_result\((.*)\)", query, re.S):
+                    query = m.group(1)
+                data = await api(session, prom.url, "/api/v1/query", query=query, time=str(END))
+                if not data["result"]:
+                    problems.append(f"{path.name} variable {v['name']}: no values")
+        print("panels per dashboard:", counts)
+        assert len(counts) == 7 and all(counts.values())
+        assert not problems, "\n".join(problems)
+
+
+def test_metric_names_finds_what_a_query_reads():
+    assert metric_names('sum by (le, model) (rate(vllm:x_bucket{a="b{c}"}[5m])) / 1e6 > on (a) group_left (b) y') == {
+        "vllm:x_bucket",
+        "y",
+    }
+    assert metric_names('{__name__=~"DCGM_FI_PROF_(NVLINK|PCIE)_(TX|RX)_BYTES"}') == {
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+    }
