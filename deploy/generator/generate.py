@@ -90,6 +90,14 @@ def outputs() -> dict[Path, str]:
     out[DEPLOY / "alerts" / "prometheusrules" / "kustomization.yaml"] = HEADER + dump(
         {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": prometheusrules}
     )
+    catalogue = yaml.safe_load((ROOT / "policies" / "metrics.yaml").read_text())
+    out[DEPLOY / "alerts" / "metrics-recorded.yaml"] = (
+        HEADER
+        + "# policies/metrics.yaml with gpu_utilization, gpu_sm_active, gpu_tensor_active and gpu_dram_active read from\n"
+        + "# the recording rules of gpuscale-recording.rules.yaml (docs/operating.md, Recording rules). Give it to the\n"
+        + "# adapter with --config when your Prometheus evaluates those rules.\n"
+        + dump(rules.catalogue_on_recorded_series(catalogue))
+    )
     return out
 
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import yaml
 
-GPU = "cluster, Hostname, gpu, UUID, modelName"
-GPU_POD = f"{GPU}, namespace, pod"
+# GPU_I_ID/GPU_I_PROFILE keep MIG instances apart (absent on whole GPUs); container stays for the adapter.
+GPU = "cluster, Hostname, gpu, UUID, GPU_I_ID, GPU_I_PROFILE, modelName"
+GPU_POD = f"{GPU}, namespace, pod, container"
 JOB = "cluster, namespace, training_job"
 
 # The thresholds the alerts and their tests share. Ratios are 0..1 as DCGM reports them.
@@ -442,6 +443,36 @@ def alert_rules(health: dict[str, Any]) -> list[dict]:
         {"name": "gpuscale-inference", "rules": inference},
         {"name": "gpuscale-self", "rules": gpuscale},
     ]
+
+
+# Catalogue metrics the adapter can read from the recording rules instead of the raw DCGM series.
+RECORDED_METRICS = {
+    "gpu_utilization": "gpuscale:gpu_utilization:percent",
+    "gpu_sm_active": "gpuscale:gpu_sm_active:ratio",
+    "gpu_tensor_active": "gpuscale:gpu_tensor_active:ratio",
+    "gpu_dram_active": "gpuscale:gpu_dram_active:ratio",
+}
+
+
+def catalogue_on_recorded_series(catalogue: dict[str, Any]) -> dict[str, Any]:
+    """policies/metrics.yaml with RECORDED_METRICS read from their recording rules (a `prometheus:` override).
+
+    ``+ 0`` drops the recorded name, so the adapter files each value under the term's DCGM series as it does for the
+    raw query; the recorded series keep every label attribution reads (GPU, MIG instance, pod, container).
+    """
+    out = {**catalogue, "metrics": []}
+    for metric in catalogue["metrics"]:
+        record = RECORDED_METRICS.get(metric["name"])
+        if record is not None:
+            metric = {k: v for k, v in metric.items() if k != "series"}
+            metric["numerator"] = {"series": catalogue_series(catalogue, metric["name"]), "prometheus": f"{record} + 0"}
+        out["metrics"].append(metric)
+    return out
+
+
+def catalogue_series(catalogue: dict[str, Any], name: str) -> list[str]:
+    (metric,) = [m for m in catalogue["metrics"] if m["name"] == name]
+    return metric["series"]
 
 
 def load_health(root: Path) -> dict[str, Any]:
