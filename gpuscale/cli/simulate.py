@@ -28,12 +28,23 @@ from gpuscale.hpa import parse_manifests
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.policy_files import check_policies_dir
-from gpuscale.replay.history import MetricHistory, history_from_samples, parse_history_csv, promql_for, replay_history
+from gpuscale.replay.distributions import Distribution, parse_distribution
+from gpuscale.replay.general import ServiceProfile
+from gpuscale.replay.history import (
+    MetricHistory,
+    Series,
+    check_history,
+    history_from_samples,
+    parse_history_csv,
+    parse_series_csv,
+    promql_for,
+    replay_history,
+)
 from gpuscale.replay.results import SCHEMA, Outcome
 from gpuscale.replay.serving import ServingProfile
 from gpuscale.replay.signals import check_metrics
 from gpuscale.replay.simulate import ReplaySettings, replay
-from gpuscale.replay.traces import read_trace
+from gpuscale.replay.traces import Trace, read_trace
 
 _PROFILE = ServingProfile()
 
@@ -64,14 +75,30 @@ class SimulateSettings(BaseModel):
     seed: int = Field(0, description="seed of --rate-scale's fractional repeats")
     start: Seconds = Field(0.0, ge=0, description="skip this much of the trace")
     duration: Seconds | None = Field(None, gt=0, description="replay only this much of the trace")
-    startup: Seconds = Field(180.0, ge=0, description="model load: a new replica is ready this long after it starts")
+    startup: str = Field(
+        "180s",
+        description="model load before a new replica is ready: 180s, exp:mean=60s, lognormal:p50=23s,p95=45s, @f.csv",
+    )
+    service_time: str | None = Field(
+        None,
+        description="general service model: each request's service time (same syntax as --startup); "
+        "default: the trace's service_time column, else the LLM token model",
+    )
+    concurrency: int = Field(1, ge=1, description="general service model: requests one replica serves at once")
+    swap_time: str | None = Field(
+        None, description="general service model: loading a model (trace column 'model') a replica has not loaded"
+    )
+    models_per_replica: int = Field(1, ge=1, description="general service model: models a replica keeps loaded (LRU)")
+    external: list[str] = Field(
+        default_factory=list, description="NAME=@file.csv (timestamp,value): an External metric fed to the HPAs"
+    )
     initial_replicas: int | None = Field(None, ge=1, description="replicas at the start (default: minReplicas)")
     slo_queue: Seconds = Field(2.0, gt=0, description="SLO: queue time a minute's requests may wait...")
     slo_quantile: float = Field(0.95, gt=0, lt=1, description="...at this quantile")
     refresh_interval: Seconds = Field(5.0, gt=0, description="the adapter's refresh interval (metric delay)")
     step: Seconds = Field(0.25, gt=0, le=1.0, description="simulation step")
-    prefill_ms_per_token: float = Field(_PROFILE.prefill_s_per_token * 1e3, gt=0, description="prefill cost")
-    decode_iteration_ms: float = Field(_PROFILE.decode_iteration_s * 1e3, gt=0, description="decode iteration cost")
+    prefill_ms_per_token: float = Field(_PROFILE.prefill_s_per_token * 1e3, ge=0, description="prefill cost")
+    decode_iteration_ms: float = Field(_PROFILE.decode_iteration_s * 1e3, ge=0, description="decode iteration cost")
     max_batch: int = Field(_PROFILE.max_batch, ge=1, description="running sequences per replica")
     kv_cache_tokens: int = Field(_PROFILE.kv_capacity_tokens, ge=1, description="KV cache per replica, tokens")
     gpus_per_replica: int = Field(_PROFILE.gpus_per_replica, ge=1, description="GPUs per replica (GPU-hours)")
@@ -93,9 +120,24 @@ class SimulateSettings(BaseModel):
         for q in self.query:
             if "=" not in q:
                 raise ValueError(f"query: expected METRIC=PROMQL (got {q!r})")
+        for e in self.external:
+            if "=@" not in e:
+                raise ValueError(f"external: expected NAME=@file.csv (got {e!r})")
+        if self.trace is None:
+            general = ("service_time", "swap_time")
+            for name in general:
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only with --trace (a metric history has no requests to serve)")
         return self
 
-    def profile(self) -> ServingProfile:
+    def profile(self, trace: Trace) -> ServingProfile | ServiceProfile:
+        """The general service model when there are service times (column or --service-time), else the LLM one."""
+        if trace.service_s is not None or self.service_time is not None:
+            return ServiceProfile(
+                concurrency=self.concurrency,
+                gpus_per_replica=self.gpus_per_replica,
+                models_per_replica=self.models_per_replica,
+            )
         return ServingProfile(
             prefill_s_per_token=self.prefill_ms_per_token / 1e3,
             decode_iteration_s=self.decode_iteration_ms / 1e3,
@@ -105,8 +147,13 @@ class SimulateSettings(BaseModel):
         )
 
     def replay_settings(self) -> ReplaySettings:
+        startup = parse_distribution(self.startup, flag="--startup")
         return ReplaySettings(
-            startup_s=self.startup,
+            startup_s=startup.mean,
+            startup=startup,
+            service_time=parse_distribution(self.service_time, flag="--service-time") if self.service_time else None,
+            swap_time=parse_distribution(self.swap_time, flag="--swap-time") if self.swap_time else None,
+            seed=self.seed,
             step_s=self.step,
             refresh_s=self.refresh_interval,
             initial_replicas=self.initial_replicas,
@@ -134,14 +181,25 @@ def run_simulate(settings: SimulateSettings) -> dict:
     hpas = load_hpas(settings.hpa)
     if settings.trace is None:
         return run_history(settings, hpas, catalogue)
-    check_metrics(hpas, catalogue)
+    externals = read_externals(settings.external)
+    check_metrics(hpas, catalogue, external=frozenset(externals))
     trace = read_trace(settings.trace).window(start_s=settings.start, duration_s=settings.duration)
     if not len(trace):
         raise ConfigError("no requests in the chosen window (--start/--duration)", path=settings.trace)
     trace = trace.scaled(settings.rate_scale, seed=settings.seed)
-    profile, replay_settings = settings.profile(), settings.replay_settings()
+    profile, replay_settings = settings.profile(trace), settings.replay_settings()
+    if settings.swap_time and trace.model is None:
+        raise ConfigError("--swap-time needs a trace with a 'model' column", path=settings.trace)
     outcomes = [
-        replay(trace, hpa, catalogue=catalogue, profile=profile, settings=replay_settings, source=source)
+        replay(
+            trace,
+            hpa,
+            catalogue=catalogue,
+            profile=profile,
+            settings=replay_settings,
+            source=source,
+            externals=externals,
+        )
         for source, hpa in hpas
     ]
     return document(
@@ -157,20 +215,42 @@ def run_simulate(settings: SimulateSettings) -> dict:
 
 
 def document(*, trace_name, requests, duration_s, profile, settings, outcomes: list[Outcome], **extra) -> dict:
-    from dataclasses import asdict
+    from dataclasses import asdict, fields
 
+    # NB: distributions are written as the user wrote them (a file's samples would not belong in the JSON)
+    described = {f.name: getattr(settings, f.name) for f in fields(settings)}
+    described = {k: v.text if isinstance(v, Distribution) else v for k, v in described.items()}
     return {
         "schema": SCHEMA,
         "trace": {"name": trace_name, "requests": requests, "duration_s": round(duration_s, 3), **extra},
+        "model": "general" if isinstance(profile, ServiceProfile) else "llm",
         "profile": asdict(profile),
-        "settings": asdict(settings),
+        "settings": described,
         "results": [o.to_json() for o in outcomes],
     }
 
 
+def read_externals(specs: list[str]) -> dict[str, Series]:
+    """``--external NAME=@file.csv`` → name → (times, values), times as the trace's (seconds, or ISO 8601)."""
+    out = {}
+    for spec in specs:
+        name, _, path = spec.partition("=@")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(
+                f"--external {name}: cannot read: {getattr(e, 'strerror', None) or e}", path=path
+            ) from None
+        out[name.strip()] = parse_series_csv(text, source=path)
+    return out
+
+
 def run_history(settings: SimulateSettings, hpas: list[tuple[str, HorizontalPodAutoscaler]], catalogue) -> dict:
+    externals = read_externals(settings.external)
     for source, hpa in hpas:
         for i, spec in enumerate(hpa.spec.metrics):
+            if spec.type == "External" and spec.metric_name in externals:
+                continue
             if catalogue.get(spec.metric_name) is None:
                 kind = spec.type.lower()
                 raise ConfigError(
@@ -185,8 +265,10 @@ def run_history(settings: SimulateSettings, hpas: list[tuple[str, HorizontalPodA
         history, name = parse_history_csv(text, source=settings.history), settings.history
     else:
         assert settings.prometheus_url is not None
-        history = asyncio.run(_prometheus_history(settings, hpas, catalogue))
+        history = asyncio.run(_prometheus_history(settings, hpas, catalogue, skip=frozenset(externals)))
         name = settings.prometheus_url
+    history = history.with_external(externals)
+    check_history(history, hpas, source=name)
     outcomes = [
         replay_history(
             history, hpa, source=source, conserve=settings.conserve_load, initial_replicas=settings.initial_replicas
@@ -207,9 +289,9 @@ def run_history(settings: SimulateSettings, hpas: list[tuple[str, HorizontalPodA
     }
 
 
-async def _prometheus_history(settings: SimulateSettings, hpas, catalogue) -> MetricHistory:
+async def _prometheus_history(settings: SimulateSettings, hpas, catalogue, *, skip: frozenset[str]) -> MetricHistory:
     overrides = dict(q.split("=", 1) for q in settings.query)
-    names = sorted({spec.metric_name for _, hpa in hpas for spec in hpa.spec.metrics})
+    names = sorted({spec.metric_name for _, hpa in hpas for spec in hpa.spec.metrics} - skip)
     end = _instant(settings.history_end) if settings.history_end else time.time()
     start = end - settings.history_span
     url = settings.prometheus_url.rstrip("/") + "/api/v1/query_range"  # type: ignore[union-attr]
@@ -272,7 +354,8 @@ def render_table(doc: dict, console: Console) -> None:
         f"(SLO: p{slo['slo_quantile'] * 100:g} queue time ≤ {slo['slo_queue_s']:g} s per minute)",
         header_style="bold",
     )
-    for col in ("HPA", "GPU-h", "queue p50 s", "p95 s", "p99 s", "TTFT p95 s", "SLO min", "max pods", "up/down"):
+    latency = "TTFT p95 s" if doc.get("model", "llm") == "llm" else "latency p95 s"
+    for col in ("HPA", "GPU-h", "queue p50 s", "p95 s", "p99 s", latency, "SLO min", "max pods", "up/down"):
         table.add_column(col, justify="left" if col == "HPA" else "right")
     for r in doc["results"]:
         q = r["queue_time_s"]

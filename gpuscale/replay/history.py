@@ -33,13 +33,31 @@ _HEADER = ("timestamp", "pod", "metric", "value")
 STALENESS_S = 300.0
 
 
+Series = tuple[np.ndarray, np.ndarray]  # (times ascending, values)
+
+
+def value_at(series: Series, t: float, *, staleness_s: float = STALENESS_S) -> float | None:
+    """The newest value at or before ``t`` and not older than ``staleness_s``."""
+    times, values = series
+    i = int(np.searchsorted(times, t, side="right")) - 1
+    return float(values[i]) if i >= 0 and t - times[i] <= staleness_s else None
+
+
 @dataclass
 class MetricHistory:
-    """metric → pod → (times, values), times ascending; ``start``/``end`` span every sample."""
+    """metric → pod → (times, values), times ascending; ``start``/``end`` span every sample.
+    ``external``: metric → one series (``--external``), read by External metrics before ``series``."""
 
-    series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
+    series: dict[str, dict[str, Series]]
     start: float
     end: float
+    external: dict[str, Series] = field(default_factory=dict)
+
+    def with_external(self, external: Mapping[str, Series]) -> MetricHistory:
+        return MetricHistory(self.series, self.start, self.end, {**self.external, **external})
+
+    def has(self, metric: str) -> bool:
+        return metric in self.series or metric in self.external
 
     def at(self, metric: str, t: float, *, staleness_s: float = STALENESS_S) -> dict[str, float]:
         """Each pod's newest value of ``metric`` at or before ``t`` and not older than ``staleness_s``."""
@@ -91,16 +109,21 @@ def parse_history_csv(text: str, *, source: str) -> MetricHistory:
         for i, name in ((1, "pod"), (2, "metric")):
             if not row[i]:
                 raise ConfigError(f"line {line}: {name} is missing", path=source)
-        try:
-            value = float(row[3])
-        except ValueError:
-            raise ConfigError(f"line {line}: value is not a number (got {row[3]!r})", path=source) from None
-        if not np.isfinite(value):
-            raise ConfigError(f"line {line}: value must be finite (got {row[3]!r})", path=source)
+        value = _value(row[3], line=line, source=source)
         samples.setdefault(row[2], {}).setdefault(row[1], []).append((t, value))
     if not samples:
         raise ConfigError("no samples in the history", path=source)
     return history_from_samples(samples)
+
+
+def _value(text: str, *, line: int, source: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"line {line}: value is not a number (got {text!r})", path=source) from None
+    if not np.isfinite(value):
+        raise ConfigError(f"line {line}: value must be finite (got {text!r})", path=source)
+    return value
 
 
 @dataclass
@@ -130,7 +153,50 @@ class _Readings:
         return self._total(metric.name)
 
     def external(self, metric: MetricIdentifier) -> int:
-        return self._total(metric.name)
+        fed = self.history.external.get(metric.name)
+        if fed is None:
+            return self._total(metric.name)
+        value = value_at(fed, self.t)
+        if value is None:
+            raise MetricUnavailable(f"no value of {metric.name} in --external within 5 min before {self.t:g}s")
+        return milli_value(value)
+
+
+def check_history(history: MetricHistory, hpas: list[tuple[str, HorizontalPodAutoscaler]], *, source: str) -> None:
+    """Every metric an HPA uses must be in the history: replaying an HPA without one of its metrics would
+    answer a different question than the one asked."""
+    for path, hpa in hpas:
+        for i, spec in enumerate(hpa.spec.metrics):
+            if not history.has(spec.metric_name):
+                kind = spec.type.lower()
+                have = ", ".join(sorted({*history.series, *history.external})) or "nothing"
+                raise ConfigError(
+                    f"HPA {hpa.name!r} ({path}) spec.metrics[{i}].{kind}.metric.name: {spec.metric_name!r} is not "
+                    f"in the history (it has: {have}); add it, or --external {spec.metric_name}=@file.csv",
+                    path=source,
+                )
+
+
+def parse_series_csv(text: str, *, source: str) -> Series:
+    """CSV ``timestamp,value`` (seconds or ISO 8601, sorted) → one series."""
+    reader = csv.reader(io.StringIO(text))
+    header = [h.strip() for h in next(reader, [])]
+    if header[:2] != ["timestamp", "value"]:
+        raise ConfigError(f"line 1: expected the header timestamp,value (got {','.join(header)!r})", path=source)
+    times: list[float] = []
+    values: list[float] = []
+    for line, row in enumerate(reader, 2):
+        if not row or not "".join(row).strip():
+            continue
+        row = [c.strip() for c in row] + [""] * (2 - len(row))
+        t = parse_timestamp(row[0], column="timestamp", line=line, source=source)
+        if times and t < times[-1]:
+            raise ConfigError(f"line {line}: timestamp goes back in time (rows must be sorted by time)", path=source)
+        times.append(t)
+        values.append(_value(row[1], line=line, source=source))
+    if not times:
+        raise ConfigError("no samples in the file", path=source)
+    return np.asarray(times, dtype=np.float64), np.asarray(values, dtype=np.float64)
 
 
 @dataclass

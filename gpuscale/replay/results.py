@@ -9,11 +9,14 @@ JSON schema (``gpuscale simulate --output json``; one object, ``schema`` = ``gpu
      "results": [{
         "hpa": name, "source": manifest file,
         "gpu_hours": float, "replica_hours": float,
-        "queue_time_s": {"p50", "p95", "p99", "max"},     # admission − arrival, completed requests
-        "ttft_s": {"p50", "p95", "p99", "max"},           # first token − arrival
+        "queue_time_s": {"mean", "p50", "p95", "p99", "max"},  # admission − arrival, every request served
+        "queue_wait_s": {"mean", "p50", "p95", "p99"},    # the same, the name the summary uses
+        "ttft_s": {"mean", "p50", "p95", "p99", "max"},   # first token − arrival (general model: response)
+        "slo_violation_minutes": int,                     # = slo.violating_minutes
+        "dropped": int,                                   # rejected + unfinished when the replay ended
         "slo": {"queue_s", "quantile", "violating_minutes", "minutes"},
         "requests": {"completed", "rejected", "unfinished"},
-        "max_replicas": int, "scale_ups": int, "scale_downs": int,
+        "max_replicas": int, "swaps": int, "scale_ups": int, "scale_downs": int,
         "timeline": [{"t", "desired", "ready", "pods", "queue", "running", "gpu_util", "sm_active"}],  # per sync
         "events": [{"t", "from", "to", "reason", "why"}]}]}
 
@@ -37,6 +40,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from gpuscale.replay.general import GeneralServingModel
 from gpuscale.replay.serving import ServingModel
 from gpuscale.replay.traces import Trace
 
@@ -77,6 +81,7 @@ class Outcome:
     max_replicas: int
     timeline: list[Sample]
     events: list[Event]
+    swaps: int = 0  # general model: requests that waited for their replica to load their model
 
     def to_json(self) -> dict:
         out = {
@@ -85,10 +90,14 @@ class Outcome:
             "gpu_hours": _round(self.gpu_hours),
             "replica_hours": _round(self.replica_hours),
             "queue_time_s": {k: _round(v) for k, v in self.queue_time_s.items()},
+            "queue_wait_s": {k: _round(v) for k, v in self.queue_time_s.items() if k != "max"},
+            "slo_violation_minutes": self.slo["violating_minutes"],
+            "dropped": self.requests["rejected"] + self.requests["unfinished"],
             "ttft_s": {k: _round(v) for k, v in self.ttft_s.items()},
             "slo": {k: _round(v) for k, v in self.slo.items()},
             "requests": self.requests,
             "max_replicas": self.max_replicas,
+            "swaps": self.swaps,
             "scale_ups": sum(1 for e in self.events if e.to_replicas > e.from_replicas),
             "scale_downs": sum(1 for e in self.events if e.to_replicas < e.from_replicas),
             "timeline": [{k: _round(v) for k, v in asdict(s).items()} for s in self.timeline],
@@ -108,9 +117,15 @@ def _round(v: float | int) -> float | int:
 
 def _quantiles(values: np.ndarray) -> dict[str, float]:
     if not len(values):
-        return {"p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
+        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
     p50, p95, p99 = np.quantile(values, [0.5, 0.95, 0.99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "max": float(values.max())}
+    return {
+        "mean": float(values.mean()),
+        "p50": float(p50),
+        "p95": float(p95),
+        "p99": float(p99),
+        "max": float(values.max()),
+    }
 
 
 def summarize(
@@ -118,7 +133,7 @@ def summarize(
     name: str,
     source: str,
     trace: Trace,
-    model: ServingModel,
+    model: ServingModel | GeneralServingModel,
     end_s: float,
     timeline: list[Sample],
     events: list[Event],
@@ -158,4 +173,5 @@ def summarize(
         max_replicas=max([s.pods for s in timeline], default=len(model.replicas)),
         timeline=timeline,
         events=events,
+        swaps=getattr(model, "swaps", 0),
     )

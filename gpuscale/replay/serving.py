@@ -116,6 +116,27 @@ class Replica:
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
+    @property
+    def queue_depth(self) -> float:
+        return float(len(self.waiting))
+
+    @property
+    def kv_usage(self) -> float | None:
+        """Reserved share of the KV cache, percent."""
+        return 100.0 * self.kv_reserved / self.profile.kv_capacity_tokens
+
+
+def resize(model, now: float, replicas: int, *, startup_s: float | list[float]) -> list:
+    """Start the missing replicas of ``model`` (ServingModel or GeneralServingModel) and mark the surplus
+    deleting, picked the way a ReplicaSet picks them (not-ready before ready, newest first); the victims."""
+    live = model.live()
+    for k in range(replicas - len(live)):
+        model.add_replica(now, startup_s=startup_s[k] if isinstance(startup_s, list) else startup_s)
+    victims = sorted(live, key=lambda r: (r.ready(now), -r.created, r.name))[: max(0, len(live) - replicas)]
+    for r in victims:
+        r.deleting_since = now
+    return victims
+
 
 class Requests:
     """Per-request state of a replay (arrays indexed by request number)."""
@@ -154,33 +175,30 @@ class ServingModel:
     def live(self) -> list[Replica]:
         return [r for r in self.replicas if r.deleting_since is None]
 
-    def scale_to(self, now: float, replicas: int, *, startup_s: float) -> None:
-        """The Deployment's new replica count: new pods start loading; surplus pods are deleted the way a
-        ReplicaSet picks them (not-ready before ready, newest first) and drain their running requests;
-        their waiting requests go back to the balancer."""
-        live = self.live()
-        for _ in range(replicas - len(live)):
-            self.add_replica(now, startup_s=startup_s)
-        if replicas < len(live):
-            victims = sorted(live, key=lambda r: (r.ready(now), -r.created, r.name))[: len(live) - replicas]
-            for r in victims:
-                r.deleting_since = now
-                self.unrouted.extend(r.waiting)
-                r.waiting.clear()
-                if r.idle:
-                    r.gone_at = now
+    def scale_to(self, now: float, replicas: int, *, startup_s: float | list[float]) -> None:
+        """The Deployment's new replica count: new pods start loading (``startup_s``: one for all, or one
+        per new pod); surplus pods are deleted the way a ReplicaSet picks them (not-ready before ready,
+        newest first) and drain their running requests; their waiting requests go back to the balancer."""
+        for r in resize(self, now, replicas, startup_s=startup_s):
+            self.unrouted.extend(r.waiting)
+            r.waiting.clear()
+            if r.idle:
+                r.gone_at = now
 
     # --- time ----------------------------------------------------------------------------------------
 
     def advance(self, now: float) -> None:
-        """Route the arrivals of [now, now + step) and run every replica for one step."""
+        """Route the arrivals up to ``now`` and run every replica for one step.
+
+        A request that arrives within a step is scheduled at the next step's start (the server's scheduler
+        runs between iterations), so no request starts — and no first token comes — before it arrived."""
         end = now + self.step_s
         arrival = self.requests.arrival
         ready = [r for r in self.replicas if r.ready(now)]
         if ready:
             while self.unrouted:
                 self._route(self.unrouted.popleft(), ready)
-        while self.next_arrival < len(arrival) and arrival[self.next_arrival] < end:
+        while self.next_arrival < len(arrival) and arrival[self.next_arrival] <= now:
             i = self.next_arrival
             self.next_arrival += 1
             if ready:
@@ -252,7 +270,7 @@ class ServingModel:
             fill = min(1.0, r.n_decoding / p.max_batch)
             activity = p.sm_active_idle_batch + (p.sm_active_full_batch - p.sm_active_idle_batch) * fill
             next_finish = r.decoding[0][0]
-            possible = budget / iteration_s
+            possible = budget / iteration_s if iteration_s > 0 else np.inf  # free decoding: all of it now
             if r.iterations + possible < next_finish:
                 r.iterations += possible
                 busy += budget

@@ -20,6 +20,7 @@ from gpuscale.hpa import MetricUnavailable
 from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscaler, MetricIdentifier
 from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.model import milli_value
+from gpuscale.replay.history import Series, value_at
 from gpuscale.replay.serving import Replica, ServingModel
 
 GPU_METRICS = ("gpu_utilization", "gpu_sm_active", "gpu_tensor_active")
@@ -48,11 +49,16 @@ PRODUCED = (
 Reading = tuple[float, float, float]
 
 
-def check_metrics(hpas: list[tuple[str, HorizontalPodAutoscaler]], catalogue: Catalogue) -> None:
-    """Every metric the manifests name must be in the catalogue and produced by the serving model."""
+def check_metrics(
+    hpas: list[tuple[str, HorizontalPodAutoscaler]], catalogue: Catalogue, *, external: frozenset[str] = frozenset()
+) -> None:
+    """Every metric the manifests name must be fed (``external``: External metrics given as series), or be in
+    the catalogue and produced by the serving model."""
     for source, hpa in hpas:
         for i, spec in enumerate(hpa.spec.metrics):
             name = spec.metric_name
+            if spec.type == "External" and name in external:
+                continue
             kind = {"Pods": "pods", "Object": "object", "External": "external"}[spec.type]
             where = f"spec.metrics[{i}].{kind}.metric.name"
             if catalogue.get(name) is None:
@@ -84,9 +90,14 @@ class AdapterView:
         catalogue: Catalogue,
         window_s: float | None = None,
         metrics: frozenset[str] | None = None,
+        externals: Mapping[str, Series] | None = None,
+        origin: float = 0.0,
     ) -> None:
-        """``metrics``: the names anyone will read (default: all); the costlier ones are computed only if named."""
+        """``metrics``: the names anyone will read (default: all); the costlier ones are computed only if named.
+        ``externals``: External metrics fed as series (``--external``), on the clock ``origin`` + replay time."""
         self.model = model
+        self.externals = dict(externals or {})
+        self.origin = origin
         self._ttft = metrics is None or any(m in metrics for m in TTFT_QUANTILES)
         self.catalogue = catalogue
         self.window_s = window_s if window_s is not None else catalogue.defaults.window
@@ -128,11 +139,12 @@ class AdapterView:
         then_t, then = history[0]
         span = now - then_t
         delta = {k: v - then[k] for k, v in now_counts.items()}
-        waiting = float(len(r.waiting))
+        waiting = r.queue_depth
         values["inference_queue_depth"] = (waiting, waiting, 1.0)
         values["inference_batch_size"] = (float(r.running), float(r.running), 1.0)
-        kv = 100.0 * r.kv_reserved / r.profile.kv_capacity_tokens
-        values["inference_kv_cache_usage"] = (kv, kv, 1.0)
+        kv = r.kv_usage
+        if kv is not None:  # NB: a general service has no KV cache: the metric is missing, as it would be
+            values["inference_kv_cache_usage"] = (kv, kv, 1.0)
         rps = delta["success"] / span if span >= 1e-6 else 0.0
         values["inference_requests_per_second"] = (rps, rps, 1.0)
         for name, counter in TOKEN_RATES.items():
@@ -167,7 +179,13 @@ class AdapterView:
         return self._aggregate(metric.name)
 
     def external(self, metric: MetricIdentifier) -> int:
-        return self._aggregate(metric.name)
+        fed = self.externals.get(metric.name)
+        if fed is None:
+            return self._aggregate(metric.name)
+        value = value_at(fed, self.origin + (self.refreshed_at or 0.0))
+        if value is None:
+            raise MetricUnavailable(f"no value of {metric.name} in --external within 5 min before {self.refreshed_at}s")
+        return milli_value(value)
 
     def _aggregate(self, name: str) -> int:
         readings = [v[name] for v in self.latest.values() if name in v]

@@ -1,13 +1,17 @@
-"""Replay a request trace through the serving model with one HPA manifest in the loop.
+"""Replay a request trace through a serving model with one HPA manifest in the loop.
 
 The clock advances in ``step_s`` steps; every ``refresh_s`` the adapter view refreshes; every ``sync_s``
 (the controller's 15 s) the HPA reconciles on what the adapter last served and, when it rescales, the
-Deployment's new pods start loading (ready ``startup_s`` later) or surplus pods drain. Deterministic: no
-clock, no randomness (the balancer breaks ties by order), so the same inputs give the same bytes.
+Deployment's new pods start loading (each ready after a start-up drawn from ``startup``) or surplus pods
+drain. The serving model is the LLM one (gpuscale/replay/serving.py) for a ServingProfile and the general one
+(gpuscale/replay/general.py) for a ServiceProfile. Deterministic: the balancer breaks ties by order and every
+draw (service times, swap times, start-ups) comes from generators seeded by ``seed``, so the same inputs give
+the same bytes; every HPA of a run sees the same service and swap times.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +19,9 @@ import numpy as np
 from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, Decision, PodInfo
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import Catalogue
+from gpuscale.replay.distributions import Distribution, constant
+from gpuscale.replay.general import GeneralServingModel, ServiceProfile
+from gpuscale.replay.history import Series
 from gpuscale.replay.results import Event, Outcome, Sample, summarize
 from gpuscale.replay.serving import ServingModel, ServingProfile
 from gpuscale.replay.signals import AdapterView
@@ -31,6 +38,11 @@ class ReplaySettings:
     slo_queue_s: float = 2.0
     slo_quantile: float = 0.95
     max_tail_s: float = 1800.0  # after the last arrival, stop draining after this long
+    startup: Distribution | None = None  # start-up as measured (default: the constant ``startup_s``)
+    service_time: Distribution | None = None  # general model, when the trace has no service_time column
+    swap_time: Distribution | None = None  # general model: loading a model a replica has not loaded
+    general_step_s: float = 1.0  # the general model is exact within a step: this is only its sampling period
+    seed: int = 0
 
 
 def replay(
@@ -38,24 +50,35 @@ def replay(
     hpa: HorizontalPodAutoscaler,
     *,
     catalogue: Catalogue,
-    profile: ServingProfile,
+    profile: ServingProfile | ServiceProfile,
     settings: ReplaySettings,
     source: str = "",
+    externals: Mapping[str, Series] | None = None,
 ) -> Outcome:
-    model = ServingModel(trace, profile=profile, step_s=settings.step_s)
-    view = AdapterView(model, catalogue=catalogue, metrics=frozenset(m.metric_name for m in hpa.spec.metrics))
+    """``externals``: External metrics fed as series (``--external``), timestamps on the trace file's clock."""
+    model = make_model(trace, profile=profile, settings=settings)
+    startup = settings.startup or constant(settings.startup_s)
+    startups = np.random.default_rng([settings.seed, 1])
+    view = AdapterView(
+        model,
+        catalogue=catalogue,
+        metrics=frozenset(m.metric_name for m in hpa.spec.metrics),
+        externals=externals,
+        origin=trace.origin,
+    )
     auto = Autoscaler(hpa)
     spec = settings.initial_replicas or hpa.min_replicas
     spec = max(hpa.min_replicas, min(spec, hpa.spec.max_replicas))
     for _ in range(spec):
         model.add_replica(0.0, startup_s=0.0)
-    per_refresh = max(1, round(settings.refresh_s / settings.step_s))
-    per_sync = max(1, round(settings.sync_s / settings.step_s))
-    last_step = int((trace.duration_s + settings.max_tail_s) / settings.step_s) + 1
+    step_s = model.step_s
+    per_refresh = max(1, round(settings.refresh_s / step_s))
+    per_sync = max(1, round(settings.sync_s / step_s))
+    last_step = int((trace.duration_s + settings.max_tail_s) / step_s) + 1
     timeline: list[Sample] = []
     events: list[Event] = []
     for k in range(last_step + 1):
-        now = k * settings.step_s
+        now = k * step_s
         if k % per_refresh == 0:
             view.refresh(now)
         if k and k % per_sync == 0:
@@ -67,7 +90,8 @@ def replay(
             decision = auto.reconcile(now, spec_replicas=spec, pods=pods, readings=view)
             if decision.rescale:
                 events.append(Event(now, spec, decision.desired_replicas, decision.reason, _why(decision)))
-                model.scale_to(now, decision.desired_replicas, startup_s=settings.startup_s)
+                new = max(0, decision.desired_replicas - len(model.live()))
+                model.scale_to(now, decision.desired_replicas, startup_s=list(startup.draw(startups, new)))
                 spec = decision.desired_replicas
             timeline.append(_sample(now, spec, model))
         if now > trace.duration_s and model.done():
@@ -86,13 +110,33 @@ def replay(
     )
 
 
+def make_model(
+    trace: Trace, *, profile: ServingProfile | ServiceProfile, settings: ReplaySettings
+) -> ServingModel | GeneralServingModel:
+    if isinstance(profile, ServingProfile):
+        return ServingModel(trace, profile=profile, step_s=settings.step_s)
+    draws = np.random.default_rng([settings.seed, 0])
+    if trace.service_s is not None:
+        service_s = trace.service_s
+    elif settings.service_time is not None:
+        service_s = np.asarray(settings.service_time.draw(draws, len(trace)), dtype=np.float64)
+    else:
+        raise ValueError("the general model needs service times: a service_time column or a service_time distribution")
+    swap_s = None
+    if settings.swap_time is not None:
+        swap_s = np.asarray(settings.swap_time.draw(draws, len(trace)), dtype=np.float64)
+    return GeneralServingModel(
+        trace, profile=profile, service_s=service_s, swap_s=swap_s, step_s=settings.general_step_s
+    )
+
+
 def _why(decision: Decision) -> str:
     parts = [f"{p.metric}={p.usage_milli / 1000:g}→{p.replicas}" for p in decision.proposals if p.replicas is not None]
     parts += [p.error for p in decision.proposals if p.replicas is None]
     return "; ".join(parts)
 
 
-def _sample(now: float, spec: int, model: ServingModel) -> Sample:
+def _sample(now: float, spec: int, model: ServingModel | GeneralServingModel) -> Sample:
     live = [r for r in model.replicas if r.gone_at is None]
     ready = [r for r in live if r.ready(now)]
     util = [model.gpu_activity(r) for r in ready]
@@ -101,7 +145,7 @@ def _sample(now: float, spec: int, model: ServingModel) -> Sample:
         desired=spec,
         ready=len(ready),
         pods=len(live),
-        queue=sum(len(r.waiting) for r in live) + len(model.unrouted),
+        queue=sum(len(r.waiting) for r in live) + len(model.unrouted),  # type: ignore[arg-type]
         running=sum(r.running for r in live),
         gpu_util=float(np.mean([u[0] for u in util])) if util else 0.0,
         sm_active=float(np.mean([u[1] for u in util])) if util else 0.0,

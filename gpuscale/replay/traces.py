@@ -4,13 +4,16 @@ Formats, chosen by the file's content (``.gz`` is read transparently):
 
 - Azure LLM inference trace 2023 CSV: ``TIMESTAMP,ContextTokens,GeneratedTokens`` (wall clock with up to
   7 fractional digits, 100 ns).
-- Mooncake FAST'25 JSONL: ``{"timestamp": ms, "input_length": n, "output_length": n, ...}``. Its timestamps
-  have coarse resolution (about one distinct value per 3 s), so equal timestamps are part of the format and
-  kept in file order; anywhere else a repeated timestamp is an error (a merged or duplicated file).
+- Mooncake FAST'25 JSONL: ``{"timestamp": ms, "input_length": n, "output_length": n, ...}`` (its timestamps
+  have coarse resolution: about one distinct value per 3 s).
 - Plain CSV: ``timestamp,input_tokens,output_tokens`` with timestamp in seconds (float) or ISO 8601.
+- Service-time CSV (any service, not only LLMs): a header with ``timestamp`` and ``service_time`` (seconds a
+  request keeps one of a replica's slots busy) and optionally ``model`` (the model or adapter it needs), in any
+  order; other columns are ignored. Replayed by the general service model (gpuscale/replay/general.py).
 
-Bad rows are errors naming the file, the line and the field: unsorted or repeated timestamps, missing,
-non-integer or negative token counts. Offsets start at 0.
+Equal timestamps are valid (a coarse clock, a burst logged in the same millisecond) and kept in file order;
+so are zero costs. Bad rows are errors naming the file, the line and the field: unsorted timestamps, missing,
+non-integer or negative token counts, missing or negative service times. Offsets start at 0.
 """
 
 from __future__ import annotations
@@ -37,6 +40,22 @@ class Trace:
     arrival_s: np.ndarray  # float64 seconds from the first request
     input_tokens: np.ndarray  # int64
     output_tokens: np.ndarray  # int64
+    service_s: np.ndarray | None = None  # float64 seconds per request (service-time traces)
+    model: np.ndarray | None = None  # int64 index into ``models`` per request
+    models: tuple[str, ...] = ()
+    origin: float = 0.0  # the file's timestamp of offset 0 (to align other series, e.g. --external, with it)
+
+    def _take(self, index: np.ndarray, arrival: np.ndarray, *, shift: float = 0.0) -> Trace:
+        return Trace(
+            self.name,
+            arrival,
+            self.input_tokens[index],
+            self.output_tokens[index],
+            None if self.service_s is None else self.service_s[index],
+            None if self.model is None else self.model[index],
+            self.models,
+            self.origin + shift,
+        )
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -49,8 +68,7 @@ class Trace:
         """The requests in [start, start + duration), re-based to 0 and compressed ``speedup`` times."""
         end = np.inf if duration_s is None else start_s + duration_s
         keep = (self.arrival_s >= start_s) & (self.arrival_s < end)
-        arrival = (self.arrival_s[keep] - start_s) / speedup
-        return Trace(self.name, arrival, self.input_tokens[keep], self.output_tokens[keep])
+        return self._take(keep, (self.arrival_s[keep] - start_s) / speedup, shift=start_s)
 
     def scaled(self, factor: float, *, seed: int = 0) -> Trace:
         """The same arrival pattern with ``factor`` times the requests: each request is repeated
@@ -65,7 +83,7 @@ class Trace:
         copies = np.full(len(self), whole, dtype=np.int64)
         copies += np.random.default_rng(seed).random(len(self)) < factor - whole
         index = np.repeat(np.arange(len(self)), copies)
-        return Trace(self.name, self.arrival_s[index], self.input_tokens[index], self.output_tokens[index])
+        return self._take(index, self.arrival_s[index])
 
 
 def read_trace(path: str | Path | Traversable) -> Trace:
@@ -84,26 +102,73 @@ def read_trace(path: str | Path | Traversable) -> Trace:
 
 def parse_trace(text: str, *, source: str) -> Trace:
     first = text.lstrip()[:1]
-    rows = _jsonl_rows(text, source) if first == "{" else _csv_rows(text, source)
     name = Path(source).name.removesuffix(".gz")
+    if first != "{":
+        header = [h.strip() for h in next(csv.reader(io.StringIO(text)), [])]
+        if "timestamp" in header and "service_time" in header:
+            return _service_time_trace(text, header, name=name, source=source)
+    rows = _jsonl_rows(text, source) if first == "{" else _csv_rows(text, source)
     if not rows:
         raise ConfigError("no requests in the trace", path=source)
-    lines, times, inputs, outputs, repeats_allowed = zip(*rows, strict=True)
+    lines, times, inputs, outputs = zip(*rows, strict=True)
+    return Trace(
+        name,
+        _arrivals(times, lines, source),
+        np.asarray(inputs, dtype=np.int64),
+        np.asarray(outputs, dtype=np.int64),
+        origin=float(times[0]),
+    )
+
+
+def _arrivals(times: tuple[float, ...] | list[float], lines: tuple[int, ...] | list[int], source: str) -> np.ndarray:
     arrival = np.asarray(times, dtype=np.float64)
-    steps = np.diff(arrival)
-    bad = np.flatnonzero(steps < 0)
+    bad = np.flatnonzero(np.diff(arrival) < 0)
     if len(bad):
         i = int(bad[0]) + 1
         raise ConfigError(f"line {lines[i]}: timestamp goes back in time (the trace must be sorted)", path=source)
-    same = np.flatnonzero(steps == 0)
-    if len(same) and not repeats_allowed[0]:
-        i = int(same[0]) + 1
-        raise ConfigError(f"line {lines[i]}: timestamp repeats line {lines[i - 1]}'s (duplicate row?)", path=source)
+    return arrival - arrival[0]
+
+
+def _service_time_trace(text: str, header: list[str], *, name: str, source: str) -> Trace:
+    reader = csv.reader(io.StringIO(text))
+    next(reader)
+    at, st = header.index("timestamp"), header.index("service_time")
+    mt = header.index("model") if "model" in header else None
+    lines, times, service, models = [], [], [], []
+    codes: dict[str, int] = {}
+    for line_no, row in enumerate(reader, 2):
+        if not row or not "".join(row).strip():
+            continue
+        row += [""] * (len(header) - len(row))
+        times.append(parse_timestamp(row[at].strip(), column="timestamp", line=line_no, source=source))
+        cell = row[st].strip()
+        try:
+            seconds = float(cell)
+        except ValueError:
+            raise ConfigError(
+                f"line {line_no}: service_time must be a number of seconds (got {cell!r})", path=source
+            ) from None
+        if not np.isfinite(seconds) or seconds < 0:
+            raise ConfigError(f"line {line_no}: service_time must be ≥ 0 seconds (got {cell!r})", path=source)
+        service.append(seconds)
+        if mt is not None:
+            model = row[mt].strip()
+            if not model:
+                raise ConfigError(f"line {line_no}: model is missing", path=source)
+            models.append(codes.setdefault(model, len(codes)))
+        lines.append(line_no)
+    if not lines:
+        raise ConfigError("no requests in the trace", path=source)
+    zeros = np.zeros(len(lines), dtype=np.int64)
     return Trace(
         name,
-        arrival - arrival[0],
-        np.asarray(inputs, dtype=np.int64),
-        np.asarray(outputs, dtype=np.int64),
+        _arrivals(times, lines, source),
+        zeros,
+        zeros.copy(),
+        np.asarray(service, dtype=np.float64),
+        np.asarray(models, dtype=np.int64) if mt is not None else None,
+        tuple(codes),
+        float(times[0]),
     )
 
 
@@ -121,7 +186,7 @@ def _tokens(value: object, *, field: str, line: int, source: str) -> int:
     return n
 
 
-Row = tuple[int, float, int, int, bool]
+Row = tuple[int, float, int, int]
 
 
 def _jsonl_rows(text: str, source: str) -> list[Row]:
@@ -140,7 +205,7 @@ def _jsonl_rows(text: str, source: str) -> list[Row]:
             raise ConfigError(f"line {line_no}: timestamp must be a number of milliseconds (got {ts!r})", path=source)
         ins = _tokens(obj.get("input_length"), field="input_length", line=line_no, source=source)
         outs = _tokens(obj.get("output_length"), field="output_length", line=line_no, source=source)
-        out.append((line_no, ts / 1000.0, ins, outs, True))
+        out.append((line_no, ts / 1000.0, ins, outs))
     return out
 
 
@@ -161,7 +226,8 @@ def _csv_rows(text: str, source: str) -> list[Row]:
     else:
         raise ConfigError(
             f"line 1: unknown header {','.join(header)!r}; expected {','.join(_PLAIN)} "
-            f"(seconds or ISO 8601), {','.join(_AZURE)} (Azure LLM trace) or Mooncake JSON lines",
+            f"(seconds or ISO 8601), timestamp,service_time[,model], {','.join(_AZURE)} (Azure LLM trace) "
+            "or Mooncake JSON lines",
             path=source,
         )
     out = []
@@ -172,7 +238,7 @@ def _csv_rows(text: str, source: str) -> list[Row]:
         ts = parse_timestamp(row[0].strip(), column=columns[0], line=line_no, source=source)
         ins = _tokens(row[1].strip(), field=columns[1], line=line_no, source=source)
         outs = _tokens(row[2].strip(), field=columns[2], line=line_no, source=source)
-        out.append((line_no, ts, ins, outs, False))
+        out.append((line_no, ts, ins, outs))
     return out
 
 

@@ -62,11 +62,31 @@ def test_mooncake_repeated_timestamps_are_the_format():
     assert list(t.arrival_s) == [0.0, 0.0, 1.5]
 
 
+def test_repeated_timestamps_and_zero_costs_are_valid():
+    t = parse_trace("timestamp,input_tokens,output_tokens\n1,0,0\n1,1,1\n2,5,0\n", source="t.csv")
+    assert list(t.arrival_s) == [0.0, 0.0, 1.0]
+    assert list(t.input_tokens) == [0, 1, 5]
+
+
+def test_service_time_trace_with_models_any_column_order():
+    t = parse_trace(
+        "model,extra,service_time,timestamp\nsdxl,x,1.5,100\nlora-a,,0,100\nsdxl,y,2.25,101.5\n", source="img.csv"
+    )
+    assert list(t.arrival_s) == [0.0, 0.0, 1.5]
+    assert list(t.service_s) == [1.5, 0.0, 2.25]
+    assert t.models == ("sdxl", "lora-a")
+    assert list(t.model) == [0, 1, 0]
+    w = t.window(start_s=1.0).scaled(2.0)
+    assert list(w.service_s) == [2.25, 2.25] and list(w.model) == [0, 0]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("timestamp,input_tokens,output_tokens\n2,1,1\n1,1,1\n", "t.csv: line 3: timestamp goes back in time"),
-        ("timestamp,input_tokens,output_tokens\n1,1,1\n1,1,1\n", "t.csv: line 3: timestamp repeats line 2's"),
+        ("timestamp,service_time\n1,-0.5\n", "t.csv: line 2: service_time must be ≥ 0 seconds (got '-0.5')"),
+        ("timestamp,service_time\n1,fast\n", "t.csv: line 2: service_time must be a number of seconds"),
+        ("model,timestamp,service_time\n,1,2\n", "t.csv: line 2: model is missing"),
         ("timestamp,input_tokens,output_tokens\n1,-5,1\n", "t.csv: line 2: input_tokens must not be negative (got -5)"),
         ("timestamp,input_tokens,output_tokens\n1,5\n", "t.csv: line 2: output_tokens is missing"),
         ("timestamp,input_tokens,output_tokens\n1,5,x\n", "t.csv: line 2: output_tokens must be a whole number"),
