@@ -12,9 +12,11 @@ an hour of syncs in milliseconds and the demo can run the same code against a li
     controller.py  one HPA over time: several metrics → the largest proposal, invalid metrics, min/max,
                    behavior (stabilization windows, Pods/Percent policies over periodSeconds, selectPolicy)
 
-Feature gates: ``behavior.scaleUp/scaleDown.tolerance`` (HPAConfigurableTolerance, Kubernetes ≥ 1.33) is
-honoured as if the gate were on; scale to zero (HPAScaleToZero) is not: minReplicas must be ≥ 1, as the
-API server requires by default. CPU/memory Resource metrics are not modelled.
+Feature gates, as Kubernetes 1.37 ships them: ``behavior.scaleUp/scaleDown.tolerance`` (KEP-4951,
+HPAConfigurableTolerance) is honoured; so is scale to zero (HPAScaleToZero): minReplicas 0 is accepted when
+some metric is Object or External (the API server's rule), the HPA scales from zero on those metrics
+(``getUsageRatioReplicaCount``'s ceil(ratio)), and a target scaled to 0 by hand under minReplicas ≥ 1 is left
+alone (ScalingDisabled). CPU/memory Resource metrics are not modelled.
 """
 
 from gpuscale.hpa.controller import Autoscaler, Decision, MetricUnavailable, PodInfo, Readings

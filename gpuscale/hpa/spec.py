@@ -168,7 +168,7 @@ class HorizontalPodAutoscalerBehavior(_K8s):
 
 class HorizontalPodAutoscalerSpec(_K8s):
     scale_target_ref: CrossVersionObjectReference
-    min_replicas: int | None = Field(None, ge=1)
+    min_replicas: int | None = Field(None, ge=0)
     max_replicas: int = Field(ge=1)
     metrics: list[MetricSpec] = Field(default_factory=list)
     behavior: HorizontalPodAutoscalerBehavior | None = None
@@ -177,6 +177,11 @@ class HorizontalPodAutoscalerSpec(_K8s):
     def _bounds(self) -> HorizontalPodAutoscalerSpec:
         if self.min_replicas is not None and self.max_replicas < self.min_replicas:
             raise ValueError(f"maxReplicas ({self.max_replicas}) must be greater than or equal to minReplicas")
+        if self.min_replicas == 0 and not any(m.type in ("Object", "External") for m in self.metrics):
+            # NB: HPAScaleToZero: with no pods there is no Pods metric to scale back up on
+            raise ValueError(
+                "metrics: must specify at least one Object or External metric to support scaling to zero replicas"
+            )
         if not self.metrics:
             raise ValueError(
                 "metrics: empty, so the API server would default to 80 % cpu (a Resource metric), "

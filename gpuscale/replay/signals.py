@@ -7,7 +7,9 @@ but no inference server yet: it reports GPU metrics and no inference metrics, so
 with a missing metric, as it would in a cluster.
 
 Object and External metrics aggregate the pods as the catalogue says (sum, mean, or Σ numerator /
-Σ denominator for ratios). Values are in the catalogue's units; the HPA gets thousandths.
+Σ denominator for ratios), except the queue depth: every waiting request, the balancer's included, as a
+gateway counts them, so an HPA with minReplicas 0 can scale from zero on it. Values are in the catalogue's
+units; the HPA gets thousandths.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class AdapterView:
         self._history: dict[str, deque[tuple[float, dict[str, float]]]] = {}
         self.latest: dict[str, dict[str, Reading]] = {}
         self.refreshed_at: float | None = None
+        self.queued = 0
 
     def refresh(self, now: float) -> None:
         latest: dict[str, dict[str, Reading]] = {}
@@ -114,6 +117,10 @@ class AdapterView:
             latest[r.name] = self._read(r, now)
         self.latest = latest
         self.refreshed_at = now
+        # the whole queue, the balancer's included: what a gateway exports as one series (and what an
+        # Object/External queue metric can scale from zero on, when there is no pod to report it)
+        live = [r for r in self.model.replicas if r.gone_at is None]
+        self.queued = sum(len(r.waiting) for r in live) + len(self.model.unrouted)
 
     def _read(self, r: Replica, now: float) -> dict[str, Reading]:
         util, sm, tensor = self.model.gpu_activity(r)
@@ -188,6 +195,8 @@ class AdapterView:
         return milli_value(value)
 
     def _aggregate(self, name: str) -> int:
+        if name == "inference_queue_depth":
+            return milli_value(float(self.queued))
         readings = [v[name] for v in self.latest.values() if name in v]
         if not readings:
             raise MetricUnavailable(f"no pod has a value for {name}")

@@ -431,3 +431,32 @@ def test_upstream_scaling_with_rules(name, current, proposed, low, high, up, dow
     for change, ago in zip(events, (100, 60, 20), strict=False):
         auto._up_events.append(_Event(now - ago, change))
     assert auto._normalize_with_behavior(now, current, proposed)[0] == expected, name
+
+
+def test_scale_to_zero_and_back_from_it_on_an_external_metric():
+    """HPAScaleToZero (Kubernetes 1.37): minReplicas 0 with an External metric; the Value target scales the
+    ready pods by the ratio, and from zero replicas to ceil(ratio) (getUsageRatioReplicaCount)."""
+    external = """
+  minReplicas: 0
+  maxReplicas: 10
+  behavior: {scaleDown: {stabilizationWindowSeconds: 0}}
+  metrics:
+    - type: External
+      external:
+        metric: {name: inference_queue_depth}
+        target: {type: Value, value: "4"}
+"""
+    auto = Autoscaler(hpa(external))
+    readings = Values(pods=0)
+    readings.objects["inference_queue_depth"] = 0
+    d = auto.reconcile(0, spec_replicas=2, pods=pods(2), readings=readings)
+    assert d.desired_replicas == 0  # ratio 0: ceil(0 × 2 ready)
+    assert auto.reconcile(15, spec_replicas=0, pods=[], readings=readings).desired_replicas == 0
+    readings.objects["inference_queue_depth"] = 9_000
+    assert auto.reconcile(30, spec_replicas=0, pods=[], readings=readings).desired_replicas == 3  # ceil(9 / 4)
+
+
+def test_a_target_scaled_to_zero_by_hand_is_left_alone_when_min_replicas_is_not_zero():
+    auto = Autoscaler(hpa("  minReplicas: 1\n  maxReplicas: 5\n" + QUEUE))
+    d = auto.reconcile(0, spec_replicas=0, pods=[], readings=Values(each=900, pods=0))
+    assert d.desired_replicas == 0 and not d.rescale and "ScalingDisabled" in d.reason

@@ -167,3 +167,21 @@ def test_history_without_a_metric_an_hpa_uses_is_refused(tmp_path, capsys):
     ext = manifest(tmp_path, name="f", type="External", body=FORECAST)
     doc = run(capsys, "--history", str(history), "--hpa", ext, "--external", f"forecast_rps=@{forecast}")
     assert doc["results"][0]["timeline"][0]["desired"] == 3
+
+
+def test_scale_to_zero_in_the_quiet_and_from_zero_on_the_gateway_queue(tmp_path, capsys):
+    # two bursts 20 minutes apart: an HPA with minReplicas 0 on the whole queue (External) goes to 0
+    # between them and back up when requests wait with no replica to serve them
+    trace = tmp_path / "t.csv"
+    rows = [f"{t},{2.0}" for t in range(0, 120)] + [f"{t},{2.0}" for t in range(1500, 1620)]
+    trace.write_text("timestamp,service_time\n" + "\n".join(rows) + "\n")
+    body = 'external: {metric: {name: inference_queue_depth}, target: {type: AverageValue, averageValue: "1"}}'
+    hpa = manifest(tmp_path, name="zero", lo=0, hi=8, type="External", body=body)
+    doc = run(capsys, "--trace", str(trace), "--hpa", hpa, "--startup", "30s", "--initial-replicas", "1")
+    [r] = doc["results"]
+    desired = [s["desired"] for s in r["timeline"]]
+    first_zero = desired.index(0)
+    assert any(d > 0 for d in desired[first_zero:]), desired  # woke up for the second burst
+    assert r["requests"]["completed"] == 240 and r["dropped"] == 0
+    # the second burst's first requests waited for a replica's start-up (30 s) at least
+    assert r["queue_time_s"]["max"] >= 30
