@@ -188,7 +188,7 @@ def fleet():
                         "Which pools do real work; a low pool is a candidate to shrink.",
                         (
                             f"avg by (pool) (DCGM_FI_PROF_SM_ACTIVE{{{GPU_SEL}}}"
-                            f" * on (cluster, Hostname, gpu) group_left (pool) ({by_pool}))",
+                            f" * on (cluster, Hostname) group_left (pool) {POOLS})",
                             "{{pool}}",
                         ),
                         unit="percentunit",

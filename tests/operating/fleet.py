@@ -7,8 +7,9 @@ with kube-state-metrics' metric and label names). Healthy and faulty side by sid
 GPU 5 (Xid 94/63, double-bit ECC, thermal slowdown), an idle GPU with no pod, and a second node cloned from the first
 where a notebook holds a GPU it never uses and the fine-tuning job's second worker runs.
 
-Gauges keep their scraped value; counters (and histogram buckets) rise at the rate between a fixture and its
-``-t0`` scrape 60 s earlier, or, without one, from half their value at the start to their value at the end.
+Gauges keep their scraped value, shaped over time by ``shape`` (a straggler, then a hang, in the fine-tuning job;
+a wave of inference load); counters (and histogram buckets) rise at the rate between a fixture and its
+``-t0`` scrape 60 s earlier (the whole two hours), or, without one, from half their value to their value (``_grown``).
 """
 
 from __future__ import annotations
@@ -56,14 +57,49 @@ def over_time(now: list[Sample], before: list[Sample] | None, *, start: float, e
         if name.endswith("_timestamp_seconds"):  # a time: as old at every moment as it is at the end
             points = [(t, t - (end - value)) for t in times]
         elif not monotonic:
-            points = [(t, value) for t in times]
+            points = [(t, value * shape(name, labels, t, end=end)) for t in times]
         elif (k := _key(name, labels)) in earlier:
+            # the scraped rate all along; totals raised where two hours at that rate exceed the scraped total
             rate = max(0.0, value - earlier[k]) / 60
-            points = [(t, max(0.0, value - rate * (end - t))) for t in times]
+            base = value + max(0.0, rate * (end - start) - value)
+            points = [(t, base - rate * (end - t)) for t in times]
         else:
-            points = [(t, value * (0.5 + 0.5 * (t - start) / (end - start))) for t in times]
+            points = [(t, _grown(name, value, (t - start) / (end - start))) for t in times]
         out.append((name, labels, points))
     return out
+
+
+ACTIVITY = ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE")
+TRAFFIC = ("DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES",
+           "DCGM_FI_PROF_PCIE_RX_BYTES")  # fmt: skip
+HANG_MINUTES = 40  # the fine-tuning job hangs this long before the end: SMs and NVLink near zero, pods still there
+
+
+def shape(name: str, labels: dict[str, str], t: float, *, end: float) -> float:
+    """A gauge's value over time as a multiple of its scraped value: the stories the pictures tell.
+
+    The fine-tuning JobSet (two workers, eight GPUs) runs with one straggling rank (worker-1's GPU 3 at half its
+    peers' SM activity), then hangs for the last HANG_MINUTES (GPU_UTIL stays high, as it does while NCCL spins);
+    inference GPUs' activity follows an hourly wave of ±20 % (their GPU_UTIL stays flat).
+    """
+    pod = labels.get("pod", "")
+    if pod.startswith("llm-finetune-worker-"):
+        if t > end - HANG_MINUTES * 60:
+            return 0.02 if name in ACTIVITY else 0.0 if name in TRAFFIC else 1.0
+        if pod.endswith("-1") and labels.get("gpu") == "3" and name in ACTIVITY:
+            return 0.5
+        return 1.0
+    if labels.get("namespace") in {"inference", "nim"} and name in ACTIVITY:
+        return 1.0 + 0.2 * math.sin(2 * math.pi * t / 3600)
+    return 1.0
+
+
+def _grown(name: str, value: float, fraction: float) -> float:
+    """A counter seen once, ``fraction`` of the way through the window: DCGM's counts (ECC errors, remapped rows,
+    Xid windows) jump from half to their value halfway (an event an hour before the end); others grow linearly."""
+    if name.startswith("DCGM_") and value.is_integer():
+        return value if fraction >= 0.5 else float(math.floor(value / 2))
+    return value * (0.5 + 0.5 * fraction)
 
 
 def with_labels(samples: Iterable[Sample], **labels: str) -> list[Sample]:

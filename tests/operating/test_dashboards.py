@@ -11,22 +11,19 @@ variable's query lists values. Failures are collected so one run names every bro
 from __future__ import annotations
 
 import json
+import math
 import re
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import aiohttp
 import yaml
 
-from tests.e2e.backends import Backends, require
-from tests.operating.fleet import fleet
-from tests.report.fleet import openmetrics
+from tests.e2e.backends import Backends
+from tests.operating.prometheus import RECORDING, api, load_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "deploy" / "dashboards").glob("*.json"))
-RECORDING = ROOT / "deploy" / "alerts" / "gpuscale-recording.rules.yaml"
 END = (int(time.time()) // 60) * 60 - 600
 HOUR = 3600
 VARIABLES = {"$cluster": ".*", "$namespace": ".*", "$pool": ".*", "$node": ".*", "$model": ".*", "$job": ".*"}
@@ -64,6 +61,11 @@ def expand(regex: str) -> set[str]:
     return out
 
 
+def _finite(result: dict) -> bool:
+    values = result.get("values") or [result["value"]]
+    return any(math.isfinite(float(v)) for _, v in values)
+
+
 def metric_names(expr: str) -> set[str]:
     """The metric names a PromQL expression reads (selectors and __name__ regex alternatives)."""
     names = set()
@@ -80,75 +82,9 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
-def _info_rules(path: Path) -> None:
-    """The recording rules the dashboards read that promtool can backfill (they read only raw series)."""
-    doc = yaml.safe_load(RECORDING.read_text())
-    wanted = {"gpuscale:node_pool:info", "gpuscale:pod_training_job:info"}
-    doc["groups"] = [{**g, "rules": [r for r in g["rules"] if r.get("record") in wanted]} for g in doc["groups"]]
-    path.write_text(yaml.safe_dump(doc))
-
-
-async def api(session: aiohttp.ClientSession, url: str, path: str, **params: str) -> dict:
-    async with session.post(url + path, data=params) as resp:
-        body = await resp.json(content_type=None)
-    if body.get("status") != "success":
-        raise AssertionError(f"{body.get('errorType')}: {body.get('error')}")
-    return body["data"]
-
-
 async def test_every_panel_parses_reads_only_exposed_metrics_and_has_data(tmp_path):
-    promtool = require(shutil.which("promtool"), "promtool")
-    series = fleet(end=END)
-    text = tmp_path / "fleet.om"
-    with text.open("w") as f:
-        f.writelines(openmetrics(series))
-    raw = tmp_path / "raw"
-    subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(text), str(raw)],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    rules = tmp_path / "info.rules.yaml"
-    _info_rules(rules)
     async with Backends(tmp_path / "backends") as backends, aiohttp.ClientSession() as session:
-        # Backends.start puts its n-th Prometheus in <workdir>/prometheus[-n]/data: the blocks go there first.
-        shutil.copytree(raw, backends.workdir / "prometheus" / "data")
-        first = await backends.prometheus([])
-        at_end = {"query": "count(DCGM_FI_DEV_GPU_UTIL)", "time": str(END)}
-        await first.wait_until(lambda: api(session, first.url, "/api/v1/query", **at_end), what="the raw blocks")
-        # The info rules over the loaded window, as an operator's Prometheus would have recorded them.
-        final_data = backends.workdir / "prometheus-1" / "data"
-        done = subprocess.run(
-            [
-                promtool,
-                "tsdb",
-                "create-blocks-from",
-                "rules",
-                f"--start={END - 2 * HOUR}",
-                f"--end={END}",
-                f"--url={first.url}",
-                f"--output-dir={final_data}",
-                "--eval-interval=60s",
-                str(rules),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        shutil.copytree(raw, final_data, dirs_exist_ok=True)
-        first.stop()
-        prom = await backends.prometheus([])
-
-        async def recorded() -> bool:
-            data = await api(
-                session, prom.url, "/api/v1/query", query="count(gpuscale:pod_training_job:info)", time=str(END)
-            )
-            return bool(data["result"])
-
-        await prom.wait_until(recorded, what="the recorded info series")
+        prom, series = await load_fleet(backends, session, tmp_path, end=END)
         exposed = {name for name, _, _ in series} | {
             r["record"] for g in yaml.safe_load(RECORDING.read_text())["groups"] for r in g["rules"]
         }
@@ -180,8 +116,8 @@ async def test_every_panel_parses_reads_only_exposed_metrics_and_has_data(tmp_pa
                     except AssertionError as e:
                         problems.append(f"{where}: {e}")
                         continue
-                    if not data["result"]:
-                        problems.append(f"{where}: no data")
+                    if not any(_finite(r) for r in data["result"]):
+                        problems.append(f"{where}: no data (or only NaN)")
             for v in board["templating"]["list"]:
                 if v["type"] != "query":
                     continue
