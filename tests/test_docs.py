@@ -1,0 +1,104 @@
+"""The README fits on a screen and every relative link in it and in docs/ resolves (files and #anchors).
+
+Anchors are GitHub's: a heading's text, lower-cased, without Markdown code marks and punctuation, spaces as
+hyphens, a repeated heading suffixed -1, -2 … Links inside fenced code blocks are not links.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "deploy" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^(```|~~~)")
+
+
+def _prose(text: str) -> list[tuple[int, str]]:
+    """(line number, line) outside fenced code blocks."""
+    lines, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line.lstrip()):
+            fenced = not fenced
+            continue
+        if not fenced:
+            lines.append((number, line))
+    return lines
+
+
+def slug(heading: str) -> str:
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading keeps its text
+    text = text.replace("`", "").strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for _, line in _prose(path.read_text()):
+        m = re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        base = slug(m.group(2))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def links(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for number, line in _prose(path.read_text()):
+        line = re.sub(r"`[^`]*`", "", line)  # code spans are not links
+        found += [(number, m.group(1)) for m in LINK.finditer(line)]
+    return found
+
+
+def test_slug_is_githubs():
+    assert slug("`gpuscale top` and `kubectl gpu`") == "gpuscale-top-and-kubectl-gpu"
+    assert slug("Controller: one reconcile at 1,250 nodes × 8 GPUs") == "controller-one-reconcile-at-1250-nodes--8-gpus"
+    assert (
+        slug("JSON (`--output json`, schema `gpuscale.simulate/v1`)") == "json---output-json-schema-gpuscalesimulatev1"
+    )
+
+
+def test_readme_fits_on_a_screen():
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= 15 * 1024, f"README.md is {size} bytes; move detail to docs/"
+
+
+def test_docs_index_lists_every_page():
+    index = (ROOT / "docs" / "README.md").read_text()
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name != "README.md":
+            assert f"({page.name})" in index, f"docs/README.md does not link {page.name}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page: Path):
+    broken = []
+    for number, target in links(page):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: …: not ours to check offline
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (page.parent / unquote(file)).resolve() if file else page
+        where = f"{page.relative_to(ROOT)}:{number}: {target}"
+        if not dest.exists():
+            broken.append(f"{where} (no such file)")
+        elif not dest.is_relative_to(ROOT):
+            broken.append(f"{where} (outside the repository)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{where} (no heading #{anchor} in {dest.relative_to(ROOT)})")
+    assert not broken, "\n".join(broken)
+
+
+def test_a_broken_link_is_found(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n\n[ok](#title) [gone](missing.md) [bad](#nope)\n```\n[in code](nowhere.md)\n```\n")
+    assert [t for _, t in links(page)] == ["#title", "missing.md", "#nope"]
+    assert anchors(page) == {"title"}
