@@ -124,3 +124,23 @@ def test_dashboard_configmaps_carry_the_committed_json_for_the_sidecar():
 def test_dashboards_are_generated_not_hand_written():
     generator = (Path(DEPLOY) / "generator" / "dashboards.py").read_text()
     assert "grafana_foundation_sdk" in generator
+
+
+def test_dashboards_offer_the_template_variables_operators_filter_by():
+    seen: dict[str, set[str]] = {}
+    for path in (DEPLOY / "dashboards").glob("*.json"):
+        board = json.loads(path.read_text())
+        names = {v["name"] for v in board["templating"]["list"]}
+        assert {"datasource", "cluster"} <= names, path.name
+        for v in board["templating"]["list"]:
+            seen.setdefault(v["name"], set()).add(path.stem)
+            if v["type"] == "query":  # every query variable can be All (".*" also matches a missing label)
+                assert v["includeAll"] and v["multi"] and v["allValue"] == ".*", (path.name, v["name"])
+        for p in board["panels"]:
+            for t in p.get("targets", []):
+                used = set(re.findall(r"\$([A-Za-z_]\w*)", t["expr"])) - {"__range"}  # $1: label_replace
+                assert used <= names, f"{path.name} {p['title']!r} uses undefined variables {used - names}"
+    assert {"cluster", "namespace", "pool", "node", "model", "job"} <= seen.keys()
+    assert "job" in {v for v in seen if "training" in seen[v]} and "model" in {
+        v for v in seen if "inference" in seen[v]
+    }
