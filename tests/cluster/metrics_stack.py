@@ -82,8 +82,11 @@ class DcgmExporter:
                 f'modelName="NVIDIA A100-SXM4-80GB",Hostname="{node}",container="server",namespace="{NS}",pod="{name}"'
             )
             lines.append(f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {self.util:g}")
-            active = self.sm_active_of.get(pod["metadata"]["labels"].get("app", ""), self.sm_active)
-            sm.append(f"DCGM_FI_PROF_SM_ACTIVE{{{labels}}} {active:g}")
+            app = pod["metadata"]["labels"].get("app", "")
+            active = self.sm_active_of.get(app, self.sm_active)
+            # NB: the parity cases' series carry their pod's app label, so an External metric can select one app
+            own = f',app="{app}"' if app in self.sm_active_of else ""
+            sm.append(f"DCGM_FI_PROF_SM_ACTIVE{{{labels}{own}}} {active:g}")
         return "\n".join(lines + sm) + "\n"
 
     def stop(self) -> None:
@@ -98,6 +101,9 @@ class NimContainers:
     def __init__(self, plane: ControlPlane) -> None:
         self.rest = plane.rest()
         self.waiting = 0.0
+        self.waiting_of: dict[str, float] = {}
+        """The queue of the pods of other apps (label ``app``; their series carry it, for External selectors)."""
+        self._app_of: dict[str, str] = {}  # pod IP → app
         self._servers: dict[str, http.server.ThreadingHTTPServer] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -108,10 +114,14 @@ class NimContainers:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                app = containers._app_of.get(self.server.server_address[0], "llm")
+                waiting, own = containers.waiting, ""
+                if app in containers.waiting_of:
+                    waiting, own = containers.waiting_of[app], f',app="{app}"'
                 body = (
                     "# HELP num_requests_waiting Number of requests waiting to be processed.\n"
                     "# TYPE num_requests_waiting gauge\n"
-                    f'num_requests_waiting{{model_name="meta/llama-3.1-8b-instruct"}} {containers.waiting:g}\n'
+                    f'num_requests_waiting{{model_name="meta/llama-3.1-8b-instruct"{own}}} {waiting:g}\n'
                 ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -126,9 +136,12 @@ class NimContainers:
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
-            pods = self.rest.get(f"/api/v1/namespaces/{NS}/pods", labelSelector="app=llm").body.get("items", [])
-            for pod in pods:
+            apps = ",".join(["llm", *self.waiting_of])
+            pods = self.rest.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=f"app in ({apps})").body
+            for pod in pods.get("items", []):
                 ip = (pod.get("status") or {}).get("podIP")
+                if ip:
+                    self._app_of[ip] = pod["metadata"]["labels"].get("app", "")
                 if ip and ip not in self._servers:
                     server = http.server.ThreadingHTTPServer((ip, 8000), self._handler())
                     threading.Thread(target=server.serve_forever, daemon=True).start()
