@@ -29,6 +29,12 @@ class _Section(BaseModel):
 class ScaleToZero(_Section):
     kinds: tuple[str, ...] = ("Deployment", "StatefulSet")
     min_idle_stretch: Seconds = Field(gt=0)
+    scale_down_after: Seconds = Field(600.0, gt=0)
+    """How long the autoscaler waits idle before it scales to zero (KEDA's cooldownPeriod, an HPA's window)."""
+    cold_start: Seconds = Field(45.0, gt=0)
+    """What one wake-up costs the first request: pod start → ready with the model loaded (p95)."""
+    latency_budget_per_day: Seconds = Field(300.0, ge=0)
+    """Cold-start waiting the service may add per day; more wake-ups than that keep one replica warm."""
 
 
 class Replicas(_Section):

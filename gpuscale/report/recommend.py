@@ -33,6 +33,7 @@ from gpuscale.report.stats import confidence, estimate
 from gpuscale.report.usage import SIGNALS, WorkloadUsage, longest_run
 
 HOURS_PER_MONTH = 730.0
+DAY_SECONDS = 86400.0
 _UNITS = {"fb_used_mib": "mib", "gpus_busy": "gpus"}
 _DIAGNOSIS_MIN_SHARE = 0.25
 _NOT_RECOMMENDED = {VerdictCode.IDLE, VerdictCode.COMPUTE_BOUND, VerdictCode.MODERATE, VerdictCode.UNKNOWN}
@@ -135,6 +136,8 @@ def workload_report(
             price=price,
             conf=conf,
             busy_hours=busy_hours,
+            steps=steps,
+            step_seconds=step_seconds,
         )
         recs += _diagnosis_recs(verdicts, policy)
         if not any(r.kind != "diagnosis" for r in recs):
@@ -197,6 +200,8 @@ def _recommend(
     price: float | None,
     conf: float,
     busy_hours: int = 0,
+    steps: int = 0,
+    step_seconds: float = 0.0,
 ) -> list[Recommendation]:
     rs = policy.rightsizing
     margin = rs.margin_fraction
@@ -322,22 +327,76 @@ def _recommend(
                 )
             )
     out += _replicas(usage, policy=policy, requested=requested, price=price, busy_hours=busy_hours)
-    stz = rs.scale_to_zero
-    if usage.key.kind in stz.kinds and longest_idle >= stz.min_idle_stretch:
-        out.append(
-            Recommendation(
-                kind="scale-to-zero",
-                severity="warning" if longest_idle >= 4 * stz.min_idle_stretch else "info",
-                short=f"scale-to-zero (idle {longest_idle / 3600:.0f} h)",
-                summary=f"scale-to-zero candidate: every GPU idle for {longest_idle / 3600:.1f} h in one stretch "
-                f"(≥ {stz.min_idle_stretch / 3600:g} h)",
-                evidence={
-                    "longest_idle_hours": _r(longest_idle / 3600),
-                    "min_idle_stretch_hours": stz.min_idle_stretch / 3600,
-                },
-            )
-        )
+    out += _scale_to_zero(usage, policy=policy, steps=steps, step_seconds=step_seconds, price=price,
+                          requested=requested, longest_idle=longest_idle)  # fmt: skip
     return out
+
+
+def _scale_to_zero(
+    usage: WorkloadUsage,
+    *,
+    policy: ReportPolicy,
+    steps: int,
+    step_seconds: float,
+    price: float | None,
+    requested: float,
+    longest_idle: float,
+) -> list[Recommendation]:
+    """Scale-to-zero with its price: the wake-ups it would have caused in the window (idle stretches of at least
+    ``scale_down_after`` that ended in work), each costing a cold start. Within the latency budget: recommended,
+    with the wake-ups per day, the added latency and the GPU-hours it frees; beyond it: keep one replica warm."""
+    stz = policy.rightsizing.scale_to_zero
+    if usage.key.kind not in stz.kinds or longest_idle < stz.min_idle_stretch or not steps:
+        return []
+    held = usage.held_any(steps)
+    idle = held & (usage.busy_total(steps) == 0)
+    padded = np.concatenate(([False], idle, [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    starts, ends = edges[::2], edges[1::2]  # idle runs [start, end)
+    after = max(1, math.ceil(stz.scale_down_after / step_seconds))
+    long_runs = [(a, b) for a, b in zip(starts, ends, strict=True) if b - a >= after]
+    wakeups = sum(1 for _, b in long_runs if b < steps and held[b])
+    days = max(float(held.sum()) * step_seconds / DAY_SECONDS, 1e-9)
+    per_day = wakeups / days
+    latency = per_day * stz.cold_start
+    zero_hours = sum(b - a - after for a, b in long_runs) * step_seconds / 3600.0  # scaled to zero this long
+    gpus = max(requested, 1.0)
+    monthly_hours = zero_hours / days * (HOURS_PER_MONTH / 24.0) * gpus
+    evidence: dict[str, float | int | str | None] = {
+        "longest_idle_hours": _r(longest_idle / 3600),
+        "min_idle_stretch_hours": stz.min_idle_stretch / 3600,
+        "wakeups_per_day": _r(per_day),
+        "cold_start_seconds": stz.cold_start,
+        "added_latency_seconds_per_day": _r(latency),
+        "latency_budget_seconds_per_day": stz.latency_budget_per_day,
+        "gpu_hours_freed_per_month": _r(monthly_hours),
+    }
+    if latency > stz.latency_budget_per_day:
+        return [
+            Recommendation(
+                kind="keep",
+                severity="info",
+                short="keep 1 warm",
+                summary=f"keep one replica warm: scaling to zero after {stz.scale_down_after / 60:g} min idle would "
+                f"wake it {per_day:.1f} times a day, {stz.cold_start:g} s each ({latency / 60:.1f} min/day of cold "
+                f"start, over the {stz.latency_budget_per_day / 60:g} min budget)",
+                evidence=evidence,
+            )
+        ]
+    saving = monthly_hours * price if price is not None else None
+    return [
+        Recommendation(
+            kind="scale-to-zero",
+            severity="warning" if longest_idle >= 4 * stz.min_idle_stretch else "info",
+            short=f"scale-to-zero ({per_day:.1f} wake-ups/day)",
+            summary=f"scale-to-zero: idle up to {longest_idle / 3600:.1f} h in one stretch; after "
+            f"{stz.scale_down_after / 60:g} min idle it would wake {per_day:.1f} times a day, adding "
+            f"{stz.cold_start:g} s each ({latency:.0f} s/day, within the {stz.latency_budget_per_day:g} s budget), "
+            f"and free {monthly_hours:.0f} GPU-hours a month",
+            evidence=evidence,
+            monthly_saving=_r(saving) if saving is not None else None,
+        )
+    ]
 
 
 def _replicas(

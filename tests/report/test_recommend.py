@@ -302,3 +302,30 @@ def test_a_few_pods_or_a_busy_pool_get_no_replica_advice(policy):
         )
     report = build_report(h, policy=policy, generated_at=0)
     assert "replicas" not in kinds(only(report, "small")) and "replicas" not in kinds(only(report, "hot"))
+
+
+def _sporadic_pod(policy, name: str, *, bursts_per_day: int):
+    """A Deployment pod over 48 h: busy 10 minutes ``bursts_per_day`` times a day, idle in between."""
+    h = history(hours=48)
+
+    def values(g, t):
+        period = 86400 / bursts_per_day
+        busy = (t % period) < 600
+        return {"gpu_util_percent": np.where(busy, 90.0, 0.0), "sm_active": np.where(busy, 0.8, 0.0)}
+
+    add_pod(h, pod=f"{name}-0", owner=("Deployment", name), requests=1, values=values)
+    return only(build_report(h, policy=policy, generated_at=0), name)
+
+
+def test_scale_to_zero_only_when_its_wake_ups_fit_the_latency_budget(policy):
+    stz = policy.rightsizing.scale_to_zero
+    rare = _sporadic_pod(policy, "nightly", bursts_per_day=2)  # idle ~11.8 h between bursts
+    (rec,) = [r for r in rare.recommendations if r.kind == "scale-to-zero"]
+    # 2 bursts a day over 48 h: the first is at t=0 (no wake-up), then 3 wake-ups in 2 days
+    assert rec.evidence["wakeups_per_day"] == pytest.approx(1.5)
+    assert rec.evidence["added_latency_seconds_per_day"] == pytest.approx(1.5 * stz.cold_start)
+    assert rec.monthly_saving > 0 and "wake" in rec.summary
+    busy = _sporadic_pod(policy, "chatty", bursts_per_day=8)  # idle 2.8 h stretches, woken 8 times a day
+    assert "scale-to-zero" not in kinds(busy)
+    (warm,) = [r for r in busy.recommendations if r.short == "keep 1 warm"]
+    assert warm.evidence["wakeups_per_day"] * stz.cold_start > stz.latency_budget_per_day
