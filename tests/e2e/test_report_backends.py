@@ -12,10 +12,11 @@ import sys
 import time
 
 import aiohttp
+import numpy as np
 import pytest
 
 from tests.e2e.backends import Backend, Backends, require
-from tests.report.fleet import fleet, openmetrics, vm_import
+from tests.report.fleet import chat_activity, fleet, openmetrics, vm_import
 
 pytestmark = [pytest.mark.e2e]
 
@@ -68,7 +69,7 @@ async def victoria_metrics_imported(backends: Backends) -> Backend:
 
     async def loaded() -> bool:
         result = await vm.get_json(f"/api/v1/series?match[]=DCGM_FI_DEV_GPU_UTIL&start={END - 3600}&end={END}")
-        return len(result.get("data", [])) == 6
+        return len(result.get("data", [])) == 7  # six GPUs + chat's
 
     await vm.wait_until(loaded, what="the imported series")
     return vm
@@ -83,7 +84,17 @@ async def _ready(backend: Backend, path: str) -> bool:
 def check_known_answers(r: dict) -> None:
     assert r["schema"] == "gpuscale.io/report/v1"
     by_name = {w["name"]: w for w in r["workloads"]}
-    assert set(by_name) == {"trainer", "infer"}
+    assert set(by_name) == {"trainer", "infer", "chat"}
+    # the production case: p95 65 %, p99 93 %, 30 % most of the time — busy, nothing downsized
+    chat = by_name["chat"]
+    activity = np.array(chat_activity(HOURS * 60))
+    assert np.quantile(activity, 0.99, method="higher") == pytest.approx(0.93)  # the independent computation
+    assert chat["busy"] is True
+    downsizing = {"fewer-gpus", "smaller-gpu", "mig-profile", "time-slicing", "scale-to-zero", "replicas"}
+    assert not {x["kind"] for x in chat["recommendations"]} & downsizing, chat["recommendations"]
+    (keep,) = [x for x in chat["recommendations"] if x["kind"] == "keep"]
+    assert keep["evidence"]["activity_p99_percent"] == pytest.approx(93.0, abs=0.01)
+    assert chat["cost"]["active_hours"] == pytest.approx(float(activity.mean()) * HOURS, abs=0.01)
     trainer, infer = by_name["trainer"], by_name["infer"]
     assert (trainer["kind"], trainer["gpus_requested_per_pod"], trainer["requests_source"]) == (
         "Deployment",
@@ -99,7 +110,8 @@ def check_known_answers(r: dict) -> None:
     assert pools["gpu-ondemand"]["allocated_hours"] == pytest.approx(4 * HOURS)
     assert pools["gpu-ondemand"]["active_hours"] == pytest.approx(0.7 * HOURS)
     assert pools["gpu-spot"]["unallocated_hours"] == pytest.approx(HOURS)
-    assert r["total"]["idle_hours"] == pytest.approx((4 - 0.7) * HOURS + (1 - 0.08) * HOURS)
+    chat_idle = (1 - float(np.mean(chat_activity(HOURS * 60)))) * HOURS
+    assert r["total"]["idle_hours"] == pytest.approx((4 - 0.7) * HOURS + (1 - 0.08) * HOURS + chat_idle, abs=0.02)
     (xid,) = [i for i in r["incidents"] if i["kind"] == "xid"]
     assert (xid["value"], xid["node"], xid["first_seen"]) == ("79", "node-b", END - HOURS * 3600 + 3600)
 

@@ -9,8 +9,12 @@ Over ``hours`` at 1-minute samples ending at ``end``:
 * node-b (pool ``gpu-spot``, H100): pod web/infer-0 of StatefulSet ``infer`` holds GPU 0 at util 60 %, SM 0.08,
   FB 7 GiB; GPU 1 is held by no pod (the exporter's own target labels) and reports Xid 79 after the first hour.
 
+* node-c (pool ``gpu-serve``, H100): pod serve/chat-5c8f-qwert of Deployment ``chat`` holds GPU 0 with bursty SM
+  activity — a 30 % baseline with rare peaks, exact p95 65 % and p99 93 % (``chat_activity``) — util 100 %,
+  FB 20,000 MiB: the production case that must not be told to shrink.
+
 Hand counts (per hour of window): trainer 4 GPU-h allocated, 0.7 active; infer 1 allocated, 0.08 active;
-1 GPU-h unallocated.
+1 GPU-h unallocated; chat 1 allocated, mean(chat_activity) active.
 """
 
 from __future__ import annotations
@@ -20,6 +24,17 @@ from collections.abc import Iterator
 
 H100 = "NVIDIA H100 80GB HBM3"
 Series = tuple[str, dict[str, str], list[tuple[float, float]]]
+
+
+def chat_activity(samples: int) -> list[float]:
+    """Deterministic bursty activity: 2 % of samples at 0.93, 4 % at 0.65, the rest 0.3, in bursts of 8 samples."""
+    import numpy as np
+
+    values = np.full(samples, 0.3)
+    top, next_ = int(samples * 0.02), int(samples * 0.04)
+    values[:top], values[top : top + next_] = 0.93, 0.65
+    blocks = values.reshape(-1, 8)
+    return [float(v) for v in blocks[np.random.default_rng(11).permutation(len(blocks))].reshape(-1)]
 
 
 def fleet(*, end: float, hours: int, step: float = 60.0) -> list[Series]:
@@ -81,6 +96,18 @@ def fleet(*, end: float, hours: int, step: float = 60.0) -> list[Series]:
             "DCGM_FI_DEV_XID_ERRORS": xid,
         },
     )
+    gpu(
+        "node-c",
+        0,
+        "chat-5c8f-qwert",
+        "serve",
+        {
+            "DCGM_FI_DEV_GPU_UTIL": 100.0,
+            "DCGM_FI_PROF_SM_ACTIVE": chat_activity(len(times)),
+            "DCGM_FI_DEV_FB_USED": 20000.0,
+            "DCGM_FI_DEV_XID_ERRORS": 0.0,
+        },
+    )
     ksm = [(t, 1.0) for t in times]
     out.append(
         (
@@ -103,7 +130,21 @@ def fleet(*, end: float, hours: int, step: float = 60.0) -> list[Series]:
             ksm,
         )
     )
-    for ns, pod, n in (("ml", "trainer-7d9f-abcde", 4.0), ("web", "infer-0", 1.0)):
+    out.append(
+        (
+            "kube_pod_owner",
+            {"namespace": "serve", "pod": "chat-5c8f-qwert", "owner_kind": "ReplicaSet", "owner_name": "chat-5c8f"},
+            ksm,
+        )
+    )
+    out.append(
+        (
+            "kube_replicaset_owner",
+            {"namespace": "serve", "replicaset": "chat-5c8f", "owner_kind": "Deployment", "owner_name": "chat"},
+            ksm,
+        )
+    )
+    for ns, pod, n in (("ml", "trainer-7d9f-abcde", 4.0), ("web", "infer-0", 1.0), ("serve", "chat-5c8f-qwert", 1.0)):
         out.append(
             (
                 "kube_pod_container_resource_requests",
@@ -111,7 +152,7 @@ def fleet(*, end: float, hours: int, step: float = 60.0) -> list[Series]:
                 [(t, n) for t, _ in ksm],
             )
         )
-    for node, pool in (("node-a", "gpu-ondemand"), ("node-b", "gpu-spot")):
+    for node, pool in (("node-a", "gpu-ondemand"), ("node-b", "gpu-spot"), ("node-c", "gpu-serve")):
         out.append(("kube_node_labels", {"node": node, "label_karpenter_sh_nodepool": pool}, ksm))
     return out
 
