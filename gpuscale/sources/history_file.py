@@ -64,6 +64,8 @@ def load_history(path: str | Path) -> History:
     """The History in ``path``; ConfigError naming the file and what is wrong with it."""
     try:
         # NB: np.load reads a file that is neither .npz nor .npy as a pickle and says so, which is no help
+        if not Path(path).is_file():
+            raise ConfigError(f"--from {path}: no such file")
         if not zipfile.is_zipfile(path):
             raise ConfigError(f"--from {path}: not a gpuscale history file (not an .npz archive; see --export)")
         with np.load(path, allow_pickle=False) as data:

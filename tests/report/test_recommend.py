@@ -329,3 +329,19 @@ def test_scale_to_zero_only_when_its_wake_ups_fit_the_latency_budget(policy):
     assert "scale-to-zero" not in kinds(busy)
     (warm,) = [r for r in busy.recommendations if r.short == "keep 1 warm"]
     assert warm.evidence["wakeups_per_day"] * stz.cold_start > stz.latency_budget_per_day
+
+
+def test_end_takes_rfc_3339_or_epoch_seconds_and_a_missing_file_is_one_line(capsys):
+    from gpuscale.cli.main import main
+    from gpuscale.cli.report import ReportSettings
+
+    base = {"prometheus_url": "http://prometheus:9090"}
+    assert ReportSettings(**base, end="2026-12-01T00:00:00Z").end == 1796083200.0
+    assert ReportSettings(**base, end="2026-12-01T02:00:00+02:00").end == 1796083200.0
+    assert ReportSettings(**base, end="1796083200").end == 1796083200.0
+    for bad in ("2026-12-01T00:00:00", "tomorrow"):
+        assert main(["report", "--prometheus-url", "http://127.0.0.1:9", "--end", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--end" in err and ("RFC 3339" in err or "time zone" in err), err
+    assert main(["report", "--from", "/nonexistent/history.npz"]) == 2
+    assert capsys.readouterr().err == "gpuscale report: --from /nonexistent/history.npz: no such file\n"
