@@ -81,6 +81,9 @@ class ReportSettings(BaseModel):
     retries: int = Field(3, ge=0, le=10, description="retries of a failed or timed-out query")
     series_batch: int = Field(50, ge=1, description="nodes per range query (halved when the server refuses)")
     max_points: int = Field(10_000, ge=10, le=11_000, description="steps per range query (Prometheus allows 11,000)")
+    max_response_size: int = Field(
+        128 * 1024 * 1024, ge=1024, description="bytes: a bigger answer to one query is refused, not decoded"
+    )
     no_progress: bool = Field(False, description="no progress bar (shown by default when stderr is a terminal)")
 
     @model_validator(mode="after")
@@ -133,6 +136,7 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
         retries=settings.retries,
         series_batch=settings.series_batch,
         max_points=settings.max_points,
+        max_response_bytes=settings.max_response_size,
     )
     end = settings.end if settings.end is not None else now
     async with aiohttp.ClientSession() as session:
