@@ -22,6 +22,11 @@ What is asked, and why it stays bounded
   ``pod`` over ``pod_name``); a pod whose name matches ``exporter_pod_pattern`` is the exporter itself
   (Prometheus' target labels on an idle GPU), not a workload.
 
+* **Honest hours.** A range query fills a gap in a series with the last sample for up to the server's lookback
+  (5 min in Prometheus; VictoriaMetrics' can be far longer: a pod sampled for 12.5 h once counted as 22.4 h). So
+  one more query per batch and chunk, ``count_over_time(DCGM_FI_DEV_GPU_UTIL{…}[2 steps])``, says at which steps
+  each GPU had a real sample in the last two steps; every field of a GPU is blanked (NaN: not sampled, counted
+  nowhere) at the steps without one. Hours are then honest to two steps per gap, the same on every server.
 Visible gaps, never silent numbers: partial answers (``warnings``, VictoriaMetrics' ``isPartial``), a window
 that begins before the oldest sample (retention), a field no GPU reports — each becomes a line of
 ``History.gaps``, which every report format prints.
@@ -46,6 +51,7 @@ from gpuscale.metrics.history import FIELD_ALIASES, FIELDS, History, Owner, PodR
 from gpuscale.model import format_duration
 
 DEFAULT_EXPORTER_POD = r"(nvidia-)?dcgm-exporter.*"
+PRESENCE = "_present"  # the pseudo-field: steps where a GPU had a real sample (``count_over_time``)
 _TOO_LARGE = re.compile(
     r"too many|exceeded maximum resolution|max-samples|maxSamples|cannot select more than|"
     r"search\.max|more than .* (points|series|samples)|query processing would load",
@@ -64,6 +70,8 @@ class FetchOptions:
     retries: int = 3
     backoff_seconds: float = 1.0
     max_points: int = 10_000
+    presence_steps: int = 2
+    """A GPU counts as sampled at a step when a real sample fell within this many steps before it."""
     max_response_bytes: int = 128 * 1024 * 1024
     """A bigger answer is refused (not decoded): a 300 MB answer took 5.8 GB of memory to decode."""
     series_batch: int = 50
@@ -249,7 +257,12 @@ async def fetch_history(
     names = [(fld, name) for fld, name in FIELDS.items()] + [
         (fld, alias) for fld, aliases in FIELD_ALIASES.items() for alias in aliases
     ]
-    work = [(fld, name, batch, c) for fld, name in names for batch in batches for c in chunks]
+    work = [
+        (fld, name, batch, c)
+        for fld, name in [*names, (PRESENCE, FIELDS["gpu_util_percent"])]
+        for batch in batches
+        for c in chunks
+    ]
     bar = Progress(len(work), enabled=sys.stderr.isatty() if progress is None else progress)
     state = _Decoder(history, options)
     semaphore = asyncio.Semaphore(options.concurrency)
@@ -280,6 +293,8 @@ async def _fetch_split(
     step: float,
 ) -> None:
     selector = f'{name}{{Hostname=~"{_regex_alternatives(batch)}"}}' if batch else name
+    if fld == PRESENCE:
+        selector = f"count_over_time({selector}[{state.presence_window:g}s])"
     try:
         # NB: end is the last step's start: query_range includes both ends.
         result = await client.query_range(selector, start=t0, end=t1 - step, step=step)
@@ -309,6 +324,8 @@ class _Decoder:
         self._gpus: dict[tuple[str, ...], Any] = {}
         self._seen: dict[str, int] = {}
         self.first_sample = np.inf
+        self.presence_window = options.presence_steps * history.step_seconds
+        self._present: dict[tuple[str, ...], np.ndarray] = {}  # GPU → steps with a real sample (see ``finish``)
 
     def add(self, fld: str, name: str, result: list[dict[str, Any]]) -> None:
         h = self.h
@@ -339,6 +356,10 @@ class _Decoder:
             idx, vs = idx[ok], vs[ok]
             if idx.size:
                 self.first_sample = min(self.first_sample, float(ts[ok][0]))
+            if fld == PRESENCE:
+                present = self._present.setdefault(key, np.zeros(h.steps, dtype=bool))
+                present[idx[vs > 0]] = True
+                continue
             arr = gpu.values.get(fld)
             if arr is None:
                 arr = gpu.values[fld] = h.empty_field()
@@ -351,6 +372,20 @@ class _Decoder:
 
     def finish(self, names: list[tuple[str, str]]) -> None:
         h = self.h
+        blanked = 0
+        for key, present in self._present.items():
+            gpu = self._gpus.get(key)
+            if gpu is None or present.all():
+                continue
+            gap = ~present
+            for arr in gpu.values.values():
+                blanked += int((~np.isnan(arr[gap])).sum())
+                arr[gap] = np.nan  # NB: the server's lookback filled these steps; no sample was taken
+        if blanked:
+            h.gaps.append(
+                f"{blanked} value(s) the server filled across gaps in the samples were not counted "
+                f"(no sample within {format_duration(self.presence_window)})"
+            )
         if not h.gpus:
             h.gaps.append("no DCGM series in the window: is dcgm-exporter scraped by this server?")
             return

@@ -39,11 +39,11 @@ def fetch_json(url: str, *extra: str) -> dict:
     return json.loads(done.stdout)
 
 
-async def prometheus_with_blocks(backends: Backends, tmp_path) -> Backend:
+async def prometheus_with_blocks(backends: Backends, tmp_path, series=None) -> Backend:
     promtool = require(__import__("shutil").which("promtool"), "promtool")
     text = tmp_path / "history.om"
     with text.open("w") as f:
-        f.writelines(openmetrics(fleet(end=END, hours=HOURS)))
+        f.writelines(openmetrics(series if series is not None else fleet(end=END, hours=HOURS)))
     data = backends.workdir / "prometheus" / "data"
     data.mkdir(parents=True)
     subprocess.run(
@@ -57,10 +57,10 @@ async def prometheus_with_blocks(backends: Backends, tmp_path) -> Backend:
     return prom
 
 
-async def victoria_metrics_imported(backends: Backends) -> Backend:
+async def victoria_metrics_imported(backends: Backends, series=None, gpus: int = 7) -> Backend:
     vm = await backends.victoria_metrics([])
     await vm.wait_until(lambda: _ready(vm, "/health"), what="healthy")
-    body = "".join(vm_import(fleet(end=END, hours=HOURS))).encode()
+    body = "".join(vm_import(series if series is not None else fleet(end=END, hours=HOURS))).encode()
     async with aiohttp.ClientSession() as s:
         async with s.post(vm.url + "/api/v1/import", data=body) as resp:
             assert resp.status == 204, await resp.text()
@@ -69,7 +69,7 @@ async def victoria_metrics_imported(backends: Backends) -> Backend:
 
     async def loaded() -> bool:
         result = await vm.get_json(f"/api/v1/series?match[]=DCGM_FI_DEV_GPU_UTIL&start={END - 3600}&end={END}")
-        return len(result.get("data", [])) == 7  # six GPUs + chat's
+        return len(result.get("data", [])) == gpus  # the fleet: six GPUs + chat's
 
     await vm.wait_until(loaded, what="the imported series")
     return vm
@@ -170,3 +170,42 @@ def test_a_backend_that_is_down_is_one_clear_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.startswith(f"gpuscale report: {url}: ") and "Traceback" not in done.stderr
     assert "failed after 1 attempts" in done.stderr
+
+
+def test_a_gap_in_the_samples_is_not_allocated_time_in_prometheus_or_victoria_metrics(tmp_path):
+    """One GPU held all window but sampled only in hours 0–2 and 4–6: 4 GPU-hours allocated, not 6 — the servers
+    fill the gap (Prometheus for its 5-minute lookback, VictoriaMetrics for far longer); the report does not."""
+    start = END - HOURS * 3600
+    times = [start + i * 60 for i in range(HOURS * 60) if not (2 * 3600 <= i * 60 < 4 * 3600)]
+    labels = {"Hostname": "node-g", "UUID": "GPU-node-g-0", "gpu": "0", "modelName": "NVIDIA H100 80GB HBM3",
+              "pod": "etl-0", "namespace": "batch"}  # fmt: skip
+    series = [
+        (name, labels, [(t, value) for t in times])
+        for name, value in (
+            ("DCGM_FI_DEV_GPU_UTIL", 50.0),
+            ("DCGM_FI_PROF_SM_ACTIVE", 0.4),
+            ("DCGM_FI_DEV_FB_USED", 1000.0),
+        )
+    ]
+
+    async def start_backends():
+        backends = Backends(tmp_path / "backends")
+        prom = await prometheus_with_blocks(backends, tmp_path, series)
+        vm = await victoria_metrics_imported(backends, series, gpus=1)
+        return backends, prom, vm
+
+    backends, prom, vm = asyncio.run(start_backends())
+    try:
+        hours = {}
+        for name, url in (("prometheus", prom.url), ("victoria-metrics", vm.url)):
+            r = fetch_json(url)
+            (w,) = r["workloads"]
+            # 4 h sampled, plus at most the two steps after the gap starts that a 2-step presence window still sees
+            hours[name] = w["cost"]["allocated_hours"]
+            assert 4.0 <= hours[name] <= 4.0 + 2 / 60, (name, w["cost"])
+            assert w["cost"]["active_hours"] == pytest.approx(0.4 * hours[name], rel=1e-2)
+            if name == "prometheus":  # it fills 5 minutes of the gap from its lookback: those are taken out
+                assert any("filled across gaps" in g for g in r["gaps"]), r["gaps"]
+        assert abs(hours["prometheus"] - hours["victoria-metrics"]) <= 2 / 60, hours
+    finally:
+        asyncio.run(backends.stop())
