@@ -234,6 +234,7 @@ def _recommend(
                     "margin": margin,
                     "recommended": needed,
                     "average_pods": _r(avg_pods),
+                    "gpu_hours_freed_per_month": _r(freed * avg_pods * HOURS_PER_MONTH),
                 },
                 monthly_saving=_r(saving) if saving is not None else None,
             )
@@ -270,6 +271,9 @@ def _recommend(
                         "compute_share_target": _r(share_target, 4),
                         "profile_compute_share": _r(mig.compute_share, 4),
                         "resource": f"nvidia.com/mig-{mig.profile}",
+                        "gpu_hours_freed_per_month": _r(
+                            (1 - mig.compute_share) * avg_pods * HOURS_PER_MONTH * min(requested, 1.0)
+                        ),
                     },
                     monthly_saving=_r(saving) if saving is not None else None,
                 )
@@ -322,6 +326,9 @@ def _recommend(
                         "fb_needed_mib": _r(fit_fb),
                         "gpu_memory_mib": gpu_memory,
                         "pods_per_gpu": pods_per_gpu,
+                        "gpu_hours_freed_per_month": _r(
+                            (1 - 1 / pods_per_gpu) * avg_pods * HOURS_PER_MONTH * min(requested, 1.0)
+                        ),
                     },
                     monthly_saving=_r(saving) if saving is not None else None,
                 )

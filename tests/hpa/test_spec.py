@@ -56,7 +56,10 @@ def test_tolerance_field_is_read_per_direction():
     [
         (("type: Pods", "type: Cpu"), "metrics[0].type: Input should be 'Object', 'Pods', 'Resource'"),
         (("minReplicas: 1", "minReplicas: 9"), "spec: maxReplicas (8) must be greater than or equal to minReplicas"),
-        (("minReplicas: 1", "minReplicas: 0"), "must specify at least one Object or External metric to support scaling to zero replicas"),
+        (
+            ("minReplicas: 1", "minReplicas: 0"),
+            "must specify at least one Object or External metric to support scaling to zero replicas",
+        ),
         (('averageValue: "4"', 'averageValue: "-4"'), "averageValue must be positive"),
         (('averageValue: "4"', 'averageValue: "four"'), "not a quantity: 'four'"),
         (

@@ -45,6 +45,7 @@ def test_a_pod_using_one_of_four_gpus_is_told_to_request_one(policy):
     assert rec.severity == "critical"  # 3 of 4 GPUs freed
     # 3 GPUs × 1 pod × H100 price × 730 h
     assert rec.monthly_saving == pytest.approx(3 * policy.prices.per_gpu_hour(H100) * 730)
+    assert rec.evidence["gpu_hours_freed_per_month"] == pytest.approx(3 * 730)
     assert w.signals["gpus_busy"].max == 1 and w.signals["gpus_busy"].p50 == 1
 
 
@@ -345,3 +346,13 @@ def test_end_takes_rfc_3339_or_epoch_seconds_and_a_missing_file_is_one_line(caps
         assert err.count("\n") == 1 and "--end" in err and ("RFC 3339" in err or "time zone" in err), err
     assert main(["report", "--from", "/nonexistent/history.npz"]) == 2
     assert capsys.readouterr().err == "gpuscale report: --from /nonexistent/history.npz: no such file\n"
+
+
+def test_every_downsizing_says_what_it_frees_in_gpu_hours_and_money(policy):
+    h = history(hours=72)
+    add_pod(h, pod="infer-0", requests=1, values=constant(gpu_util_percent=60, sm_active=0.08, fb_used_mib=7 * 1024))
+    w = only(build_report(h, policy=policy, generated_at=0), "app")
+    shrinking = [r for r in w.recommendations if r.kind in {"fewer-gpus", "mig-profile", "time-slicing", "replicas"}]
+    assert shrinking
+    for r in shrinking:
+        assert r.evidence["gpu_hours_freed_per_month"] > 0 and r.monthly_saving > 0, r
