@@ -209,3 +209,66 @@ def test_a_gap_in_the_samples_is_not_allocated_time_in_prometheus_or_victoria_me
         assert abs(hours["prometheus"] - hours["victoria-metrics"]) <= 2 / 60, hours
     finally:
         asyncio.run(backends.stop())
+
+
+def test_a_pooled_deployment_gets_its_replica_count_from_the_real_tsdbs(tmp_path):
+    """40 one-GPU pods of one Deployment (8 of them only in the second half), each busy in rare bursts, loaded into
+    Prometheus and VictoriaMetrics: the replica advice equals the numpy computation over the raw samples."""
+    import numpy as np
+
+    start = END - HOURS * 3600
+    steps = HOURS * 60
+    times = [start + i * 60 for i in range(steps)]
+    rng = np.random.default_rng(5)
+    demand = np.zeros(steps)
+    series = []
+    for i in range(40):
+        activity = np.round(np.where(rng.random(steps) < 0.1, rng.uniform(0.6, 1.0, steps), 0.02), 4)
+        alive = np.arange(steps) >= (steps // 2 if i >= 32 else 0)
+        demand += np.where(alive, activity, 0.0)
+        pod = f"llm-6b9d-{i:05d}"
+        labels = {"Hostname": f"node-p{i // 8}", "UUID": f"GPU-p-{i}", "gpu": str(i % 8),
+                  "modelName": "NVIDIA H100 80GB HBM3", "pod": pod, "namespace": "serve"}  # fmt: skip
+        kept = [t for t, a in zip(times, alive, strict=True) if a]
+        series.append(("DCGM_FI_DEV_GPU_UTIL", labels, [(t, 100.0) for t in kept]))
+        series.append(
+            (
+                "DCGM_FI_PROF_SM_ACTIVE",
+                labels,
+                [(t, float(v)) for t, v, a in zip(times, activity, alive, strict=True) if a],
+            )
+        )
+        series.append(("DCGM_FI_DEV_FB_USED", labels, [(t, 9000.0) for t in kept]))
+        owner = {"namespace": "serve", "pod": pod, "owner_kind": "ReplicaSet", "owner_name": "llm-6b9d"}
+        series.append(("kube_pod_owner", owner, [(t, 1.0) for t in kept]))
+        requests = {
+            "namespace": "serve",
+            "pod": pod,
+            "container": "main",
+            "resource": "nvidia_com_gpu",
+            "unit": "integer",
+        }
+        series.append(("kube_pod_container_resource_requests", requests, [(t, 1.0) for t in kept]))
+    rs = {"namespace": "serve", "replicaset": "llm-6b9d", "owner_kind": "Deployment", "owner_name": "llm"}
+    series.append(("kube_replicaset_owner", rs, [(t, 1.0) for t in times]))
+
+    async def start_backends():
+        backends = Backends(tmp_path / "backends")
+        prom = await prometheus_with_blocks(backends, tmp_path, series)
+        vm = await victoria_metrics_imported(backends, series, gpus=40)
+        return backends, prom, vm
+
+    backends, prom, vm = asyncio.run(start_backends())
+    try:
+        p99 = float(np.quantile(demand[demand > 0], 0.99, method="higher"))  # the independent computation
+        expected = int(np.ceil(p99 * 1.15 / 0.6))
+        for url in (prom.url, vm.url):
+            r = fetch_json(url)
+            (w,) = [w for w in r["workloads"] if w["name"] == "llm"]
+            (rec,) = [x for x in w["recommendations"] if x["kind"] == "replicas"]
+            assert rec["evidence"]["demand_p99_gpus"] == pytest.approx(p99, abs=1e-3), (url, rec)
+            assert rec["evidence"]["recommended"] == expected, (url, rec)
+            assert rec["evidence"]["current_pods_mean"] == pytest.approx(36.0, abs=0.1)
+            assert rec["evidence"]["current_pods_peak"] == 40
+    finally:
+        asyncio.run(backends.stop())
