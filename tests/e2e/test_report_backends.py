@@ -172,6 +172,18 @@ def test_a_backend_that_is_down_is_one_clear_line(tmp_path):
     assert "failed after 1 attempts" in done.stderr
 
 
+def load_both(tmp_path, series, *, gpus: int) -> tuple[Backends, Backend, Backend]:
+    """A real Prometheus (blocks) and a real VictoriaMetrics (import), both holding ``series``."""
+
+    async def start() -> tuple[Backends, Backend, Backend]:
+        backends = Backends(tmp_path / "backends")
+        prom = await prometheus_with_blocks(backends, tmp_path, series)
+        vm = await victoria_metrics_imported(backends, series, gpus=gpus)
+        return backends, prom, vm
+
+    return asyncio.run(start())
+
+
 def test_a_gap_in_the_samples_is_not_allocated_time_in_prometheus_or_victoria_metrics(tmp_path):
     """One GPU held all window but sampled only in hours 0–2 and 4–6: 4 GPU-hours allocated, not 6 — the servers
     fill the gap (Prometheus for its 5-minute lookback, VictoriaMetrics for far longer); the report does not."""
@@ -188,13 +200,7 @@ def test_a_gap_in_the_samples_is_not_allocated_time_in_prometheus_or_victoria_me
         )
     ]
 
-    async def start_backends():
-        backends = Backends(tmp_path / "backends")
-        prom = await prometheus_with_blocks(backends, tmp_path, series)
-        vm = await victoria_metrics_imported(backends, series, gpus=1)
-        return backends, prom, vm
-
-    backends, prom, vm = asyncio.run(start_backends())
+    backends, prom, vm = load_both(tmp_path, series, gpus=1)
     try:
         hours = {}
         for name, url in (("prometheus", prom.url), ("victoria-metrics", vm.url)):
@@ -252,13 +258,7 @@ def test_a_pooled_deployment_gets_its_replica_count_from_the_real_tsdbs(tmp_path
     rs = {"namespace": "serve", "replicaset": "llm-6b9d", "owner_kind": "Deployment", "owner_name": "llm"}
     series.append(("kube_replicaset_owner", rs, [(t, 1.0) for t in times]))
 
-    async def start_backends():
-        backends = Backends(tmp_path / "backends")
-        prom = await prometheus_with_blocks(backends, tmp_path, series)
-        vm = await victoria_metrics_imported(backends, series, gpus=40)
-        return backends, prom, vm
-
-    backends, prom, vm = asyncio.run(start_backends())
+    backends, prom, vm = load_both(tmp_path, series, gpus=40)
     try:
         p99 = float(np.quantile(demand[demand > 0], 0.99, method="higher"))  # the independent computation
         expected = int(np.ceil(p99 * 1.15 / 0.6))
