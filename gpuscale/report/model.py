@@ -88,6 +88,11 @@ class Workload(_Out):
     requests_source: Literal["kube-state-metrics", "observed"]
     history_seconds: float
     samples: int = Field(description="grid steps in which the workload held at least one GPU")
+    coverage: float = Field(
+        1.0,
+        description="of the steps from its first to its last sample, the share with a real sample (0-1): gaps "
+        "count as neither allocated nor idle",
+    )
     confidence: float
     status: Literal["ok", "not-enough-data"]
     busy: bool

@@ -173,6 +173,7 @@ def workload_report(
         requests_source=requests_source,  # type: ignore[arg-type]
         history_seconds=history_seconds,
         samples=samples,
+        coverage=_r(idx.size / (idx[-1] - idx[0] + 1), 4) if idx.size else 1.0,
         confidence=_r(conf, 3),
         status=status,  # type: ignore[arg-type]
         busy=busy,

@@ -210,6 +210,7 @@ def test_a_gap_in_the_samples_is_not_allocated_time_in_prometheus_or_victoria_me
             hours[name] = w["cost"]["allocated_hours"]
             assert 4.0 <= hours[name] <= 4.0 + 2 / 60, (name, w["cost"])
             assert w["cost"]["active_hours"] == pytest.approx(0.4 * hours[name], rel=1e-2)
+            assert w["coverage"] == pytest.approx(hours[name] / HOURS, abs=0.01)  # 4 h of 6 sampled
             if name == "prometheus":  # it fills 5 minutes of the gap from its lookback: those are taken out
                 assert any("filled across gaps" in g for g in r["gaps"]), r["gaps"]
         assert abs(hours["prometheus"] - hours["victoria-metrics"]) <= 2 / 60, hours
