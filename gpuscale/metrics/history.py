@@ -104,6 +104,8 @@ class History:
     pods: list[PodRef] = field(default_factory=list)
     owners: dict[PodRef, Owner] = field(default_factory=dict)
     requests: dict[PodRef, float] = field(default_factory=dict)
+    startups: dict[PodRef, float] = field(default_factory=dict)
+    """Seconds from pod start to Ready (kube-state-metrics), where known: the measured cold start."""
     node_pools: dict[str, str] = field(default_factory=dict)
     gaps: list[str] = field(default_factory=list)
     source: str = ""
@@ -194,6 +196,7 @@ class SummaryHistory:
     pods: dict[PodRef, PodPeaks] = field(default_factory=dict)
     owners: dict[PodRef, Owner] = field(default_factory=dict)
     requests: dict[PodRef, float] = field(default_factory=dict)
+    startups: dict[PodRef, float] = field(default_factory=dict)
     node_pools: dict[str, str] = field(default_factory=dict)
     incidents: list[SummaryIncident] = field(default_factory=list)
     gaps: list[str] = field(default_factory=list)

@@ -55,6 +55,7 @@ def build_report(history: History, *, policy: ReportPolicy, generated_at: float)
         usages,
         pods=history.pods,
         requests=history.requests,
+        startups=history.startups,
         policy=policy,
         steps=history.steps,
         step_seconds=history.step_seconds,
@@ -88,12 +89,14 @@ def workloads_of(
     steps: int,
     step_seconds: float,
     cost_step_seconds: float | None = None,
+    startups: dict[PodRef, float] | None = None,
 ) -> list[Workload]:
     """Each workload's report, worst idle first. ``steps``/``step_seconds`` describe the pod arrays (grid steps in
     raw mode, chunks in summary mode); ``cost_step_seconds`` what one allocated step is worth (the grid step)."""
     out: list[Workload] = []
     for usage in usages.values():
         asked = [requests[pods[p]] for p in usage.pods if pods[p] in requests]
+        measured = [startups[pods[p]] for p in usage.pods if startups and pods[p] in startups]
         cost = workload_cost(
             usage.allocated_steps_by_product,
             usage.active_steps_by_product,
@@ -109,6 +112,7 @@ def workloads_of(
                 requested_per_pod=max(asked) if asked else None,
                 pod_count=len(usage.pods),
                 cost=cost,
+                cold_starts=measured,
             )
         )
     out.sort(key=lambda w: (-(w.cost.idle_hours), w.namespace, w.kind, w.name))

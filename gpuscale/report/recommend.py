@@ -52,6 +52,7 @@ def workload_report(
     requested_per_pod: float | None,
     pod_count: int,
     cost: CostFigures,
+    cold_starts: list[float] | None = None,
 ) -> Workload:
     rs = policy.rightsizing
     held_any = usage.held_any(steps)
@@ -138,6 +139,7 @@ def workload_report(
             busy_hours=busy_hours,
             steps=steps,
             step_seconds=step_seconds,
+            cold_starts=cold_starts or [],
         )
         recs += _diagnosis_recs(verdicts, policy)
         if not any(r.kind != "diagnosis" for r in recs):
@@ -203,6 +205,7 @@ def _recommend(
     busy_hours: int = 0,
     steps: int = 0,
     step_seconds: float = 0.0,
+    cold_starts: list[float] | None = None,
 ) -> list[Recommendation]:
     rs = policy.rightsizing
     margin = rs.margin_fraction
@@ -336,7 +339,7 @@ def _recommend(
             )
     out += _replicas(usage, policy=policy, requested=requested, price=price, busy_hours=busy_hours)
     out += _scale_to_zero(usage, policy=policy, steps=steps, step_seconds=step_seconds, price=price,
-                          requested=requested, longest_idle=longest_idle)  # fmt: skip
+                          requested=requested, longest_idle=longest_idle, cold_starts=cold_starts or [])  # fmt: skip
     return out
 
 
@@ -349,6 +352,7 @@ def _scale_to_zero(
     price: float | None,
     requested: float,
     longest_idle: float,
+    cold_starts: list[float] | None = None,
 ) -> list[Recommendation]:
     """Scale-to-zero with its price: the wake-ups it would have caused in the window (idle stretches of at least
     ``scale_down_after`` that ended in work), each costing a cold start. Within the latency budget: recommended,
@@ -366,7 +370,10 @@ def _scale_to_zero(
     wakeups = sum(1 for _, b in long_runs if b < steps and held[b])
     days = max(float(held.sum()) * step_seconds / DAY_SECONDS, 1e-9)
     per_day = wakeups / days
-    latency = per_day * stz.cold_start
+    # NB: the measured cold start (p95 over the workload's pods, kube-state-metrics) when known, else the policy's
+    cold_start = float(np.quantile(cold_starts, 0.95, method="higher")) if cold_starts else stz.cold_start
+    cold_source = f"measured (p95 of {len(cold_starts)} pods)" if cold_starts else "rightsizing.yaml"
+    latency = per_day * cold_start
     zero_hours = sum(b - a - after for a, b in long_runs) * step_seconds / 3600.0  # scaled to zero this long
     gpus = max(requested, 1.0)
     monthly_hours = zero_hours / days * (HOURS_PER_MONTH / 24.0) * gpus
@@ -374,7 +381,8 @@ def _scale_to_zero(
         "longest_idle_hours": _r(longest_idle / 3600),
         "min_idle_stretch_hours": stz.min_idle_stretch / 3600,
         "wakeups_per_day": _r(per_day),
-        "cold_start_seconds": stz.cold_start,
+        "cold_start_seconds": _r(cold_start),
+        "cold_start_source": cold_source,
         "added_latency_seconds_per_day": _r(latency),
         "latency_budget_seconds_per_day": stz.latency_budget_per_day,
         "gpu_hours_freed_per_month": _r(monthly_hours),
@@ -386,7 +394,7 @@ def _scale_to_zero(
                 severity="info",
                 short="keep 1 warm",
                 summary=f"keep one replica warm: scaling to zero after {stz.scale_down_after / 60:g} min idle would "
-                f"wake it {per_day:.1f} times a day, {stz.cold_start:g} s each ({latency / 60:.1f} min/day of cold "
+                f"wake it {per_day:.1f} times a day, {cold_start:.0f} s each ({latency / 60:.1f} min/day of cold "
                 f"start, over the {stz.latency_budget_per_day / 60:g} min budget)",
                 evidence=evidence,
             )
@@ -399,7 +407,7 @@ def _scale_to_zero(
             short=f"scale-to-zero ({per_day:.1f} wake-ups/day)",
             summary=f"scale-to-zero: idle up to {longest_idle / 3600:.1f} h in one stretch; after "
             f"{stz.scale_down_after / 60:g} min idle it would wake {per_day:.1f} times a day, adding "
-            f"{stz.cold_start:g} s each ({latency:.0f} s/day, within the {stz.latency_budget_per_day:g} s budget), "
+            f"{cold_start:.0f} s each ({latency:.0f} s/day, within the {stz.latency_budget_per_day:g} s budget), "
             f"and free {monthly_hours:.0f} GPU-hours a month",
             evidence=evidence,
             monthly_saving=_r(saving) if saving is not None else None,

@@ -129,6 +129,7 @@ def build_summary_report(h: SummaryHistory, *, policy: ReportPolicy, generated_a
         usages,
         pods=pods,
         requests=h.requests,
+        startups=h.startups,
         policy=policy,
         steps=chunks,
         step_seconds=chunk,

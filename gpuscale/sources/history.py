@@ -12,10 +12,11 @@ What is asked, and why it stays bounded
   batch, then the time range — and asks again; at one node and one step it stops with the server's words.
 * **Retries.** Timeouts, refused connections and HTTP 429/5xx are retried ``retries`` times with doubling
   backoff; then ``SourceUnavailable`` names the server, the query and the last error (exit 2, one line).
-* **Identity.** Five instant queries at the window's end, each ``last_over_time(X[window])`` so pods gone
+* **Identity.** Six instant queries at the window's end, each ``last_over_time(X[window])`` so pods gone
   before the end still answer: ``kube_pod_owner``, ``kube_replicaset_owner`` and ``kube_job_owner`` (pod →
   ReplicaSet → Deployment, pod → Job → CronJob), ``kube_pod_container_resource_requests`` of
-  ``nvidia_com_gpu`` (GPUs requested, summed over containers), ``kube_node_labels`` (the pool). Without
+  ``nvidia_com_gpu`` (GPUs requested, summed over containers), ``kube_node_labels`` (the pool), and
+  ``kube_pod_status_ready_time - kube_pod_start_time`` (each pod's measured cold start). Without
   kube-state-metrics, ``owners`` may come from the Kubernetes API (the CLI passes what it listed); pods known
   to neither are bare pods, and the report says so.
 * **Which pod held a GPU.** The DCGM pod labels per series (``metrics/attribution``: ``exported_pod`` over
@@ -410,12 +411,18 @@ def _pod_of(labels: Mapping[str, str]) -> PodRef | None:
 async def _identity(client: RangeClient, history: History, *, at: float, window: float) -> None:
     """Owners, GPU requests and node pools from kube-state-metrics, when the server has them."""
     w = format_duration(window)
-    owners, rs_owners, job_owners, requests, node_labels = await asyncio.gather(
+    owners, rs_owners, job_owners, requests, node_labels, startups = await asyncio.gather(
         client.query(f"last_over_time(kube_pod_owner[{w}])", at=at),
         client.query(f"last_over_time(kube_replicaset_owner[{w}])", at=at),
         client.query(f"last_over_time(kube_job_owner[{w}])", at=at),
         client.query(f'last_over_time(kube_pod_container_resource_requests{{resource="nvidia_com_gpu"}}[{w}])', at=at),
         client.query(f"last_over_time(kube_node_labels[{w}])", at=at),
+        # the cold start each pod paid: Ready time − start time (kube-state-metrics ≥ 2.x)
+        client.query(
+            f"last_over_time(kube_pod_status_ready_time[{w}]) - on(namespace, pod) "
+            f"last_over_time(kube_pod_start_time[{w}])",
+            at=at,
+        ),
     )
     # A ReplicaSet's Deployment, a Job's CronJob: the workload whose history is the union of its pods'.
     parents: dict[tuple[str, str, str], tuple[str, str]] = {}
@@ -440,6 +447,11 @@ async def _identity(client: RangeClient, history: History, *, at: float, window:
         ref = _pod_of(s.get("metric", {}))
         if ref is not None:
             history.requests[ref] = history.requests.get(ref, 0.0) + float(s["value"][1])
+    for s in startups:
+        ref = _pod_of(s.get("metric", {}))
+        seconds = float(s["value"][1])
+        if ref is not None and 0 <= seconds < 86400:  # NB: a pod restarted later than it turned Ready: unknown
+            history.startups[ref] = seconds
     for s in node_labels:
         m = s.get("metric", {})
         node, pool = m.get("node"), pool_of(m)

@@ -4,7 +4,8 @@ Format ``gpuscale.history/v1`` (docs/report.md), columnar: one array per DCGM fi
 
     meta            a JSON string: format, start, step_seconds, steps, source, gaps, gpus [{key, node, product,
                     mig_profile}], fields, pods [[namespace, name]], owners [[namespace, pod, kind, name, source]],
-                    requests [[namespace, pod, gpus]], node_pools {node: pool}
+                    requests [[namespace, pod, gpus]], startups [[namespace, pod, seconds]] (optional),
+                    node_pools {node: pool}
     pod             int32[gpus, steps]   index into meta.pods; -1 = no pod held the GPU
     <field>         float32[gpus, steps] one per field in meta.fields (NaN = no sample)
 
@@ -45,6 +46,7 @@ def export_history(history: History, path: str | Path) -> None:
         "pods": [[p.namespace, p.name] for p in history.pods],
         "owners": [[p.namespace, p.name, o.kind, o.name, o.source] for p, o in history.owners.items()],
         "requests": [[p.namespace, p.name, v] for p, v in history.requests.items()],
+        "startups": [[p.namespace, p.name, v] for p, v in history.startups.items()],
         "node_pools": history.node_pools,
     }
     arrays: dict[str, np.ndarray] = {
@@ -81,6 +83,7 @@ def load_history(path: str | Path) -> History:
                 pods=[PodRef(ns, name) for ns, name in meta["pods"]],
                 owners={PodRef(ns, pod): Owner(kind, name, src) for ns, pod, kind, name, src in meta["owners"]},
                 requests={PodRef(ns, pod): float(v) for ns, pod, v in meta["requests"]},
+                startups={PodRef(ns, pod): float(v) for ns, pod, v in meta.get("startups", [])},
                 node_pools=dict(meta["node_pools"]),
             )
             pods = data["pod"]

@@ -273,3 +273,43 @@ def test_a_pooled_deployment_gets_its_replica_count_from_the_real_tsdbs(tmp_path
             assert rec["evidence"]["current_pods_peak"] == 40
     finally:
         asyncio.run(backends.stop())
+
+
+def test_scale_to_zero_weighs_the_cold_start_kube_state_metrics_measured(tmp_path):
+    """One pod busy 10 minutes at the start and 3 hours later: one wake-up in a quarter day, 4 a day. With the
+    policy's 45 s cold start that fits the 5-minute budget; the pod's own start → Ready (90 s, from
+    kube-state-metrics) does not: keep one replica warm."""
+    start = END - HOURS * 3600
+    times = [start + i * 60 for i in range(HOURS * 60)]
+    busy = [(t - start) % (3 * 3600) < 600 for t in times]
+    labels = {"Hostname": "node-s", "UUID": "GPU-s-0", "gpu": "0", "modelName": "NVIDIA H100 80GB HBM3",
+              "pod": "imagegen-7f-abcde", "namespace": "art"}  # fmt: skip
+    pod = {"namespace": "art", "pod": "imagegen-7f-abcde", "uid": "u-1"}
+    started = start - 600.0
+    series = [
+        ("DCGM_FI_DEV_GPU_UTIL", labels, [(t, 95.0 if b else 0.0) for t, b in zip(times, busy, strict=True)]),
+        ("DCGM_FI_PROF_SM_ACTIVE", labels, [(t, 0.8 if b else 0.0) for t, b in zip(times, busy, strict=True)]),
+        ("DCGM_FI_DEV_FB_USED", labels, [(t, 9000.0) for t in times]),
+        ("kube_pod_owner", {**pod, "owner_kind": "ReplicaSet", "owner_name": "imagegen-7f"}, [(t, 1.0) for t in times]),
+        (
+            "kube_replicaset_owner",
+            {"namespace": "art", "replicaset": "imagegen-7f", "owner_kind": "Deployment", "owner_name": "imagegen"},
+            [(t, 1.0) for t in times],
+        ),
+        ("kube_pod_start_time", pod, [(t, started) for t in times]),
+        ("kube_pod_status_ready_time", pod, [(t, started + 90.0) for t in times]),
+    ]
+    backends, prom, vm = load_both(tmp_path, series, gpus=1)
+    try:
+        for url in (prom.url, vm.url):
+            r = fetch_json(url)
+            (w,) = r["workloads"]
+            assert "scale-to-zero" not in {x["kind"] for x in w["recommendations"]}, (url, w["recommendations"])
+            (warm,) = [x for x in w["recommendations"] if x["short"] == "keep 1 warm"]
+            e = warm["evidence"]
+            assert (e["cold_start_seconds"], e["cold_start_source"]) == (90.0, "measured (p95 of 1 pods)"), e
+            assert e["wakeups_per_day"] == pytest.approx(4.0) and e["added_latency_seconds_per_day"] == pytest.approx(
+                360.0
+            )
+    finally:
+        asyncio.run(backends.stop())
