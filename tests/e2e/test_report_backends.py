@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from gpuscale.pricing import load_prices
 from tests.e2e.backends import Backend, Backends, require
 from tests.report.fleet import chat_activity, fleet, openmetrics, vm_import
 
@@ -106,6 +107,15 @@ def check_known_answers(r: dict) -> None:
     assert infer["kind"] == "StatefulSet"
     (mig,) = [x for x in infer["recommendations"] if x["kind"] == "mig-profile"]
     assert mig["evidence"]["resource"] == "nvidia.com/mig-1g.10gb"
+    # usage-based cost per namespace and owner: allocated vs used GPU-hours and their money, by hand
+    price = load_prices().per_gpu_hour("NVIDIA H100 80GB HBM3")
+    namespaces = {g["name"]: g["cost"] for g in r["namespaces"]}
+    for ns, allocated, active in (("ml", 4.0, 0.7), ("web", 1.0, 0.08)):
+        cost = namespaces[ns]
+        assert (cost["allocated_hours"], cost["active_hours"]) == pytest.approx((allocated * HOURS, active * HOURS))
+        assert cost["allocated_cost"] == pytest.approx(allocated * HOURS * price, rel=1e-3)
+        assert cost["idle_cost"] == pytest.approx((allocated - active) * HOURS * price, rel=1e-3)
+    assert trainer["cost"]["allocated_hours"] == pytest.approx(4 * HOURS)
     pools = {p["name"]: p["cost"] for p in r["pools"]}
     assert pools["gpu-ondemand"]["allocated_hours"] == pytest.approx(4 * HOURS)
     assert pools["gpu-ondemand"]["active_hours"] == pytest.approx(0.7 * HOURS)
