@@ -3,16 +3,20 @@
 One place for the rules every config file follows: YAML read with the line and column of a syntax
 error; pydantic validation errors turned into one line per problem naming the field path
 (``metrics[3] (gpu_x).aggregate``, ``sm_active.effective``) and the reason, with the allowed keys when a
-key is unknown; durations written as "5s", "1m30s" or seconds.
+key is unknown; durations written as "5s", "1m30s" or seconds; points in time as Unix seconds, RFC 3339
+or "now-2h".
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import re
+import time
 import types
 import typing
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from importlib.abc import Traversable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -39,6 +43,42 @@ def _duration(value: Any) -> float:
 
 Seconds = Annotated[float, BeforeValidator(_duration)]
 """A duration field: accepts "250ms", "5s", "1m30s", "2h" or a number of seconds; holds seconds."""
+
+
+def parse_instant(value: Any, *, now: float | None = None) -> float:
+    """A point in time as Unix seconds: a number of seconds since the epoch, RFC 3339 ("2026-12-01T08:00:00Z",
+    "2026-12-01T09:00:00+01:00"; a date alone is its midnight UTC), "now", or "now-DURATION" ("now-2h",
+    "now-1d12h"). ``now`` is the clock the relative forms count back from (default: the wall clock)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError('expected Unix seconds, RFC 3339 ("2026-12-01T08:00:00Z"), "now" or "now-2h"')
+    text = str(value) if isinstance(value, int | float) else value.strip()
+    current = time.time() if now is None else now
+    if text == "now":
+        return current
+    if text.startswith("now-"):
+        try:
+            return current - parse_duration(text.removeprefix("now-"))
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f'{text!r}: "now-" takes a duration such as 2h, 1d or 90m') from None
+    with contextlib.suppress(ValueError):
+        seconds = float(text)
+        if math.isfinite(seconds):
+            return seconds
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f'{text!r} is not Unix seconds, RFC 3339 ("2026-12-01T08:00:00Z"), "now" or "now-DURATION" ("now-2h")'
+        ) from None
+    if parsed.tzinfo is None:
+        if "T" in text or " " in text:  # NB: a time without its offset would silently be this machine's zone
+            raise ValueError(f"{text!r} has no time zone: end it with Z or an offset such as +02:00")
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+Instant = Annotated[float, BeforeValidator(parse_instant)]
+"""A point-in-time field: Unix seconds, RFC 3339, "now" or "now-DURATION"; holds Unix seconds."""
 
 
 def _regex(text: str) -> str:

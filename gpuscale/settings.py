@@ -208,7 +208,10 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> No
         if default not in (None, [], "") and is_duration(field):
             default = format_duration(default)
         shown = f" (default: {default})" if default not in (None, [], "") else ""
-        if field.annotation is bool:
+        if field.annotation is bool and name.startswith("no_") and default is False:
+            # NB: BooleanOptionalAction would also offer --no-no-progress
+            parser.add_argument(flag, dest=name, action="store_true", default=None, help=field.description or "")
+        elif field.annotation is bool:
             parser.add_argument(
                 flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=field.description or ""
             )
@@ -216,6 +219,13 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> No
             parser.add_argument(flag, dest=name, action="append", default=None, help=(field.description or "") + shown)
         else:
             parser.add_argument(flag, dest=name, default=None, help=(field.description or "") + shown)
+
+
+def _argument(model: type[BaseModel], name: str) -> str:
+    """How the user wrote a field: its flag, or a positional's metavar (``VIEW``, not ``--view``)."""
+    field = model.model_fields.get(name)
+    extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
+    return str(extra.get("metavar") or "--" + name.replace("_", "-"))
 
 
 def from_arguments(model: type[_Settings], args: argparse.Namespace) -> Any:
@@ -227,7 +237,7 @@ def from_arguments(model: type[_Settings], args: argparse.Namespace) -> Any:
         for err in e.errors():
             msg = err["msg"].removeprefix("Value error, ")
             if err["loc"]:
-                problems.append(f"--{str(err['loc'][0]).replace('_', '-')}: {msg}")
+                problems.append(f"{_argument(model, str(err['loc'][0]))}: {msg}")
             else:  # a cross-field rule; its message starts with the flag it is about
                 problems.append(f"--{msg}")
         raise ConfigError("; ".join(problems)) from None

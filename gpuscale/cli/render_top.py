@@ -430,6 +430,7 @@ def _node_columns(o: RenderOptions) -> list[Column[NodeStatus]]:
 
 GAP = "  "
 ELLIPSIS = "…"
+PROSE_WIDTH = 120  # the legend and notes when the table itself is not cut (piped output): they are read, not parsed
 
 
 def _cut(text: str, width: int, how: str | None) -> str:
@@ -561,11 +562,16 @@ def _codes_shown(view: View, items: Sequence[Item]) -> set[VerdictCode]:
     return {i.verdict.code for i in items if isinstance(i, GpuStatus | PodStatus)}
 
 
-def legend(view: View, items: Sequence[Item], policy: DiagnosisPolicy, *, width: int | None) -> list[str]:
+def legend(
+    view: View, items: Sequence[Item], policy: DiagnosisPolicy, *, width: int | None, sources_failed: bool = False
+) -> list[str]:
     shown = _codes_shown(view, items)
     if not shown:
         return []
     meanings = verdict_meanings(policy)
+    if sources_failed:
+        # NB: with failed queries or scrapes, a missing signal says nothing about the GPU: name the failure.
+        meanings[VerdictCode.UNKNOWN] = "a signal the verdict needs is missing: a source failed (below), not the GPU"
     lines = ["Verdicts (in priority order; explanations and next steps: -o yaml):"]
     for code in VerdictCode:
         if code in shown:
@@ -612,8 +618,9 @@ def _table(doc: GpuTopList, options: RenderOptions) -> Rendered:
     out = table(_columns(doc.view, options, doc.items), doc.items, width=options.width, headers=options.headers)
     if not options.headers:
         return out
-    extra = legend(doc.view, doc.items, options.policy, width=options.width)
     failing = [s for s in doc.sources if not s.healthy]
+    prose = options.width or PROSE_WIDTH
+    extra = legend(doc.view, doc.items, options.policy, width=prose, sources_failed=bool(failing))
     notes = [f"! {s.target}: {s.error or 'failed'}" for s in failing] + [f"! {n}" for n in doc.notes]
     if failing:
         notes.insert(0, f"! {len(failing)} of {len(doc.sources)} sources failed:")
@@ -623,7 +630,7 @@ def _table(doc: GpuTopList, options: RenderOptions) -> Rendered:
         out.lines.append("")
         start = len(out.lines)
         for note in notes:  # NB: notes wrap (they explain), legend lines are cut (they repeat the docs)
-            out.lines += textwrap.wrap(note, options.width, subsequent_indent="  ") if options.width else [note]
+            out.lines += textwrap.wrap(note, prose, subsequent_indent="  ")
         out.spans += [(i, 0, len(out.lines[i]), "yellow") for i in range(start, len(out.lines))]
     return out
 

@@ -17,33 +17,17 @@ import argparse
 import asyncio
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpuscale.config import HttpUrl, Seconds
+from gpuscale.config import HttpUrl, Instant, Seconds
 from gpuscale.errors import ConfigError
 from gpuscale.policy_files import check_policies_dir
 from gpuscale.settings import add_arguments
 
 __all__ = ["ReportSettings", "add_report_arguments", "run_report"]
-
-
-def _instant(value: Any) -> Any:
-    """Epoch seconds as given, or an RFC 3339 time (``2026-12-01T00:00:00Z``, ``…+02:00``) as epoch seconds."""
-    if isinstance(value, str) and not value.replace(".", "", 1).isdigit():
-        try:
-            moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-        except ValueError:
-            raise ValueError(
-                f"{value!r} is neither epoch seconds nor an RFC 3339 time such as 2026-12-01T00:00:00Z"
-            ) from None
-        if moment.tzinfo is None:
-            raise ValueError(f"{value!r} has no time zone: add Z or an offset such as +02:00")
-        return moment.timestamp()
-    return value
 
 
 class ReportSettings(BaseModel):
@@ -58,8 +42,8 @@ class ReportSettings(BaseModel):
     chunk: Seconds = Field(86400.0, gt=0, description="summary mode: the span one server-side summary covers")
     window: Seconds = Field(7 * 86400.0, gt=0, description="how far back the history goes")
     step: Seconds = Field(60.0, gt=0, description="sample spacing of the history")
-    end: Annotated[float | None, BeforeValidator(_instant)] = Field(
-        None, description="end of the window: epoch seconds or RFC 3339, e.g. 2026-12-01T00:00:00Z (default: now)"
+    end: Instant | None = Field(
+        None, description="end of the window: Unix seconds, RFC 3339 (2026-12-01T08:00:00Z) or now-2h (default: now)"
     )
     output: str = Field("table", description="(-o) table, json, markdown or html")
     output_file: str | None = Field(None, description="write the report here instead of stdout")
@@ -209,7 +193,7 @@ async def _kubernetes(settings: ReportSettings, history: Any, report_texts: dict
 
 
 def _write_dir(directory: Path, report: Any) -> None:
-    from datetime import UTC
+    from datetime import UTC, datetime
 
     from gpuscale.report.formatters import as_json, html, markdown
 

@@ -13,7 +13,6 @@ import asyncio
 import json
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -22,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from gpuscale.config import HttpUrl, Seconds
+from gpuscale.config import HttpUrl, Seconds, parse_instant
 from gpuscale.errors import ConfigError, SourceUnavailable
 from gpuscale.hpa import parse_manifests
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
@@ -58,7 +57,9 @@ class SimulateSettings(BaseModel):
     )
     history: str | None = Field(None, description="metric history instead of a trace: CSV timestamp,pod,metric,value")
     prometheus_url: HttpUrl | None = Field(None, description="metric history from this Prometheus (range queries)")
-    history_end: str | None = Field(None, description="end of the Prometheus history: RFC 3339 or Unix seconds (now)")
+    history_end: str | None = Field(
+        None, description="end of the Prometheus history: Unix seconds, RFC 3339 or now-2h (default: now)"
+    )
     history_span: Seconds = Field(3600.0, gt=0, description="length of the Prometheus history")
     history_step: Seconds = Field(15.0, gt=0, description="resolution of the Prometheus range queries")
     query: list[str] = Field(
@@ -320,13 +321,9 @@ async def _prometheus_history(settings: SimulateSettings, hpas, catalogue, *, sk
 
 def _instant(text: str) -> float:
     try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise ConfigError(f"--history-end: not RFC 3339 or Unix seconds (got {text!r})") from None
+        return parse_instant(text)
+    except ValueError as e:
+        raise ConfigError(f"--history-end: {e}") from None
 
 
 def render_table(doc: dict, console: Console) -> None:

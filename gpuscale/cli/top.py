@@ -144,11 +144,13 @@ class TopOptions(BaseModel):
 
 
 class TopSettings(TopOptions):
-    view: View = Field(description="nodes, pods or gpus")
+    view: View = Field(description="nodes, pods or gpus", json_schema_extra={"metavar": "VIEW"})
 
     @field_validator("view", mode="before")
     @classmethod
     def _alias(cls, value: Any) -> Any:
+        if isinstance(value, str) and value not in _VIEW_ALIASES:
+            raise ValueError(f"{value!r} is not a view; valid: nodes, pods, gpus (also node, no, pod, po, gpu)")
         return _VIEW_ALIASES.get(value, value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
@@ -198,7 +200,7 @@ _SHORT_FLAGS: dict[str, dict[str, Any]] = {
 
 def add_top_arguments(parser: argparse.ArgumentParser) -> None:
     """The positional view, every ``TopOptions`` flag, and the kubectl short forms (-n, -A, -l, -o, -w)."""
-    parser.add_argument("view", metavar="VIEW", help="nodes, pods or gpus (also node, pod, po, gpu)")
+    parser.add_argument("view", metavar="VIEW", help="nodes, pods or gpus (also node, no, pod, po, gpu)")
     add_arguments(parser, TopOptions)
     for flag, spec in _SHORT_FLAGS.items():
         parser.add_argument(flag, default=None, help=argparse.SUPPRESS, **spec)
@@ -721,7 +723,7 @@ class Screen:
             return None
         if self.terminal:
             return self.console.width
-        return None if self.settings.output == "wide" else 120
+        return None  # NB: piped, as kubectl: whole names for grep and awk (notes still wrap at 120)
 
     def _title(self, doc: GpuTopList) -> str:
         from gpuscale.model import rfc3339

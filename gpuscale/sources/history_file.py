@@ -65,9 +65,9 @@ def export_history(history: History, path: str | Path) -> None:
 def load_history(path: str | Path) -> History:
     """The History in ``path``; ConfigError naming the file and what is wrong with it."""
     try:
+        if not Path(path).is_file():  # NB: is_zipfile answers False for a missing file, too
+            raise ConfigError(f"--from {path}: {'a directory' if Path(path).is_dir() else 'no such file'}")
         # NB: np.load reads a file that is neither .npz nor .npy as a pickle and says so, which is no help
-        if not Path(path).is_file():
-            raise ConfigError(f"--from {path}: no such file")
         if not zipfile.is_zipfile(path):
             raise ConfigError(f"--from {path}: not a gpuscale history file (not an .npz archive; see --export)")
         with np.load(path, allow_pickle=False) as data:

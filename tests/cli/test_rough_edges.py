@@ -185,3 +185,101 @@ async def test_the_unauthenticated_port_binds_loopback_and_the_log_says_what_was
         "--scrape-timeout 30s is longer than --refresh-interval 5s: reads time out after 5s" in r.getMessage()
         for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
+
+
+# --- issue 25: the first hour's rough edges ---------------------------------------------------------------
+
+
+def test_top_with_an_unknown_view_names_the_view_not_a_flag(capsys):
+    assert main(["top", "foo", "--scrape-url", "http://127.0.0.1:1/metrics"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == "gpuscale top: VIEW: 'foo' is not a view; valid: nodes, pods, gpus (also node, no, pod, po, gpu)"
+
+
+@pytest.mark.parametrize("command", ["adapter", "demo", "top", "controller", "report", "simulate"])
+def test_no_flag_is_offered_as_its_double_negative(capsys, monkeypatch, command):
+    monkeypatch.setenv("COLUMNS", "400")
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert "--no-no-" not in out
+    if command == "report":
+        assert "--no-progress" in out
+
+
+def test_report_no_progress_is_a_plain_switch():
+    from gpuscale.cli.main import _parse
+    from gpuscale.cli.report import ReportSettings
+    from gpuscale.settings import from_arguments
+
+    args = _parse(["report", "--from", "x.npz", "--no-progress"], "gpuscale")
+    assert from_arguments(ReportSettings, args).no_progress is True
+    assert from_arguments(ReportSettings, _parse(["report", "--from", "x.npz"], "gpuscale")).no_progress is False
+
+
+@pytest.mark.parametrize("flag", ["--from-file", "--from"])
+def test_report_from_a_missing_file_says_so(capsys, tmp_path, flag):
+    missing = tmp_path / "week.npz"
+    assert main(["report", flag, str(missing)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"gpuscale report: --from {missing}: no such file"
+
+
+def test_report_from_a_directory_says_so(capsys, tmp_path):
+    assert main(["report", "--from", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"gpuscale report: --from {tmp_path}: a directory"
+
+
+NOW = 1_764_576_000.0  # 2025-12-01T08:00:00Z
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1764576000", NOW),
+        ("1764576000.5", NOW + 0.5),
+        ("2025-12-01T08:00:00Z", NOW),
+        ("2025-12-01T08:00:00z", NOW),
+        ("2025-12-01T09:30:00+01:30", NOW),
+        ("2025-12-01T08:00:00.250Z", NOW + 0.25),
+        ("2025-12-01", NOW - 8 * 3600),
+        ("now", NOW),
+        ("now-2h", NOW - 7200),
+        ("now-1d12h", NOW - 1.5 * 86400),
+    ],
+)
+def test_a_point_in_time_is_written_as_people_write_it(text, seconds):
+    from gpuscale.config import parse_instant
+
+    assert parse_instant(text, now=NOW) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("yesterday", "is not Unix seconds, RFC 3339"),
+        ("2025-12-01T08:00:00", "has no time zone"),
+        ("now-soon", '"now-" takes a duration'),
+        ("nan", "is not Unix seconds"),
+    ],
+)
+def test_report_end_refuses_what_it_cannot_read_in_one_line(capsys, text, said):
+    assert main(["report", "--prometheus-url", "http://127.0.0.1:1", "--end", text]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"gpuscale report: --end: '{text}'"), line
+    assert said in line, line
+
+
+def test_report_end_accepts_rfc3339_and_relative_times():
+    from gpuscale.cli.main import _parse
+    from gpuscale.cli.report import ReportSettings
+    from gpuscale.settings import from_arguments
+
+    def end(text: str) -> float:
+        args = _parse(["report", "--prometheus-url", "http://p:9090", "--end", text], "gpuscale")
+        return from_arguments(ReportSettings, args).end
+
+    assert end("2025-12-01T08:00:00Z") == NOW == end("1764576000")
+    import time
+
+    assert abs(end("now-1h") - (time.time() - 3600)) < 60

@@ -88,12 +88,39 @@ async def exporter(aiohttp_server):
     async def triton(request: web.Request) -> web.Response:
         return web.Response(text=TRITON.read_text(), content_type="text/plain")
 
+    async def long_names(request: web.Request) -> web.Response:
+        text = H100.read_text().replace("llama3-8b-instruct-5c6b9d8f47-qz7mh", LONG_POD)
+        return web.Response(text=text.replace("ip-10-0-131-77", LONG_NODE), content_type="text/plain")
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/long-names", long_names)
     app.router.add_get("/broken", broken)
     app.router.add_get("/triton", triton)
     server = await aiohttp_server(app)
     return str(server.make_url("/metrics")), str(server.make_url("/broken")), str(server.make_url("/triton"))
+
+
+LONG_POD = "llama-3-1-70b-instruct-speculative-decoding-canary-7f9c8d6b5d-qz7mh"
+LONG_NODE = "gpu-h100-80gb-hbm3-a3-highgpu-8g-us-central1-a-node-0042"
+
+
+async def test_piped_top_keeps_whole_names_as_kubectl_does(exporter):
+    """Piped into grep or awk, a pod or node name is never cut (a terminal still fits its width)."""
+    url, _, _ = exporter
+    long_url = url.replace("/metrics", "/long-names")
+    gpus, pods = await asyncio.gather(
+        top("gpus", "--scrape-url", long_url), top("pods", "-A", "--scrape-url", long_url)
+    )
+
+    assert gpus.code == 0 and pods.code == 0, gpus.err + pods.err
+    assert "…" not in gpus.out.split("\n\n")[0] and "…" not in pods.out.split("\n\n")[0], gpus.out + pods.out
+    assert {row["NODE"] for row in gpus.table()} == {f"{LONG_NODE}.ec2.internal"}  # domain and all
+    assert f"nim/{LONG_POD}" in {row["POD"] for row in gpus.table()}
+    assert LONG_POD in {row["POD"] for row in pods.table()}
+    assert max(len(line) for line in gpus.out.splitlines()) > WIDTH  # the table is as wide as its names
+    notes = gpus.out.split("\n\n")[1:]
+    assert all(len(line) <= WIDTH for part in notes for line in part.splitlines()), notes  # prose still wraps
 
 
 def closed_port_url() -> str:
@@ -125,7 +152,6 @@ async def test_gpus_table_names_the_util_trap_the_faulty_gpu_and_the_idle_one(ex
     assert rows["1"]["UTIL"] == f"{util['1']:.0f}%" and rows["1"]["SM"] == f"{sm['1'] * 100:.0f}%"
     assert rows["6"]["POD"] == "-"  # an idle GPU belongs to no pod
     assert rows["1"]["POD"].startswith("nim/")
-    assert all(len(line) <= WIDTH for line in run.out.splitlines()), "the table must fit 120 columns"
     legend = run.out.split("\n\n")[1]
     for verdict in FIXTURE_VERDICTS.values():
         assert re.search(rf"^  [A-Z]{{2}}  {verdict} ", legend, re.MULTILINE), legend
@@ -270,7 +296,7 @@ USAGE_ERRORS = [
     (["pods", "--scrape-url", "http://x/m", "-l", "app in (x"], "--selector:"),
     (["pods", "--scrape-url", "http://x/m", "-n", "a", "-A"], "give -A or -n NAMESPACE, not both"),
     (["pods", "--scrape-url", "http://x/m", "--iterations", "2"], "--iterations: only with --watch"),
-    (["racks", "--scrape-url", "http://x/m"], "--view:"),
+    (["racks", "--scrape-url", "http://x/m"], "gpuscale top: VIEW: 'racks' is not a view; valid: nodes, pods, gpus"),
     (["pods", "--scrape-url", "http://x/m", "--adapter-url", "http://y"], "give one source"),
 ]
 
@@ -316,27 +342,37 @@ async def test_watch_stops_cleanly_on_ctrl_c(exporter):
 # --- other sources and entry points ----------------------------------------------------------------
 
 
-@pytest.fixture
-async def prometheus(aiohttp_server):
-    """A Prometheus HTTP API answering instant queries for bare series names from the 8×H100 fixture."""
+def _prometheus_api(*, failing: str = "") -> tuple[web.Application, list[str]]:
+    """A Prometheus HTTP API answering instant queries for bare series names from the 8×H100 fixture; queries
+    of series whose names start with ``failing`` (when given) get Prometheus's 503 error body."""
     samples = parse_samples(H100.read_text())
     asked: list[str] = []
 
     async def query(request: web.Request) -> web.Response:
         promql = (await request.post()).get("query", "")
         asked.append(str(promql))
+        name = str(promql).split(" unless ")[0]  # NB: the freshness filter is the server's to apply
+        if failing and name.startswith(failing):
+            body = {"status": "error", "errorType": "timeout", "error": "query timed out in expression evaluation"}
+            return web.json_response(body, status=503)
         result = [
             {
                 "metric": {"__name__": s.name, **s.labels, "instance": "10.0.0.7:9400", "job": "dcgm"},
                 "value": [time.time(), repr(s.value)],
             }
             for s in samples
-            if s.name == str(promql).split(" unless ")[0]  # NB: the freshness filter is the server's to apply
+            if s.name == name
         ]
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
 
     app = web.Application()
     app.router.add_post("/api/v1/query", query)
+    return app, asked
+
+
+@pytest.fixture
+async def prometheus(aiohttp_server):
+    app, asked = _prometheus_api()
     server = await aiohttp_server(app)
     return str(server.make_url("")).rstrip("/"), asked
 
@@ -353,6 +389,22 @@ async def test_prometheus_url_plugs_in_through_the_source_protocol(prometheus):
     assert "DCGM_FI_PROF_SM_ACTIVE unless time() - timestamp(DCGM_FI_PROF_SM_ACTIVE) > 60" in asked
     assert not [q for q in asked if "=~" in q or "{" in q]
     assert by_gpu["5"].source == "http://10.0.0.7:9400/metrics"
+
+
+async def test_failed_queries_are_blamed_on_the_source_not_the_gpus(aiohttp_server):
+    """Every profiling query times out: the GPUs cannot be judged, and the legend says why — the source."""
+    app, _ = _prometheus_api(failing="DCGM_FI_PROF_")
+    url = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+    run = await top("gpus", "--prometheus-url", url)
+
+    assert run.code == 0, run.err
+    rows = run.table()
+    assert rows and {r["VERDICT"] for r in rows} <= {"unknown", "unhealthy", "idle"}, run.out
+    assert "unknown" in {r["VERDICT"] for r in rows}, run.out
+    (line,) = [line for line in run.out.splitlines() if " unknown " in line and line.startswith("  UK")]
+    assert "a source failed (below), not the GPU" in line and "not reported" not in line, line
+    assert "! 1 of 1 sources failed:" in run.out and "queries failed" in run.out, run.out
+    assert "query timed out in expression evaluation" in run.out, run.out
 
 
 async def test_kubectl_runs_it_as_the_gpu_plugin(exporter):

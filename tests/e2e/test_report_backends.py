@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 
 import aiohttp
 import numpy as np
@@ -33,11 +34,13 @@ def report(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def fetch_json(url: str, *extra: str) -> dict:
-    done = report(
-        "--prometheus-url", url, "--end", str(END), "--window", f"{HOURS}h", "--step", "1m", "-o", "json", *extra
-    )
+    # NB: --end as a user writes it (RFC 3339), not epoch seconds; the window must end exactly there
+    end = datetime.fromtimestamp(END, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    done = report("--prometheus-url", url, "--end", end, "--window", f"{HOURS}h", "--step", "1m", "-o", "json", *extra)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    doc = json.loads(done.stdout)
+    assert doc["window"]["end"] == END, doc["window"]
+    return doc
 
 
 async def prometheus_with_blocks(backends: Backends, tmp_path, series=None) -> Backend:
