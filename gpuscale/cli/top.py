@@ -116,6 +116,12 @@ class TopOptions(BaseModel):
         description="exporter /metrics URL to scrape (repeatable; as for the adapter, 'NAMESPACE/POD=URL' names "
         "the pod serving it)",
     )
+    discover_exporters: bool = Field(
+        False,
+        description="find dcgm-exporter pods (app=nvidia-dcgm-exporter) and annotated inference pods through the "
+        "Kubernetes API (--kubeconfig) and scrape each through the API server's pod proxy: no Prometheus and no "
+        "route to pod IPs needed",
+    )
     prometheus_url: HttpUrl | None = Field(None, description="read the exporters' series from this Prometheus instead")
     prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
     adapter_url: str | None = Field(
@@ -156,13 +162,19 @@ class TopSettings(TopOptions):
     @model_validator(mode="after")
     def _check(self) -> TopSettings:
         # NB: messages start with the flag they are about (settings.from_arguments prefixes "--").
-        kinds = [f for f in ("scrape_url", "prometheus_url", "adapter_url") if getattr(self, f)]
+        kinds = [f for f in ("scrape_url", "discover_exporters", "prometheus_url", "adapter_url") if getattr(self, f)]
         if not kinds:
-            raise ValueError("scrape-url: give exporter URLs (--scrape-url URL), --prometheus-url or --adapter-url")
+            raise ValueError(
+                "scrape-url: give exporter URLs (--scrape-url URL), --discover-exporters, --prometheus-url or "
+                "--adapter-url"
+            )
         if len(kinds) > 1:
             raise ValueError(
-                f"{kinds[1].replace('_', '-')}: give one source: --scrape-url, --prometheus-url or --adapter-url"
+                f"{kinds[1].replace('_', '-')}: give one source: --scrape-url, --discover-exporters, --prometheus-url "
+                "or --adapter-url"
             )
+        if self.discover_exporters and not self.kubeconfig:
+            raise ValueError("discover-exporters: finds exporter pods through the Kubernetes API: give --kubeconfig")
         if self.adapter_url and self.view == "gpus":
             raise ValueError(
                 "adapter-url: the per-GPU view is not available from the custom metrics API (it serves values per "
@@ -338,7 +350,9 @@ class SourcesCollector:
         max_age_seconds: float,
         rate_interval_seconds: float = 0.0,
         clock: Callable[[], float] = time.time,
+        before_refresh: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        self.before_refresh = before_refresh
         self.sources = sources
         self.attributor = attributor
         self.selection = selection
@@ -354,6 +368,8 @@ class SourcesCollector:
         return [v for s in self.sources for v in s.read(query)]
 
     async def _refresh(self) -> list[SourceStatus]:
+        if self.before_refresh is not None:
+            await self.before_refresh()
         await asyncio.gather(*(s.refresh(now=self.clock()) for s in self.sources))
         health = [h for s in self.sources for h in s.health()]
         # NB: a Prometheus with one failed query of twenty is unhealthy but has data: only "nothing at all" fails.
@@ -606,9 +622,13 @@ class _Opened:
     closers: list[Callable[[], Awaitable[None]]]
 
 
-async def _open_cluster(settings: TopSettings, closers: list[Callable[[], Awaitable[None]]]) -> ClusterObjects | None:
+async def _open_cluster(
+    settings: TopSettings, closers: list[Callable[[], Awaitable[None]]]
+) -> tuple[ClusterObjects | None, Any]:
+    """The cluster's objects (list once, or list+watch with --watch) and the ApiClient; (None, None) without
+    --kubeconfig."""
     if not settings.kubeconfig:
-        return None
+        return None, None
     from gpuscale.sources.kube import KubeCache, load_api_client
 
     api = await load_api_client(settings.kubeconfig)
@@ -620,11 +640,42 @@ async def _open_cluster(settings: TopSettings, closers: list[Callable[[], Awaita
         await cache.wait_synced(timeout=max(10.0, 3 * settings.scrape_timeout))
     else:
         await cache.refresh_once()
-    return cache
+    return cache, api
+
+
+def _discovered_through_the_api(
+    cluster: ClusterObjects, proxy: Any, scrape: Any, explicit: dict[str, Any]
+) -> Callable[[], Awaitable[None]]:
+    """``--discover-exporters``: before each refresh, the exporter pods the API lists, as pod-proxy URLs on
+    ``scrape`` (and in ``explicit``, so each value belongs to its pod)."""
+    from gpuscale.selectors import LabelSelector
+    from gpuscale.settings import AdapterSettings
+    from gpuscale.sources.discovery import DiscoveryRules, discover, through_pod_proxy
+
+    defaults = AdapterSettings.model_fields
+    rules = DiscoveryRules(
+        LabelSelector.parse(defaults["dcgm_exporter_selector"].default),
+        LabelSelector.parse(defaults["triton_selector"].default),
+    )
+
+    async def rediscover() -> None:
+        await proxy.refresh_token()
+        found = through_pod_proxy(discover(cluster, rules), proxy.host)
+        if not found:
+            raise SourceUnavailable(
+                proxy.host,
+                f"no exporter pods found through the Kubernetes API (labels {rules.dcgm_selector} or "
+                f'{rules.triton_selector}, or annotated gpuscale.io/scrape: "true"; Running, with a pod IP)',
+            )
+        explicit.clear()
+        explicit.update(found)
+        scrape.set_targets(found)
+
+    return rediscover
 
 
 def _metrics_sources(
-    settings: TopSettings, inference: Catalogue | None, *, max_age: float
+    settings: TopSettings, inference: Catalogue | None, *, max_age: float, session: Any = None
 ) -> tuple[list[MetricsSource], Any]:
     """The sources and the url → pod map of explicit ``NAMESPACE/POD=URL`` targets."""
     from gpuscale.sources.targets import parse_scrape_targets
@@ -654,6 +705,7 @@ def _metrics_sources(
         history_seconds=(inference.longest_window if inference is not None else 60.0) + 2 * settings.watch_interval,
         timeout_seconds=settings.scrape_timeout,
         max_body_bytes=settings.max_body_bytes,
+        session=session,
     )
     return [scrape], explicit
 
@@ -661,7 +713,7 @@ def _metrics_sources(
 async def _open(settings: TopSettings, policy: DiagnosisPolicy) -> _Opened:
     closers: list[Callable[[], Awaitable[None]]] = []
     try:
-        cluster = await _open_cluster(settings, closers)
+        cluster, api = await _open_cluster(settings, closers)
         selection = _resolve_selection(settings, cluster)
         selection.check_namespace()
         if settings.adapter_url:
@@ -676,8 +728,20 @@ async def _open(settings: TopSettings, policy: DiagnosisPolicy) -> _Opened:
 
         catalogue = load_catalogue(settings.config, policies=settings.policies)
         inference = inference_catalogue(catalogue)
-        sources, explicit = _metrics_sources(settings, inference, max_age=catalogue.defaults.max_age)
+        proxy = None
+        if settings.discover_exporters:
+            from gpuscale.sources.kube import ApiServerSession
+
+            proxy = ApiServerSession(api)
+            closers.append(proxy.close)
+        sources, explicit = _metrics_sources(
+            settings, inference, max_age=catalogue.defaults.max_age, session=proxy.session if proxy else None
+        )
         closers.extend(s.close for s in sources)
+        before_refresh = None
+        if proxy is not None:
+            assert cluster is not None
+            before_refresh = _discovered_through_the_api(cluster, proxy, sources[0], explicit)
         collector = SourcesCollector(
             sources,
             Attributor(target_resolver(explicit, cluster)),
@@ -686,6 +750,7 @@ async def _open(settings: TopSettings, policy: DiagnosisPolicy) -> _Opened:
             inference=inference,
             max_age_seconds=catalogue.defaults.max_age,
             rate_interval_seconds=0.0 if settings.watch else settings.rate_interval,
+            before_refresh=before_refresh,
         )
         return _Opened(collector, selection, closers)
     except BaseException:

@@ -106,7 +106,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from aiohttp import web
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from gpuscale.disruption import pdb_selects
 from gpuscale.errors import SelectorError
@@ -288,6 +288,16 @@ RESOURCES: tuple[ResourceType, ...] = (
             "source": "source.component",
             "type": "type",
         },
+    ),
+    ResourceType(
+        "autoscaling",
+        "v2",
+        "horizontalpodautoscalers",
+        "HorizontalPodAutoscaler",
+        namespaced=True,
+        short_names=("hpa",),
+        subresources=("status",),
+        categories=("all",),
     ),
     ResourceType(
         "apps",
@@ -1483,6 +1493,46 @@ def _node_row(o: Mapping[str, Any]) -> list[Any]:
     ]
 
 
+def _hpa_targets(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
+    """kubectl's TARGETS column (formatHPAMetrics): "current/target" per metric, at most two, then "+ N more..."."""
+    specs, currents = spec.get("metrics") or [], status.get("currentMetrics") or []
+    if not specs:
+        return "<none>"
+    shown = []
+    for i, metric in enumerate(specs):
+        kind = {"Pods": "pods", "Object": "object", "External": "external", "Resource": "resource"}.get(
+            metric.get("type", ""), ""
+        )
+        target = (metric.get(kind) or {}).get("target") or {}
+        current = ((currents[i].get(kind) or {}) if i < len(currents) else {}).get("current") or {}
+        key = "averageValue" if "averageValue" in target else "value"
+        if kind == "resource" and "averageUtilization" in target:
+            key = "averageUtilization"
+        now = current.get(key, "<unknown>")
+        text = f"{now}%/{target[key]}%" if key == "averageUtilization" else f"{now}/{target.get(key, '<none>')}"
+        if kind == "resource":
+            text = f"{(metric.get('resource') or {}).get('name', '')}: {text}"
+        elif key == "averageValue" and kind in ("object", "external"):
+            text += " (avg)"
+        shown.append(text)
+    more = len(shown) - 2
+    return ", ".join(shown[:2]) + (f" + {more} more..." if more > 0 else "")
+
+
+def _hpa_row(o: Mapping[str, Any]) -> list[Any]:
+    spec, status = o.get("spec") or {}, o.get("status") or {}
+    ref = spec.get("scaleTargetRef") or {}
+    return [
+        o["metadata"]["name"],
+        f"{ref.get('kind', '')}/{ref.get('name', '')}",
+        _hpa_targets(spec, status),
+        str(spec.get("minReplicas", 1)),
+        str(spec.get("maxReplicas", "")),
+        str(status.get("currentReplicas", 0)),
+        _age(o),
+    ]
+
+
 def _selector_text(raw: Any) -> str:
     try:
         return str(LabelSelector.from_dict(raw))
@@ -1638,6 +1688,18 @@ _TABLES: dict[str, tuple[list[_Column], Callable[[Mapping[str, Any]], list[Any]]
         _deployment_row,
     ),
     "StatefulSet": ([("Name", 0), ("Ready", 0), ("Age", 0), ("Containers", 1), ("Images", 1)], _statefulset_row),
+    "HorizontalPodAutoscaler": (
+        [
+            ("Name", 0),
+            ("Reference", 0),
+            ("Targets", 0),
+            ("MinPods", 0),
+            ("MaxPods", 0),
+            ("Replicas", 0),
+            ("Age", 0),
+        ],
+        _hpa_row,
+    ),
     "ReplicaSet": (
         [
             ("Name", 0),
@@ -2775,7 +2837,52 @@ class SimKubeApi:
             if request.method != "GET":
                 raise _NOT_ALLOWED
             return _json(_resource_list(group, version, served))
+        if group == "" and len(rest) >= 5 and rest[0] == "namespaces" and rest[2] == "pods" and rest[4] == "proxy":
+            return await self._proxy_to_pod(request, rest[1], rest[3], "/" + "/".join(rest[5:]))
         return await self._serve_resource(request, group, version, rest)
+
+    async def _proxy_to_pod(self, request: web.Request, namespace: str, target: str, path: str) -> web.StreamResponse:
+        """``pods/{[scheme:]name[:port]}/proxy/{path}``: the request passed on to the pod's IP, as kube-apiserver
+        does (``kubectl get --raw``, ``gpuscale top --discover-exporters``). Unlike kube-apiserver, a loopback pod
+        IP is allowed: every simulated pod listens on loopback."""
+        if request.method != "GET":
+            raise _NOT_ALLOWED
+        parts = target.split(":")
+        scheme = parts.pop(0) if len(parts) == 3 else "http"
+        name, port = parts[0], (parts[1] if len(parts) > 1 else "")
+        rt = _BY_PATH[("", "v1", "pods")]
+        pod = self._stored(rt, namespace, name)
+        if pod is None:
+            raise _not_found(rt, name)
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip:
+            raise ApiStatusError(503, "ServiceUnavailable", f"pod {name} does not have a host assigned")
+        if not port:
+            ports = [p for c in (pod.get("spec") or {}).get("containers") or [] for p in c.get("ports") or []]
+            port = str(ports[0]["containerPort"]) if ports else "80"
+        elif not port.isdigit():  # NB: a named port, as kube-apiserver resolves it
+            named = {
+                p.get("name"): p.get("containerPort")
+                for c in (pod.get("spec") or {}).get("containers") or []
+                for p in c.get("ports") or []
+            }
+            if port not in named:
+                raise ApiStatusError(503, "ServiceUnavailable", f'no container port named "{port}" in pod {name}')
+            port = str(named[port])
+        host = f"[{ip}]" if ":" in ip else ip
+        url = f"{scheme}://{host}:{port}{path}"
+        try:
+            async with (
+                ClientSession(timeout=ClientTimeout(total=30)) as session,
+                session.get(url, params=request.query) as resp,
+            ):
+                body = await resp.read()
+                content_type = resp.headers.get("Content-Type", "text/plain")
+                return web.Response(body=body, status=resp.status, headers={"Content-Type": content_type})
+        except (ClientError, TimeoutError) as e:
+            raise ApiStatusError(
+                503, "ServiceUnavailable", f"error trying to reach service: {str(e) or type(e).__name__}"
+            ) from None
 
     async def _serve_review(
         self, request: web.Request, group: str, version: str, rest: builtins.list[str]

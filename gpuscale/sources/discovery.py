@@ -16,6 +16,7 @@ Triton Deployment) are picked up within one refresh interval, with no extra API 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import quote, urlsplit
 
 from gpuscale.model import ObjectRef, pod
 from gpuscale.selectors import LabelSelector
@@ -60,4 +61,17 @@ def discover(cluster: ClusterObjects, rules: DiscoveryRules) -> dict[str, Object
         else:
             continue
         out[url] = pod(info.namespace, info.name)
+    return out
+
+
+def through_pod_proxy(found: dict[str, ObjectRef], api_host: str) -> dict[str, ObjectRef]:
+    """The same targets reached through the API server's pod proxy
+    (``/api/v1/namespaces/{ns}/pods/{name}:{port}/proxy{path}``): from outside the cluster, where pod IPs do
+    not route, the API server can still reach every pod. URL → the pod, as ``discover`` gives it."""
+    out: dict[str, ObjectRef] = {}
+    for url, owner in found.items():
+        parts = urlsplit(url)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        name = f"{quote(owner.name)}:{parts.port}" if parts.port else quote(owner.name)
+        out[f"{api_host.rstrip('/')}/api/v1/namespaces/{quote(owner.namespace or '')}/pods/{name}/proxy{path}"] = owner
     return out

@@ -785,3 +785,34 @@ async def load_api_client(kubeconfig: str | os.PathLike[str] | None) -> client.A
             "service account",
         ) from e
     return client.ApiClient(configuration)
+
+
+class ApiServerSession:
+    """An aiohttp session that talks to the API server as an ApiClient does — its CA, client certificate and
+    bearer token — for the requests kubernetes-asyncio has no method for, such as a pod's ``proxy`` subresource
+    (``gpuscale top --discover-exporters`` scrapes exporters through it). ``refresh_token`` before a round of
+    requests picks up a token an exec plugin or a projected service-account token has renewed."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        import ssl
+
+        configuration = api.configuration
+        self.host = configuration.host.rstrip("/")
+        self._configuration = configuration
+        ssl_context: ssl.SSLContext | bool = False
+        if self.host.startswith("https"):
+            ssl_context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+            if configuration.cert_file:
+                ssl_context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+            if not configuration.verify_ssl:
+                ssl_context.check_hostname = False
+                ssl_context.verify_mode = ssl.CERT_NONE
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context))
+
+    async def refresh_token(self) -> None:
+        token = await self._configuration.get_api_key_with_prefix("BearerToken")
+        if token:
+            self.session.headers["Authorization"] = token
+
+    async def close(self) -> None:
+        await self.session.close()

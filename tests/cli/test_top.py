@@ -287,7 +287,7 @@ async def test_nothing_found_is_an_error(exporter):
 
 USAGE_ERRORS = [
     # (arguments after `top`, expected message)
-    (["gpus"], "--scrape-url: give exporter URLs (--scrape-url URL), --prometheus-url or --adapter-url"),
+    (["gpus"], "--scrape-url: give exporter URLs (--scrape-url URL), --discover-exporters, --prometheus-url or"),
     (["gpus", "--scrape-url", "nope"], "--scrape-url 'nope': not an http(s) URL"),
     (["gpus", "--scrape-url", "http://x/m", "-o", "xml"], "unknown format 'xml'; valid: table, wide, json, yaml"),
     (["pods", "--scrape-url", "http://x/m", "--sort-by", "heat"], "valid: name, node, gpus, util"),

@@ -120,3 +120,54 @@ async def test_pods_and_nodes_from_a_running_adapter(cluster):
     assert table.code == 0, table.err
     rows = table.table()
     assert rows and all(r["VERDICT"] == "under-filled" and r["GPUS"] == "-" for r in rows)
+
+
+async def test_discover_exporters_scrapes_every_exporter_pod_through_the_api_servers_proxy(cluster):
+    """No Prometheus, no route to pod IPs: the pods the API lists, each scraped via pods/{name}:{port}/proxy."""
+    before = len(cluster.api.requests)
+    found, direct = await asyncio.gather(
+        top("pods", "-A", "--discover-exporters", "--kubeconfig", cluster.kubeconfig, "-o", "json"),
+        top("pods", "-A", "--kubeconfig", cluster.kubeconfig, *scrape_args(cluster), "-o", "json"),
+    )
+    assert found.code == 0, found.err
+    assert direct.code == 0, direct.err
+    by_pod = {(p.namespace, p.name): p for p in found.doc().items}
+    assert set(by_pod) == gpu_pods(cluster) == {(p.namespace, p.name) for p in direct.doc().items}
+    for key in cluster.exporters.triton_urls:  # Triton values reached their pods through the proxy too
+        assert by_pod[key].inference is not None and by_pod[key].inference.queue_depth is not None
+    proxied = {r.path_qs.split("/proxy", 1)[0] for r in list(cluster.api.requests)[before:] if "/proxy/" in r.path_qs}
+    exporters = [
+        p for p in cluster.api.list("v1", "Pod") if p["metadata"].get("labels", {}).get("app") == "nvidia-dcgm-exporter"
+    ]
+    assert exporters, "the simulated cluster runs dcgm-exporter pods"
+    for pod in exporters:
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        assert any(p.startswith(f"/api/v1/namespaces/{ns}/pods/{name}:") for p in proxied), proxied
+    for source in found.doc().sources:
+        assert source.target.startswith(cluster.api.url + "/api/v1/namespaces/") and "/proxy/" in source.target
+
+
+async def test_discover_exporters_needs_the_api_and_says_when_it_finds_nothing(cluster):
+    no_kubeconfig = await top("gpus", "--discover-exporters")
+    assert no_kubeconfig.code == 2
+    assert no_kubeconfig.err.strip() == (
+        "gpuscale top: --discover-exporters: finds exporter pods through the Kubernetes API: give --kubeconfig"
+    )
+    for pod in cluster.api.list("v1", "Pod"):  # the exporters lose their label and annotation
+        meta = pod["metadata"]
+        cluster.api.patch(
+            "v1",
+            "Pod",
+            meta["name"],
+            {
+                "metadata": {
+                    "labels": {"app": None, "gpuscale.io/scrape": None},
+                    "annotations": {"gpuscale.io/scrape": None},
+                }
+            },
+            namespace=meta["namespace"],
+        )
+    nothing = await top("gpus", "--discover-exporters", "--kubeconfig", cluster.kubeconfig)
+    assert nothing.code == 2 and nothing.out == ""
+    (line,) = nothing.err.strip().splitlines()
+    assert line.startswith(f"gpuscale top: {cluster.api.url}: no exporter pods found through the Kubernetes API"), line
