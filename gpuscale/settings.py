@@ -136,6 +136,11 @@ class DemoSettings(_Settings):
     policies: str | None = Field(
         None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
     )
+    keep_running: bool = Field(
+        True,
+        description="after the replay, keep the simulated cluster and the adapter serving until Ctrl-C, so the "
+        "printed commands keep working (--no-keep-running: exit once the replay ends)",
+    )
     log_level: str = Field("warning", description="debug, info, warning or error")
 
 

@@ -4,8 +4,9 @@ Starts the simulated Kubernetes API and exporters (gpuscale.sim), then the real 
 `start_adapter` the `adapter` command runs — pointed at them, prints `kubectl get --raw` commands to paste
 and a table of what the metrics API answers. Then it replays a slice of a real LLM trace, sped up, as the
 Triton Deployment's load, while an HPA loop built on gpuscale.hpa reads the adapter over HTTP as the
-controller does and scales the Deployment through the API's scale subresource (demo_replay.py); it ends by
-itself and writes an HTML summary.
+controller does and scales the Deployment through the API's scale subresource (demo_replay.py) and writes
+the HPA object's status, so `kubectl get hpa` shows it; it writes an HTML summary and, unless
+--no-keep-running, keeps serving until Ctrl-C so the printed commands keep working.
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ def _commands(server: str, kubeconfig: str, top: str) -> list[tuple[str, str]]:
         ),
         ("what each GPU pod is really doing (verdicts from the same API)", f"{top} -A --adapter-url {server}"),
         ("the simulated cluster itself", f"kubectl --kubeconfig={kubeconfig} get pods -A -o wide"),
+        (
+            "the demo's HPA: its targets and replicas as its loop last decided",
+            f"kubectl --kubeconfig={kubeconfig} get hpa -n inference",
+        ),
     ]
 
 
@@ -139,6 +144,7 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
     if config is None and settings.policies is None:
         config = str(replay.catalogue_file(out_dir, refresh_s=settings.refresh_interval))
     async with SimCluster(llm=demo_llm_servers()) as cluster:
+        cluster.api.create(replay.manifest())  # NB: so `kubectl get hpa` shows it; its loop writes the status
         adapter = await start_adapter(
             AdapterSettings(
                 scrape_url=cluster.scrape_urls,
@@ -182,7 +188,19 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
                 if not stop.is_set():
                     console.print(await _table(session, adapter.url, namespaces))
             page = write_html(summary, out_dir / "summary.html")
+            if replay.ready_after:
+                console.print(
+                    f"New pods were counted ready {replay.startup_s:g} trace-seconds after a scale-up (the next HPA "
+                    "sync: the simulated Deployment starts pods at once; real ones load their model first)."
+                )
             console.print(f"HTML summary of the autoscaling replay written to {page}")
+            if settings.keep_running and not stop.is_set():
+                console.print(
+                    "\n[bold]Still serving[/]: the simulated cluster and the adapter keep running, so every command "
+                    "above keeps working (the HPA loop stopped with the replay). Ctrl-C to stop.",
+                    highlight=False,
+                )
+                await stop.wait()
         finally:
             await adapter.stop()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,17 @@ class DemoReplay:
     hpa: HorizontalPodAutoscaler
     speedup: float
     bin_s: float = 60.0
+    ready_after: list[float] = field(default_factory=list)
+
+    @property
+    def startup_s(self) -> float:
+        """Median trace-seconds from a scale-up until its pods were counted ready (one sync period if none)."""
+        return float(np.median(self.ready_after)) if self.ready_after else float(SYNC_PERIOD_SECONDS)
+
+    @staticmethod
+    def manifest() -> dict[str, Any]:
+        """The HPA as an object for the simulated API (``kubectl get hpa`` then shows it and its status)."""
+        return yaml.safe_load((DATA / "demo-hpa.yaml").read_text(encoding="utf-8"))
 
     @classmethod
     def load(cls, *, phase_s: float) -> DemoReplay:
@@ -100,6 +111,8 @@ class DemoReplay:
         timeline: list[Sample] = []
         events: list[Event] = []
         queue_times: list[float] = []
+        waiting: list[tuple[float, int]] = []  # (scale-up time, replicas asked for) not yet all ready
+        self.ready_after = []
         started = time.monotonic()
         period = SYNC_PERIOD_SECONDS / self.speedup
         last_print = -1e9
@@ -123,6 +136,10 @@ class DemoReplay:
                 d = result.decision
                 signals = await _signals(loop, session, adapter_url)
                 ready = sum(1 for p in result.pods if p.ready and not p.deleting)
+                self.ready_after += [now - t for t, n in waiting if ready >= n]
+                waiting = [(t, n) for t, n in waiting if ready < n]
+                if d.desired_replicas > d.current_replicas:
+                    waiting.append((now, d.desired_replicas))
                 sample = Sample(
                     now,
                     d.desired_replicas,
@@ -190,7 +207,9 @@ class DemoReplay:
                 "duration_s": self.trace.duration_s,
                 "speedup": self.speedup,
             },
-            "settings": {"slo_queue_s": SLO_QUEUE_S, "slo_quantile": 0.5, "startup_s": 0.0},
+            # NB: measured, not assumed: from a scale-up until the HPA loop counted the new pods ready (trace
+            # seconds, in steps of one sync period; the simulated Deployment starts pods without a model load)
+            "settings": {"slo_queue_s": SLO_QUEUE_S, "slo_quantile": 0.5, "startup_s": self.startup_s},
             "results": [result],
         }
 

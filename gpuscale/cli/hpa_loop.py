@@ -4,12 +4,15 @@ Per sync, for one HorizontalPodAutoscaler: read the target's ``scale`` subresour
 selector), list the selected pods, read each metric from the metrics APIs exactly as the controller's
 metrics client asks (``custom.metrics.k8s.io/v1beta2`` for Pods and Object metrics, ``external.metrics.k8s.io
 /v1beta1`` for External ones), run ``gpuscale.hpa.Autoscaler.reconcile`` and, when it rescales, write the
-``scale`` subresource. The demo runs it against the simulated API and the real adapter; ``now`` is passed
-in, so a replay can run the controller's clock faster than the wall clock.
+``scale`` subresource, then the HPA object's ``status`` (current and desired replicas, each metric's current
+value, conditions), so ``kubectl get hpa`` shows what it decided. The demo runs it against the simulated API
+and the real adapter; ``now`` is passed in, so a replay can run the controller's clock faster than the wall
+clock.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +23,7 @@ import aiohttp
 from gpuscale.errors import SourceUnavailable
 from gpuscale.hpa import Autoscaler, Decision, MetricUnavailable, PodInfo
 from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscaler, MetricIdentifier
-from gpuscale.model import milli_value, parse_quantity
+from gpuscale.model import format_quantity, milli_value, parse_quantity, rfc3339
 from gpuscale.selectors import LabelSelector
 
 _RESOURCES = {"Deployment": "deployments.apps", "StatefulSet": "statefulsets.apps", "ReplicaSet": "replicasets.apps"}
@@ -61,6 +64,53 @@ def _or_unavailable(value: Any, name: str) -> Any:
     return value
 
 
+def hpa_status(hpa: HorizontalPodAutoscaler, decision: Decision, *, wall: float, last_scale: float | None) -> dict:
+    """The ``status`` kube-controller-manager writes after a sync (autoscaling/v2), from one decision."""
+    usage = {p.metric: p.usage_milli for p in decision.proposals if p.replicas is not None}
+    current = []
+    for spec in hpa.spec.metrics:
+        source = spec.pods or spec.object or spec.external
+        milli = usage.get(spec.metric_name)
+        if source is None or milli is None:
+            continue  # NB: an invalid metric has no current value; kube leaves it out as well
+        key = "averageValue" if source.target.average_value is not None else "value"
+        status: dict = {"metric": {"name": spec.metric_name}, "current": {key: format_quantity(milli / 1000)}}
+        if spec.object is not None:
+            ref = spec.object.described_object
+            status["describedObject"] = {"apiVersion": ref.api_version, "kind": ref.kind, "name": ref.name}
+        current.append({"type": spec.type, spec.type.lower(): status})
+    stamp = rfc3339(wall)
+    valid = bool(current) or not hpa.spec.metrics
+    errors = "; ".join(p.error for p in decision.proposals if p.replicas is None and p.error)
+    conditions = [
+        {
+            "type": "AbleToScale",
+            "status": "True",
+            "reason": "SucceededRescale" if decision.rescale else "ReadyForNewScale",
+            "message": f"the HPA controller was able to update the target scale to {decision.desired_replicas}"
+            if decision.rescale
+            else "recommended size matches current size",
+            "lastTransitionTime": stamp,
+        },
+        {
+            "type": "ScalingActive",
+            "status": "True" if valid else "False",
+            "reason": "ValidMetricFound" if valid else "FailedGetPodsMetric",
+            "message": "the HPA was able to successfully calculate a replica count" if valid else errors,
+            "lastTransitionTime": stamp,
+        },
+    ]
+    out: dict = {
+        "currentReplicas": decision.current_replicas,
+        "desiredReplicas": decision.desired_replicas,
+        "currentMetrics": current,
+        "conditions": conditions,
+    }
+    if last_scale is not None:
+        out["lastScaleTime"] = rfc3339(last_scale)
+    return out
+
+
 @dataclass
 class SyncResult:
     decision: Decision
@@ -83,6 +133,10 @@ class HpaLoop:
         ref = hpa.spec.scale_target_ref
         group = "apps/v1" if ref.kind in _RESOURCES else (ref.api_version or "apps/v1")
         self.scale_path = f"/apis/{group}/namespaces/{self.namespace}/{ref.kind.lower()}s/{ref.name}/scale"
+        self.status_path = (
+            f"/apis/autoscaling/v2/namespaces/{self.namespace}/horizontalpodautoscalers/{hpa.metadata.name}/status"
+        )
+        self.last_scale: float | None = None
 
     async def _json(self, url: str) -> tuple[int, Any]:
         try:
@@ -170,4 +224,21 @@ class HpaLoop:
                 if resp.status != 200:
                     text = await resp.text()
                     raise SourceUnavailable(self.kube_url, f"scale update answered HTTP {resp.status}: {text[:200]}")
+            self.last_scale = time.time()
+        await self._write_status(decision)
         return SyncResult(decision, fetched, pods)
+
+    async def _write_status(self, decision: Decision) -> None:
+        """The HPA object's status, as the controller writes it; no HPA object in the API (404) is fine: the
+        manifest may live only in a file."""
+        body = {"status": hpa_status(self.hpa, decision, wall=time.time(), last_scale=self.last_scale)}
+        headers = {"Content-Type": "application/merge-patch+json"}
+        try:
+            async with self.session.patch(self.kube_url + self.status_path, json=body, headers=headers) as resp:
+                if resp.status not in (200, 404):
+                    text = await resp.text()
+                    raise SourceUnavailable(
+                        self.kube_url, f"HPA status update answered HTTP {resp.status}: {text[:200]}"
+                    )
+        except aiohttp.ClientError as e:
+            raise SourceUnavailable(self.kube_url, str(e) or type(e).__name__) from e

@@ -110,6 +110,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from gpuscale.disruption import pdb_selects
 from gpuscale.errors import SelectorError
+from gpuscale.model import format_quantity, parse_quantity
 from gpuscale.selectors import FieldSelector, LabelSelector, field_value, label_key_problem, label_value_problem
 from gpuscale.sim.disruption_controller import budget_status, can_ignore_budgets, eviction_verdict
 
@@ -1508,8 +1509,9 @@ def _hpa_targets(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
         key = "averageValue" if "averageValue" in target else "value"
         if kind == "resource" and "averageUtilization" in target:
             key = "averageUtilization"
-        now = current.get(key, "<unknown>")
-        text = f"{now}%/{target[key]}%" if key == "averageUtilization" else f"{now}/{target.get(key, '<none>')}"
+        now = _canonical(current[key]) if key in current else "<unknown>"
+        goal = _canonical(target[key]) if key in target else "<none>"
+        text = f"{now}%/{goal}%" if key == "averageUtilization" else f"{now}/{goal}"
         if kind == "resource":
             text = f"{(metric.get('resource') or {}).get('name', '')}: {text}"
         elif key == "averageValue" and kind in ("object", "external"):
@@ -1517,6 +1519,14 @@ def _hpa_targets(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
         shown.append(text)
     more = len(shown) - 2
     return ", ".join(shown[:2]) + (f" + {more} more..." if more > 0 else "")
+
+
+def _canonical(quantity: Any) -> str:
+    """A quantity as kube-apiserver stores it ("1000m" → "1"); kubectl prints the stored form."""
+    try:
+        return format_quantity(parse_quantity(str(quantity)))
+    except ValueError:
+        return str(quantity)
 
 
 def _hpa_row(o: Mapping[str, Any]) -> list[Any]:

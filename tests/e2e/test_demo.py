@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import shlex
+import signal
 import sys
 import time
 
@@ -15,6 +16,21 @@ from gpuscale.model import parse_quantity
 from tests.e2e.test_kubectl import KUBECTL, run
 
 pytestmark = pytest.mark.e2e
+
+
+def _printed(lines: list[str]) -> list[str]:
+    return [line.strip() for line in lines if line.strip().startswith("kubectl ")]
+
+
+async def _until(proc: asyncio.subprocess.Process, text: str, *, timeout: float) -> str:
+    """The demo's output up to and including the line holding ``text``."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in seen):
+        line = (await asyncio.wait_for(proc.stdout.readline(), max(0.1, deadline - time.monotonic()))).decode()
+        assert line, "demo exited early:\n" + "".join(seen)
+        seen.append(line)
+    return "".join(seen)
 
 
 async def test_demo_prints_working_kubectl_commands_and_live_values():
@@ -80,12 +96,27 @@ async def test_demo_prints_working_kubectl_commands_and_live_values():
                 assert cells["VERDICT"] == "under-filled" and cells["SERVING"] == "batch-limited", out
                 assert int(cells["QUEUE"]) >= 1 and int(cells["BATCH"]) > 0, out
                 assert cells["KV"].endswith("%") and cells["TTFT95"].endswith("s"), out
-        rest = (await asyncio.wait_for(proc.stdout.read(), 40)).decode()
+        rest = await _until(proc, "Still serving", timeout=60)
         table = "".join(lines[-3:]) + rest
         # The util trap is on screen: the LLM pods at 100 % GPU util, with the queue their NIM server reports.
         nim_rows = re.findall(r"nim/llama3-8b-\S+\s+│\s+100\.0\s+│.*", table)
         assert len(nim_rows) >= 2, table[-2000:]  # the first table and, after the replay, the last
         assert all(float(row.split("│")[7]) >= 1 for row in nim_rows), nim_rows
+        # The replay is over and the demo is still up: the printed commands still work (README command one is
+        # something to explore, not 60 seconds to copy from)...
+        code, out, err = await run(KUBECTL, *shlex.split(commands[-1])[1:])
+        assert code == 0 and "MetricValueList" in out, (code, err)
+        # ...and the simulated API serves the demo's HPA with the status its loop wrote, as kubectl prints it.
+        (get_hpa,) = [c for c in _printed(lines) if c.endswith("get hpa -n inference")]
+        code, out, err = await run(*shlex.split(get_hpa))
+        assert code == 0, err
+        header, row = out.splitlines()[0].split(), out.splitlines()[1].split()
+        assert header == ["NAME", "REFERENCE", "TARGETS", "MINPODS", "MAXPODS", "REPLICAS", "AGE"], out
+        assert row[:2] == ["triton-bert", "Deployment/triton-bert"], out
+        current, target = row[2].split("/")
+        assert target == "1" and current != "<unknown>" and parse_quantity(current) >= 0, out
+        assert row[3:5] == ["1", "10"] and int(row[5]) >= 1, out
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:
         if proc.returncode is None:

@@ -24,6 +24,7 @@ async def test_demo_scales_the_deployment_and_writes_a_summary():
         "0",
         "--duration",
         "15s",
+        "--no-keep-running",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -45,3 +46,7 @@ async def test_demo_scales_the_deployment_and_writes_a_summary():
     html = page.read_text()
     assert html.count("<svg") == 2 and "triton-bert" in html
     assert re.search(r"<td>triton-bert</td><td>[0-9.]+</td>", html)
+    # The pods' start-up is what was measured (a scale-up until its pods were counted ready), never a made-up 0 s.
+    said = re.search(r"New pods were counted ready (\S+) trace-seconds after a scale-up", out)
+    assert said and float(said.group(1)) > 0, out[-3000:]
+    assert f"new replicas ready after {said.group(1)} s." in html

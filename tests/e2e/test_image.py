@@ -115,7 +115,7 @@ def test_process_runs_as_uid_65532(image):
 
 
 def test_demo_runs_in_the_image(image):
-    out = image.run("gpuscale", "demo", "--duration", "10s", "--port", "0", timeout=90)
+    out = image.run("gpuscale", "demo", "--duration", "10s", "--port", "0", "--no-keep-running", timeout=90)
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
     assert "What the HPA sees" in out.stdout
 
@@ -172,6 +172,7 @@ def test_demo_writes_nothing_outside_tmp_even_as_root_with_bytecode_writing_on(i
             "5s",
             "--port",
             "0",
+            "--no-keep-running",
             options=("--user", "0:0", "--env", "PYTHONDONTWRITEBYTECODE="),
             timeout=90,
         )

@@ -192,7 +192,7 @@ async def test_top_and_the_kubectl_plugin(installed):
 
 
 async def test_demo_runs_and_its_printed_commands_work_in_a_new_terminal(installed):
-    proc = await installed.start("gpuscale", "demo", "--duration", "10s", "--port", "0")
+    proc = await installed.start("gpuscale", "demo", "--duration", "10s", "--port", "0", "--no-keep-running")
     lines: list[str] = []
     try:
         while not any("What the HPA sees" in line for line in lines):
