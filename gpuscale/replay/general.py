@@ -118,7 +118,8 @@ class GeneralServingModel:
         self.model_of = trace.model
         self.swap_s = swap_s
         self.step_s = step_s
-        self.replicas: list[ServiceReplica] = []
+        self.replicas: list[ServiceReplica] = []  # every replica ever started (for GPU-hours)
+        self.present: list[ServiceReplica] = []  # those not gone yet: what each step looks at
         self.next_arrival = 0
         self.unrouted: deque[int] = deque()
         self.ready_count = 0
@@ -133,10 +134,11 @@ class GeneralServingModel:
         replica = ServiceReplica(f"server-{self._serial:03d}", now, now + startup_s, self.profile, self)
         replica.last_change = now
         self.replicas.append(replica)
+        self.present.append(replica)
         return replica
 
     def live(self) -> list[ServiceReplica]:
-        return [r for r in self.replicas if r.deleting_since is None]
+        return [r for r in self.present if r.deleting_since is None]
 
     def scale_to(self, now: float, replicas: int, *, startup_s: float | list[float]) -> None:
         """As ServingModel.scale_to; a deleted replica finishes what it runs (it has no queue of its own)."""
@@ -150,8 +152,9 @@ class GeneralServingModel:
         """Process every arrival, completion and readiness in [now, now + step) in time order."""
         end = now + self.step_s
         arrival = self.requests.arrival
-        pending_ready = sorted((r.ready_at, i) for i, r in enumerate(self.replicas) if now < r.ready_at < end)
-        self.ready_count = sum(1 for r in self.replicas if r.ready(now))
+        present = self.present
+        pending_ready = sorted((r.ready_at, i) for i, r in enumerate(present) if now < r.ready_at < end)
+        self.ready_count = sum(1 for r in present if r.ready(now))
         self._dispatch(now)
         k = 0
         while True:
@@ -166,13 +169,13 @@ class GeneralServingModel:
                 self._finish(i, r, t)
             elif t_ready == t:
                 k += 1
-                if self.replicas[pending_ready[k - 1][1]].ready(t):
+                if present[pending_ready[k - 1][1]].ready(t):
                     self.ready_count += 1
             else:
                 self.unrouted.append(self.next_arrival)
                 self.next_arrival += 1
             self._dispatch(max(t, now))
-        for r in self.replicas:
+        for r in present:
             if r.gone_at is None:
                 r.account(end)
                 r.util = (100 * r.busy / self.step_s, 100 * r.occupied / (self.step_s * r.profile.concurrency), 0.0)
@@ -180,11 +183,12 @@ class GeneralServingModel:
                 r.busy = r.occupied = 0.0
                 if r.deleting_since is not None and r.idle:
                     r.gone_at = end
+        self.present = [r for r in present if r.gone_at is None]
 
     def _dispatch(self, t: float) -> None:
         if not self.unrouted:
             return
-        ready = [r for r in self.replicas if r.ready(t) and r.free > 0]
+        ready = [r for r in self.present if r.ready(t) and r.free > 0]
         while self.unrouted and ready:
             best = max(ready, key=lambda r: r.free)  # NB: max keeps the first of equals: replica order
             i = self.unrouted.popleft()
@@ -233,5 +237,5 @@ class GeneralServingModel:
             self.next_arrival >= len(self.requests.arrival)
             and not self.unrouted
             and not self._finishing
-            and all(r.idle for r in self.replicas if r.gone_at is None)
+            and all(r.idle for r in self.present if r.gone_at is None)
         )

@@ -159,7 +159,8 @@ class ServingModel:
         self.profile = profile
         self.requests = Requests(trace)
         self.step_s = step_s
-        self.replicas: list[Replica] = []
+        self.replicas: list[Replica] = []  # every replica ever started (for GPU-hours)
+        self.present: list[Replica] = []  # those not gone yet: what each step looks at
         self.next_arrival = 0
         self.unrouted: deque[int] = deque()  # requests with no ready replica to go to
         self._serial = 0
@@ -170,10 +171,11 @@ class ServingModel:
         self._serial += 1
         replica = Replica(f"server-{self._serial:03d}", now, now + startup_s, self.profile)
         self.replicas.append(replica)
+        self.present.append(replica)
         return replica
 
     def live(self) -> list[Replica]:
-        return [r for r in self.replicas if r.deleting_since is None]
+        return [r for r in self.present if r.deleting_since is None]
 
     def scale_to(self, now: float, replicas: int, *, startup_s: float | list[float]) -> None:
         """The Deployment's new replica count: new pods start loading (``startup_s``: one for all, or one
@@ -194,7 +196,7 @@ class ServingModel:
         runs between iterations), so no request starts — and no first token comes — before it arrived."""
         end = now + self.step_s
         arrival = self.requests.arrival
-        ready = [r for r in self.replicas if r.ready(now)]
+        ready = [r for r in self.present if r.ready(now)]
         if ready:
             while self.unrouted:
                 self._route(self.unrouted.popleft(), ready)
@@ -205,11 +207,12 @@ class ServingModel:
                 self._route(i, ready)
             else:
                 self.unrouted.append(i)
-        for r in self.replicas:
+        for r in self.present:
             if r.gone_at is None:
                 self._run(r, now)
                 if r.deleting_since is not None and r.idle:
                     r.gone_at = end
+        self.present = [r for r in self.present if r.gone_at is None]
 
     @staticmethod
     def _route(i: int, ready: list[Replica]) -> None:
@@ -311,5 +314,5 @@ class ServingModel:
         return (
             self.next_arrival >= len(self.requests.arrival)
             and not self.unrouted
-            and all(r.idle for r in self.replicas if r.gone_at is None)
+            and all(r.idle for r in self.present if r.gone_at is None)
         )

@@ -110,16 +110,17 @@ class AdapterView:
 
     def refresh(self, now: float) -> None:
         latest: dict[str, dict[str, Reading]] = {}
-        for r in self.model.replicas:
+        for r in self.model.present:
             if r.gone_at is not None and r.gone_at <= now:
-                self._history.pop(r.name, None)
                 continue
             latest[r.name] = self._read(r, now)
+        for name in [n for n in self._history if n not in latest]:
+            del self._history[name]
         self.latest = latest
         self.refreshed_at = now
         # the whole queue, the balancer's included: what a gateway exports as one series (and what an
         # Object/External queue metric can scale from zero on, when there is no pod to report it)
-        live = [r for r in self.model.replicas if r.gone_at is None]
+        live = [r for r in self.model.present if r.gone_at is None]
         self.queued = sum(len(r.waiting) for r in live) + len(self.model.unrouted)
 
     def _read(self, r: Replica, now: float) -> dict[str, Reading]:
@@ -172,7 +173,7 @@ class AdapterView:
 
     def pods(self, metric: MetricIdentifier) -> Mapping[str, int]:
         # NB: like the adapter, answer only for pods that still exist (the last refresh may predate a deletion)
-        live = {r.name for r in self.model.replicas if r.gone_at is None}
+        live = {r.name for r in self.model.present if r.gone_at is None}
         out = {
             pod: milli_value(float(v[metric.name][0]))
             for pod, v in self.latest.items()

@@ -41,7 +41,9 @@ class ReplaySettings:
     startup: Distribution | None = None  # start-up as measured (default: the constant ``startup_s``)
     service_time: Distribution | None = None  # general model, when the trace has no service_time column
     swap_time: Distribution | None = None  # general model: loading a model a replica has not loaded
-    general_step_s: float = 1.0  # the general model is exact within a step: this is only its sampling period
+    # the general model is exact within a step, so its step is only how often GPU activity is sampled:
+    # the adapter's refresh interval by default (one step per refresh keeps long traces fast)
+    general_step_s: float | None = None
     seed: int = 0
 
 
@@ -84,7 +86,7 @@ def replay(
         if k and k % per_sync == 0:
             pods = [
                 PodInfo(r.name, ready=now >= r.ready_at, deleting=r.deleting_since is not None)
-                for r in model.replicas
+                for r in model.present
                 if r.gone_at is None
             ]
             decision = auto.reconcile(now, spec_replicas=spec, pods=pods, readings=view)
@@ -126,7 +128,7 @@ def make_model(
     if settings.swap_time is not None:
         swap_s = np.asarray(settings.swap_time.draw(draws, len(trace)), dtype=np.float64)
     return GeneralServingModel(
-        trace, profile=profile, service_s=service_s, swap_s=swap_s, step_s=settings.general_step_s
+        trace, profile=profile, service_s=service_s, swap_s=swap_s, step_s=settings.general_step_s or settings.refresh_s
     )
 
 
@@ -137,7 +139,7 @@ def _why(decision: Decision) -> str:
 
 
 def _sample(now: float, spec: int, model: ServingModel | GeneralServingModel) -> Sample:
-    live = [r for r in model.replicas if r.gone_at is None]
+    live = [r for r in model.present if r.gone_at is None]
     ready = [r for r in live if r.ready(now)]
     util = [model.gpu_activity(r) for r in ready]
     return Sample(

@@ -120,8 +120,13 @@ def parse_trace(text: str, *, source: str) -> Trace:
     )
 
 
-def _arrivals(times: tuple[float, ...] | list[float], lines: tuple[int, ...] | list[int], source: str) -> np.ndarray:
+def _arrivals(
+    times: tuple[float, ...] | list[float] | np.ndarray, lines: tuple[int, ...] | list[int], source: str
+) -> np.ndarray:
     arrival = np.asarray(times, dtype=np.float64)
+    odd = np.flatnonzero(~np.isfinite(arrival))
+    if len(odd):
+        raise ConfigError(f"line {lines[odd[0]]}: timestamp must be a finite number of seconds", path=source)
     bad = np.flatnonzero(np.diff(arrival) < 0)
     if len(bad):
         i = int(bad[0]) + 1
@@ -134,42 +139,67 @@ def _service_time_trace(text: str, header: list[str], *, name: str, source: str)
     next(reader)
     at, st = header.index("timestamp"), header.index("service_time")
     mt = header.index("model") if "model" in header else None
-    lines, times, service, models = [], [], [], []
-    codes: dict[str, int] = {}
+    lines, stamps, costs, names = [], [], [], []
+    width = len(header)
     for line_no, row in enumerate(reader, 2):
         if not row or not "".join(row).strip():
             continue
-        row += [""] * (len(header) - len(row))
-        times.append(parse_timestamp(row[at].strip(), column="timestamp", line=line_no, source=source))
-        cell = row[st].strip()
-        try:
-            seconds = float(cell)
-        except ValueError:
-            raise ConfigError(
-                f"line {line_no}: service_time must be a number of seconds (got {cell!r})", path=source
-            ) from None
-        if not np.isfinite(seconds) or seconds < 0:
-            raise ConfigError(f"line {line_no}: service_time must be ≥ 0 seconds (got {cell!r})", path=source)
-        service.append(seconds)
-        if mt is not None:
-            model = row[mt].strip()
-            if not model:
-                raise ConfigError(f"line {line_no}: model is missing", path=source)
-            models.append(codes.setdefault(model, len(codes)))
+        if len(row) < width:
+            row += [""] * (width - len(row))
         lines.append(line_no)
+        stamps.append(row[at])
+        costs.append(row[st])
+        if mt is not None:
+            names.append(row[mt].strip())
     if not lines:
         raise ConfigError("no requests in the trace", path=source)
+    # NB: numpy converts a whole column at once (a 23-day trace has millions of rows); the row-by-row
+    # parsers below run only when that fails, to name the line and take ISO 8601 times
+    try:
+        times = np.asarray(stamps, dtype=np.float64)
+    except ValueError:
+        times = np.array(
+            [
+                parse_timestamp(s.strip(), column="timestamp", line=n, source=source)
+                for n, s in zip(lines, stamps, strict=True)
+            ]
+        )
+    try:
+        service = np.asarray(costs, dtype=np.float64)
+    except ValueError:
+        service = np.array([_service_time(c, line=n, source=source) for n, c in zip(lines, costs, strict=True)])
+    bad = np.flatnonzero(~np.isfinite(service) | (service < 0))
+    if len(bad):
+        _service_time(costs[bad[0]], line=lines[bad[0]], source=source)
+    models: list[int] = []
+    codes: dict[str, int] = {}
+    for n, name in zip(lines, names, strict=False):  # NB: names is empty without a model column
+        if not name:
+            raise ConfigError(f"line {n}: model is missing", path=source)
+        models.append(codes.setdefault(name, len(codes)))
     zeros = np.zeros(len(lines), dtype=np.int64)
     return Trace(
         name,
         _arrivals(times, lines, source),
         zeros,
         zeros.copy(),
-        np.asarray(service, dtype=np.float64),
+        service,
         np.asarray(models, dtype=np.int64) if mt is not None else None,
         tuple(codes),
         float(times[0]),
     )
+
+
+def _service_time(cell: str, *, line: int, source: str) -> float:
+    try:
+        seconds = float(cell)
+    except ValueError:
+        raise ConfigError(
+            f"line {line}: service_time must be a number of seconds (got {cell.strip()!r})", path=source
+        ) from None
+    if not np.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"line {line}: service_time must be ≥ 0 seconds (got {cell.strip()!r})", path=source)
+    return seconds
 
 
 def _tokens(value: object, *, field: str, line: int, source: str) -> int:
