@@ -118,10 +118,10 @@ def make_model(
     if isinstance(profile, ServingProfile):
         return ServingModel(trace, profile=profile, step_s=settings.step_s)
     draws = np.random.default_rng([settings.seed, 0])
-    if trace.service_s is not None:
-        service_s = trace.service_s
-    elif settings.service_time is not None:
+    if settings.service_time is not None:  # NB: the flag wins over the trace's column: the user asked for it
         service_s = np.asarray(settings.service_time.draw(draws, len(trace)), dtype=np.float64)
+    elif trace.service_s is not None:
+        service_s = trace.service_s
     else:
         raise ValueError("the general model needs service times: a service_time column or a service_time distribution")
     swap_s = None

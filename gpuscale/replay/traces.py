@@ -173,10 +173,10 @@ def _service_time_trace(text: str, header: list[str], *, name: str, source: str)
         _service_time(costs[bad[0]], line=lines[bad[0]], source=source)
     models: list[int] = []
     codes: dict[str, int] = {}
-    for n, name in zip(lines, names, strict=False):  # NB: names is empty without a model column
-        if not name:
+    for n, model in zip(lines, names, strict=False):  # NB: names is empty without a model column
+        if not model:
             raise ConfigError(f"line {n}: model is missing", path=source)
-        models.append(codes.setdefault(name, len(codes)))
+        models.append(codes.setdefault(model, len(codes)))
     zeros = np.zeros(len(lines), dtype=np.int64)
     return Trace(
         name,

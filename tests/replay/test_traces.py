@@ -74,7 +74,7 @@ def test_service_time_trace_with_models_any_column_order():
     )
     assert list(t.arrival_s) == [0.0, 0.0, 1.5]
     assert list(t.service_s) == [1.5, 0.0, 2.25]
-    assert t.models == ("sdxl", "lora-a")
+    assert t.models == ("sdxl", "lora-a") and t.name == "img.csv" and t.origin == 100.0
     assert list(t.model) == [0, 1, 0]
     w = t.window(start_s=1.0).scaled(2.0)
     assert list(w.service_s) == [2.25, 2.25] and list(w.model) == [0, 0]
