@@ -327,6 +327,9 @@ def test_deployment_is_highly_available_and_locked_down(render, variant):
 
     assert pod["serviceAccountName"] == APP
     one(objects, "ServiceAccount", APP, NAMESPACE)
+    # The HPA depends on it: a priority above ordinary pods, from a class the same kustomization creates.
+    priority = one(objects, "PriorityClass", pod["priorityClassName"])
+    assert 0 < priority["value"] < 1_000_000_000 and priority.get("globalDefault") is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
@@ -384,6 +387,16 @@ def test_catalogue_and_cert_dir_are_mounted(render, variant):
     config_map = one(objects, "ConfigMap", volumes[mounts["/etc/gpuscale"]]["configMap"]["name"], NAMESPACE)
     assert config_map["metadata"]["name"].startswith("gpuscale-metrics-"), "hash suffix rolls the pods on change"
     assert config_map["data"]["metrics.yaml"] == CATALOGUE.read_text()
+
+
+def test_the_controller_has_the_same_priority_class_as_the_adapter():
+    base, controller = (DEPLOY / d / "priorityclass.yaml" for d in ("base", "controller"))
+    assert base.read_text() == controller.read_text()
+    objects = _kustomize(DEPLOY / "controller")
+    pod = one(objects, "Deployment", "gpuscale-controller")["spec"]["template"]["spec"]
+    assert one(objects, "PriorityClass", pod["priorityClassName"]) == yaml.safe_load(base.read_text()) | {
+        "metadata": {"name": "gpuscale-critical", "labels": {"app.kubernetes.io/part-of": "gpuscale"}}
+    }
 
 
 def test_base_catalogue_is_a_copy_of_policies():
@@ -764,3 +777,35 @@ def test_readme_shows_the_commands_it_documents():
     # Every path the README names under deploy/ exists.
     for path in set(re.findall(r"deploy/[A-Za-z0-9_./-]+[A-Za-z0-9_]", readme)):
         assert (ROOT / path).exists(), f"README names {path}, which does not exist"
+
+
+def _readme_rbac_rows() -> set[tuple[str, str, str, str]]:
+    """(where, group, resources, verbs) of deploy/README.md's controller RBAC table, normalised."""
+    text = (DEPLOY / "README.md").read_text()
+    table = text.split("<!-- controller-rbac -->", 1)[1].split("<!-- /controller-rbac -->", 1)[0]
+    rows = set()
+    for line in table.strip().splitlines()[2:]:
+        where, groups, resources, verbs, _ = (c.strip() for c in line.strip("|").split("|"))
+        for group in groups.split(", "):
+            rows.add((where, "" if group == "core" else group, resources, ", ".join(sorted(verbs.split(", ")))))
+    return rows
+
+
+def test_the_readme_states_the_controllers_rbac_as_the_manifests_grant_it():
+    objects = _kustomize(DEPLOY / "controller")
+    granted = set()
+    for role in [o for o in objects if o["kind"] in ("ClusterRole", "Role")]:
+        where = role["metadata"].get("namespace", "cluster")
+        for rule in role["rules"]:
+            names = " ".join(f"`{n}`" for n in rule.get("resourceNames", []))
+            resources = ", ".join(rule["resources"]) + (f" {names}" if names else "")
+            for group in rule["apiGroups"]:
+                granted.add((where, group, resources, ", ".join(sorted(rule["verbs"]))))
+    assert _readme_rbac_rows() == granted
+
+
+def test_the_readme_lists_every_example():
+    readme = (DEPLOY / "README.md").read_text()
+    for example in sorted((DEPLOY / "examples").glob("*.yaml")):
+        if example.name != "kustomization.yaml":
+            assert f"`{example.name}`" in readme, f"deploy/README.md does not list examples/{example.name}"

@@ -102,3 +102,12 @@ def test_a_broken_link_is_found(tmp_path):
     page.write_text("# Title\n\n[ok](#title) [gone](missing.md) [bad](#nope)\n```\n[in code](nowhere.md)\n```\n")
     assert [t for _, t in links(page)] == ["#title", "missing.md", "#nope"]
     assert anchors(page) == {"title"}
+
+
+def test_the_install_page_names_every_run_time_dependency():
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0] for d in deps]
+    page = (ROOT / "docs" / "install.md").read_text().lower()
+    assert names and not [n for n in names if n.lower() not in page], names

@@ -104,8 +104,9 @@ def _charts(report: Report) -> dict[str, str]:
                 height=330,
                 fill=True,
                 show_dots=False,
-                x_title=f"hours since {when(start)} UTC",
-                y_title="GPUs (mean per point)",
+                include_x_axis=True,  # NB: GPU counts start at 0; a y axis from 30 would make 35 look like 3×
+                x_title=f"hours since {when(start)} UTC (each point: the mean GPUs over its interval)",
+                y_title="GPUs",  # NB: pygal wraps a rotated title longer than ~14 characters
             ),
         )
         hours = [round((p.t - start) / 3600.0, 3) for p in report.timeline]

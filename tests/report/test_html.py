@@ -52,3 +52,22 @@ def test_the_html_report_renders_its_charts_in_headless_chromium(tmp_path):
     assert colour_pixels(png, "#440154") > 1000  # the 0–10 % band of the distribution
     blank = (png[:, :, :3] > 0.97).all(axis=2).mean()
     assert blank < 0.97, f"{blank:.1%} of the page is white"
+
+
+def test_the_timeline_starts_at_zero_gpus_and_its_axis_title_is_one_line():
+    """A fleet that never drops below 4 allocated GPUs: the y axis still starts at 0, and "GPUs" is not wrapped."""
+    import re
+
+    from gpuscale.report.html import _charts
+
+    h = history(hours=24)
+    add_pod(h, pod="trainer-0", owner=("Job", "trainer"), requests=4, gpus=4, values=constant(sm_active=0.6))
+    svg = _charts(build_report(h, policy=load_report_policy(), generated_at=0))["timeline"]
+    y_axis = re.search(r'<g class="axis y[^"]*">(.*?)<g class="axis x', svg, re.S) or re.search(
+        r'<g class="axis y[^"]*">(.*)', svg, re.S
+    )
+    ticks = [float(v) for v in re.findall(r"<text[^>]*>(-?[0-9.]+)</text>", y_axis.group(1))]
+    assert ticks and min(ticks) == 0, ticks
+    titles = re.findall(r'<text[^>]*class="title"[^>]*>(.*?)</text>', svg)
+    assert "GPUs" in titles and not [t for t in titles if t.startswith("GPUs") and t != "GPUs"], titles
+    assert len(titles) == 2 and titles[0].startswith("hours since "), titles  # each title one line
