@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 import aiohttp
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
@@ -203,8 +204,10 @@ def run_simulate(settings: SimulateSettings) -> dict:
         )
         for source, hpa in hpas
     ]
+    per_minute = np.bincount((trace.arrival_s // 60).astype(np.int64)) / 60.0
     return document(
         trace_name=trace.name,
+        requests_per_s_by_minute=[round(float(v), 4) for v in per_minute],
         requests=len(trace),
         duration_s=trace.duration_s,
         profile=profile,

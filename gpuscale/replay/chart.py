@@ -1,5 +1,7 @@
-"""A self-contained HTML page of a simulate document: the summary table and, per HPA, a chart of replicas,
-queue and GPU util over time, and its scaling events.
+"""A self-contained HTML page of a simulate document: the summary table, the request rate, one chart of every
+HPA's replicas side by side and, per HPA, a chart of replicas (desired and ready, drawn as the steps they
+are), queue and GPU util over time, and its scaling events. Every y axis starts at 0; tick labels carry
+enough digits not to repeat.
 
 Charts are drawn by pygal (small, pure Python, SVG out) with its JavaScript left out, so the page is plain
 HTML + inline SVG: it opens with no network, and prints. ``render_html`` is pure; ``write_html`` writes it.
@@ -25,6 +27,11 @@ _STYLE = Style(
 )
 
 
+def _tick(v: float) -> str:
+    # NB: "{:.0f}" printed 0, 0, 1, 1 on a small range, "{:.3g}" 3.01e+03 on a large one
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def _xy(title: str, y_title: str, **options: Any) -> pygal.XY:
     return pygal.XY(
         style=_STYLE,
@@ -38,9 +45,38 @@ def _xy(title: str, y_title: str, **options: Any) -> pygal.XY:
         legend_at_bottom=True,
         truncate_legend=-1,
         title=title,
-        value_formatter=lambda v: f"{v:.0f}",
+        value_formatter=_tick,
+        include_x_axis=True,  # NB: pygal's name for "the y range includes 0"
         **options,
     )
+
+
+def _steps(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """A replica count holds until the next sample changes it: draw it as steps, not slopes."""
+    out: list[tuple[float, float]] = []
+    for t, v in points:
+        if out:
+            out.append((t, out[-1][1]))
+        out.append((t, v))
+    return out
+
+
+def _rate_chart(trace: dict[str, Any]) -> str:
+    rate = trace.get("requests_per_s_by_minute")
+    if not rate:
+        return ""
+    chart = _xy(f"{trace['name']}: request rate (mean over each minute)", "requests/s")
+    chart.add("requests/s", _steps([(float(m), float(v)) for m, v in enumerate(rate)]))
+    return chart.render(is_unicode=True)
+
+
+def _comparison_chart(results: list[dict[str, Any]]) -> str:
+    if len(results) < 2:
+        return ""
+    chart = _xy("every HPA: desired replicas", "replicas")
+    for r in results:
+        chart.add(r["hpa"], _steps([(round(s["t"] / 60.0, 2), s["desired"]) for s in r["timeline"]]))
+    return chart.render(is_unicode=True)
 
 
 def _chart(result: dict[str, Any]) -> str:
@@ -52,8 +88,8 @@ def _chart(result: dict[str, Any]) -> str:
 
     top = max((s["desired"] for s in timeline), default=1)
     replicas = _xy(f"{result['hpa']}: replicas and queue", "replicas", y_labels=list(range(0, top + 2)))
-    replicas.add("desired replicas", series("desired"))
-    replicas.add("ready replicas", series("ready"))
+    replicas.add("desired replicas", _steps(series("desired")))
+    replicas.add("ready replicas", _steps(series("ready")), stroke_style={"width": 2, "dasharray": "6, 3"})
     replicas.add("queued requests (right axis)", series("queue"), secondary=True)
     gpu = _xy(f"{result['hpa']}: what the GPUs report (mean over ready replicas)", "percent", range=(0, 100))
     gpu.add("GPU util %", series("gpu_util"))
@@ -154,6 +190,7 @@ time ≤ {settings["slo_queue_s"]:g} s per minute; new replicas ready after {set
 <th>max pods</th><th>scale up/down</th></tr>
 {"".join(rows)}
 </table>
+{_rate_chart(trace)}{_comparison_chart(doc["results"])}
 {"".join(sections)}
 </body></html>
 """

@@ -3,6 +3,7 @@ into a screenshot that shows the charts' lines (not a blank page)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,18 +22,27 @@ TRACES = Path(__file__).parents[1] / "fixtures" / "traces"
 MANIFEST = (Path(__file__).parents[2] / "deploy" / "examples" / "triton-hpa.yaml").read_text()
 
 
-def simulated_document() -> dict:
+def simulated_document(*, slow_too: bool = False) -> dict:
     trace = read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv.gz").window(duration_s=900).scaled(4)
     settings = ReplaySettings()
-    hpa = parse_manifests(MANIFEST, source="triton-hpa.yaml")[0]
-    out = replay(trace, hpa, catalogue=load_catalogue(), profile=ServingProfile(), settings=settings, source="x")
+    hpas = [parse_manifests(MANIFEST, source="triton-hpa.yaml")[0]]
+    if slow_too:
+        slow = MANIFEST.replace("name: triton", "name: slow-down", 1) + (
+            "  behavior:\n    scaleDown: {stabilizationWindowSeconds: 600}\n"
+        )
+        hpas.append(parse_manifests(slow, source="slow.yaml")[0])
+    outs = [
+        replay(trace, hpa, catalogue=load_catalogue(), profile=ServingProfile(), settings=settings, source="x")
+        for hpa in hpas
+    ]
     return document(
         trace_name=trace.name,
         requests=len(trace),
         duration_s=trace.duration_s,
         profile=ServingProfile(),
         settings=settings,
-        outcomes=[out],
+        outcomes=outs,
+        requests_per_s_by_minute=list(np.bincount((trace.arrival_s // 60).astype(int)) / 60.0),
     )
 
 
@@ -40,13 +50,30 @@ def test_the_page_is_self_contained():
     page = render_html(simulated_document())
     assert "<script src" not in page and "<link" not in page and "@import" not in page
     assert "default-src 'none'" in page
-    assert page.count("<svg") == 2 and "triton: replicas and queue" in page
+    assert page.count("<svg") == 3 and "triton: replicas and queue" in page and "request rate" in page
+
+
+def test_replicas_are_steps_axes_start_at_zero_and_every_hpa_shares_a_chart():
+    doc = simulated_document(slow_too=True)
+    page = render_html(doc)
+    assert page.count("<svg") == 6 and "every HPA: desired replicas" in page
+    for svg in page.split("<svg")[1:]:
+        axes = [a.split('<g class="series', 1)[0] for a in svg.split('<g class="axis ')[1:] if a.startswith("y")]
+        assert axes
+        for axis in axes:  # the left one and, on the replicas chart, the queue's on the right
+            ticks = re.findall(r"<text[^>]*>([^<]+)</text>", axis)
+            numbers = [t for t in ticks if re.fullmatch(r"-?[0-9.]+", t)]
+            assert len(numbers) == len(set(numbers)), numbers  # no tick label twice on one axis
+            assert "0" in numbers, numbers  # the y axis starts at 0
+    from gpuscale.replay.chart import _steps
+
+    assert _steps([(0.0, 1), (0.25, 3), (0.5, 2)]) == [(0.0, 1), (0.25, 1), (0.25, 3), (0.5, 3), (0.5, 2)]
 
 
 @pytest.mark.e2e
 def test_chromium_renders_the_charts(tmp_path):
     page = tmp_path / "sim.html"
-    page.write_text(render_html(simulated_document()))
+    page.write_text(render_html(simulated_document(slow_too=True)))
     png = screenshot(page, width=1200, height=900, timeout=60).astype(int)
     r, g, b = png[:, :, 0], png[:, :, 1], png[:, :, 2]
     # the lines are drawn (blue: desired replicas, GPU util; green: ready replicas, SM active), not a blank page

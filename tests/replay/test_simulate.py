@@ -131,7 +131,8 @@ def test_cli_json_and_table(tmp_path, capsys):
     page = tmp_path / "out.html"
     assert main(["simulate", "--trace", str(trace), "--hpa", str(manifest), "--html", str(page)]) == 0
     out = capsys.readouterr().out
-    assert "queue" in out and page.read_text().count("<svg") == 2
+    assert "queue" in out and page.read_text().count("<svg") == 3  # request rate, replicas and queue, GPUs
+    assert "t.csv: request rate" in page.read_text() and doc["trace"]["requests_per_s_by_minute"] == [4.0, 2.6667]
     assert "queue: scaling events" in out or "queue: no scaling events" in out
     bad = tmp_path / "bad.yaml"
     bad.write_text(
