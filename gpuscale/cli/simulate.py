@@ -69,7 +69,7 @@ class SimulateSettings(BaseModel):
     conserve_load: bool = Field(
         True, description="history: spread the observed load over the replicas the HPA decides (else replay as seen)"
     )
-    output: Literal["table", "json"] = Field("table", description="table or json (schema: gpuscale.simulate/v1)")
+    output: Literal["table", "json"] = Field("table", description="table or json (schema: gpuscale.simulate/v2)")
     html: str | None = Field(None, description="also write a self-contained HTML chart to this file")
     rate_scale: float = Field(
         1.0, gt=0, description="offer this many times the trace's requests (same arrival pattern)"
@@ -176,7 +176,7 @@ def load_hpas(paths: list[str]) -> list[tuple[str, HorizontalPodAutoscaler]]:
 
 
 def run_simulate(settings: SimulateSettings) -> dict:
-    """The whole report as the JSON document (schema ``gpuscale.simulate/v1``)."""
+    """The whole report as the JSON document (schema ``gpuscale.simulate/v2``)."""
     if settings.policies:
         check_policies_dir(settings.policies)
     catalogue = load_catalogue(settings.config, policies=settings.policies)

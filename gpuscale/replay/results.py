@@ -1,8 +1,8 @@
 """What one replay produced: cost, latency, SLO minutes, the replica timeline and the scaling events.
 
-JSON schema (``gpuscale simulate --output json``; one object, ``schema`` = ``gpuscale.simulate/v1``)::
+JSON schema (``gpuscale simulate --output json``; one object, ``schema`` = ``gpuscale.simulate/v2``)::
 
-    {"schema": "gpuscale.simulate/v1",
+    {"schema": "gpuscale.simulate/v2",
      "trace": {"name", "requests", "duration_s"},
      "profile": {serving profile fields},
      "settings": {startup_s, step_s, refresh_s, sync_s, slo_queue_s, slo_quantile, ...},
@@ -22,7 +22,7 @@ JSON schema (``gpuscale simulate --output json``; one object, ``schema`` = ``gpu
 
 History mode (``--history`` / ``--prometheus-url``) writes the same ``schema`` with ``"mode": "history"``::
 
-    {"schema": "gpuscale.simulate/v1", "mode": "history",
+    {"schema": "gpuscale.simulate/v2", "mode": "history",
      "history": {"source", "start", "duration_s", "metrics": [names], "conserve_load": bool},
      "results": [{"hpa", "source", "observed_replica_hours", "hpa_replica_hours", "max_replicas",
                   "scale_ups", "scale_downs",
@@ -44,7 +44,7 @@ from gpuscale.replay.general import GeneralServingModel
 from gpuscale.replay.serving import ServingModel
 from gpuscale.replay.traces import Trace
 
-SCHEMA = "gpuscale.simulate/v1"
+SCHEMA = "gpuscale.simulate/v2"
 
 
 @dataclass(frozen=True)

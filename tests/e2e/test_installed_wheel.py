@@ -294,6 +294,6 @@ def test_simulate_the_readme_way_from_a_plain_install(installed, tmp_path):
     done = installed.run(*args, "--output", "json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["schema"] == "gpuscale.simulate/v1" and [r["hpa"] for r in doc["results"]] == ["llm-server", "triton"]
+    assert doc["schema"] == "gpuscale.simulate/v2" and [r["hpa"] for r in doc["results"]] == ["llm-server", "triton"]
     missing = installed.run("gpuscale", "simulate", "--trace", "nope.csv", "--hpa", "nope.yaml")
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr

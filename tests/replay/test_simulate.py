@@ -125,7 +125,7 @@ def test_cli_json_and_table(tmp_path, capsys):
     manifest.write_text(HPA.format(name="queue", metric="inference_queue_depth", target="4", max=4))
     assert main(["simulate", "--trace", str(trace), "--hpa", str(manifest), "--output", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema"] == "gpuscale.simulate/v1" and doc["trace"]["requests"] == 400
+    assert doc["schema"] == "gpuscale.simulate/v2" and doc["trace"]["requests"] == 400
     [r] = doc["results"]
     assert r["hpa"] == "queue" and r["requests"]["completed"] == 400 and r["gpu_hours"] > 0
     page = tmp_path / "out.html"
