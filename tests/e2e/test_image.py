@@ -2,7 +2,8 @@
 
 The image is built once for the module into a temporary buildah storage (vfs) and removed afterwards. The
 module is skipped only where buildah cannot run at all; a failing build fails the tests.
-Set GPUSCALE_IMAGE_ROOTFS_CACHE=FILE to keep the mmdebstrap rootfs between runs (faster rebuilds).
+The mmdebstrap rootfs is kept between runs in ~/.cache/gpuscale (``rootfs_cache``; GPUSCALE_IMAGE_ROOTFS_CACHE=FILE
+to put it elsewhere): everything gpuscale puts into the image is still built and installed on every run.
 """
 
 from __future__ import annotations
@@ -63,6 +64,19 @@ def _cannot_run_buildah(tmp: Path) -> str | None:
     return None
 
 
+def rootfs_cache() -> Path:
+    """Where the Debian rootfs is kept between runs: a one-time build, like the Kubernetes binaries (mmdebstrap
+    is most of a cold build). Keyed on build-offline itself, so a changed package list makes a new one;
+    GPUSCALE_IMAGE_ROOTFS_CACHE=FILE names another place. The gpuscale wheel and its dependencies are built
+    and installed into the image afresh on every run."""
+    if os.environ.get("GPUSCALE_IMAGE_ROOTFS_CACHE"):
+        return Path(os.environ["GPUSCALE_IMAGE_ROOTFS_CACHE"])
+    import hashlib
+
+    key = hashlib.sha256(BUILD.read_bytes()).hexdigest()[:12]
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuscale" / f"image-rootfs-{key}.tar"
+
+
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("image")
@@ -70,9 +84,7 @@ def image(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     img = Image(tmp / "storage")
-    args = [str(BUILD), "--storage-root", str(img.storage), "--tag", TAG]
-    if os.environ.get("GPUSCALE_IMAGE_ROOTFS_CACHE"):
-        args += ["--rootfs-cache", os.environ["GPUSCALE_IMAGE_ROOTFS_CACHE"]]
+    args = [str(BUILD), "--storage-root", str(img.storage), "--tag", TAG, "--rootfs-cache", str(rootfs_cache())]
     try:
         build = subprocess.run(args, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
         assert build.returncode == 0, f"build-offline failed ({build.returncode}):\n{build.stderr[-4000:]}"
