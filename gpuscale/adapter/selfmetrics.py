@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpuscale.buildinfo import register_build_info
 from gpuscale.errors import one_line
 from gpuscale.metrics.series import HealthReporter
 from gpuscale.metrics.store import MetricsStore, Snapshot
@@ -72,6 +73,7 @@ class _SourceCollector(Collector):
 class AdapterMetrics:
     def __init__(self, sources: Callable[[], Iterable[HealthReporter]], *, clock: Callable[[], float] = time.time):
         self.registry = CollectorRegistry()
+        register_build_info(self.registry)
         self.requests = Counter(
             "gpuscale_adapter_requests",
             "Metrics API requests by API group, resource and HTTP code.",

@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+from gpuscale import __version__
 from gpuscale.cli.report import ReportSettings, add_report_arguments, run_report
 from gpuscale.cli.top import TopSettings, add_top_arguments, run_top
 from gpuscale.errors import GpuscaleError
@@ -19,6 +20,8 @@ from gpuscale.settings import AdapterSettings, ControllerSettings, DemoSettings,
 def _parser(prog: str = "gpuscale") -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The parser and each subcommand's own (whose usage an error in that subcommand's flags prints)."""
     parser = argparse.ArgumentParser(prog=prog, description="GPU and inference metrics for the HPA.")
+    # NB: the same version the image is tagged with (deploy/image) and gpuscale_build_info reports.
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     adapter = sub.add_parser("adapter", help="serve custom.metrics.k8s.io / external.metrics.k8s.io")
     add_arguments(adapter, AdapterSettings)

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpuscale.buildinfo import register_build_info
 from gpuscale.metrics.series import TargetHealth
 
 __all__ = ["ControllerMetrics"]
@@ -39,6 +40,7 @@ class _SourceHealth(Collector):
 class ControllerMetrics:
     def __init__(self, health: Callable[[], Iterable[tuple[str, TargetHealth]]] = lambda: ()) -> None:
         self.registry = CollectorRegistry()
+        register_build_info(self.registry)
         r = self.registry
         self.actions = Counter(
             "gpuscale_controller_actions",
