@@ -347,10 +347,12 @@ class _IndexedClusterObjects:
         return sorted(n for n, node_labels in labels.items() if selector.matches(node_labels))
 
     def pod_at(self, ip: str, port: int) -> PodInfo | None:
-        holders = self._index.endpoints.get((ip, port))
-        if not holders:
+        # NB: called from the pipeline's build thread while the watch may change the index on the event loop:
+        # copy the holders in one C call and skip a pod deleted meanwhile, rather than iterate a live set.
+        holders = tuple(self._index.endpoints.get((ip, port), ()))
+        pods = [p for p in map(self._index.pods.get, holders) if p is not None]
+        if not pods:
             return None
-        pods = [self._index.pods[k] for k in holders]
         return min(pods, key=lambda p: (_PHASE_PREFERENCE.get(p.phase, 5), p.namespace, p.name))
 
 
