@@ -508,6 +508,7 @@ class PrometheusSource:
             )
         self._timeout_seconds = float(timeout_seconds)
         self._max_body = max_body_bytes
+        self._decoding = asyncio.Lock()
         self._session = session
         self._own_session = session is None
         self._clock = clock
@@ -597,24 +598,40 @@ class PrometheusSource:
         """One query → its answer, or the reason it failed (for health())."""
         try:
             async with asyncio.timeout_at(deadline):
-                body = await self._post({"query": planned.promql, **form}, headers, ssl_context)
-            return read_answer(body, planned, source=self.display_url, label_sets=label_sets)
+                raw, status, content_type = await self._post({"query": planned.promql, **form}, headers, ssl_context)
         except TimeoutError:
             return f"timed out after {self._timeout_seconds:g}s"
         except SourceUnavailable as e:
             return e.reason
+        # NB: decoding a 10,000-GPU answer is pure Python for most of its time (read_answer): in a worker
+        # thread the event loop keeps answering requests meanwhile. One decode at a time, as on the loop
+        # before, since the answers of a refresh share ``label_sets``; and outside the deadline, because a
+        # thread cannot be cancelled and the lock must not be released while it still runs.
+        async with self._decoding:
+            try:
+                return await asyncio.to_thread(self._answer, raw, status, content_type, planned, label_sets)
+            except SourceUnavailable as e:
+                return e.reason
 
-    async def _post(self, form: dict[str, str], headers: dict[str, str], ssl_context: ssl.SSLContext | bool) -> Any:
+    def _answer(
+        self, raw: bytes, status: int, content_type: str, planned: PlannedQuery, label_sets: LabelSets
+    ) -> Answer:
+        body = self._decode(raw, status, content_type)
+        return read_answer(body, planned, source=self.display_url, label_sets=label_sets)
+
+    async def _post(
+        self, form: dict[str, str], headers: dict[str, str], ssl_context: ssl.SSLContext | bool
+    ) -> tuple[bytes, int, str]:
         assert self._session is not None
         try:
             async with self._session.post(self._query_url, data=form, headers=headers, ssl=ssl_context) as resp:
-                raw = await self._read_body(resp)
-                status = resp.status
-                content_type = resp.headers.get("Content-Type", "")
+                return await self._read_body(resp), resp.status, resp.headers.get("Content-Type", "")
         except aiohttp.ClientConnectorError as e:
             raise SourceUnavailable(self.display_url, f"cannot connect: {e.os_error or e}") from e
         except aiohttp.ClientError as e:
             raise SourceUnavailable(self.display_url, f"{type(e).__name__}: {e}") from e
+
+    def _decode(self, raw: bytes, status: int, content_type: str) -> Any:
         try:
             body = json.loads(raw)
         except ValueError as e:

@@ -741,3 +741,43 @@ def test_fresh_within_lets_the_server_drop_series_older_than_max_age():
     ]
     override = TermQuery(series=("x",), input="rate", window_seconds=30, promql="sum by (pod) (rate(x[{window}]))")
     assert [p.promql for p in plan(override, fresh_within=60)] == ["sum by (pod) (rate(x[30s]))"]
+
+
+async def test_answers_are_decoded_off_the_event_loop_one_at_a_time(prom, monkeypatch):
+    """A decode stalled on purpose leaves the event loop free (HPA requests keep being served); the answers
+    of one refresh share their label sets, so they are decoded one after another, never at once."""
+    import threading
+
+    import gpuscale.sources.prometheus as promsource
+
+    prom.answers["DCGM_FI_DEV_FB_USED"] = [({"__name__": "DCGM_FI_DEV_FB_USED", "UUID": "GPU-0"}, "1024")]
+    prom.answers["DCGM_FI_DEV_FB_FREE"] = [({"__name__": "DCGM_FI_DEV_FB_FREE", "UUID": "GPU-0"}, "80000")]
+    entered, release, left = threading.Event(), threading.Event(), threading.Event()
+    running, most = [0], [0]
+    real = promsource.read_answer
+
+    def stalled(*args: Any, **kw: Any) -> Any:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        try:
+            if not entered.is_set():
+                entered.set()
+                release.wait(10)  # NB: a bound, so a decode on the loop fails the test instead of hanging it
+                left.set()
+            return real(*args, **kw)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(promsource, "read_answer", stalled)
+    source = source_for(prom.url, FB)
+    refresh = asyncio.create_task(source.refresh(now=T0))
+    try:
+        assert await asyncio.to_thread(entered.wait, 10)
+        await asyncio.sleep(0.05)  # NB: the loop runs while the first decode is still stalled
+        stalled_meanwhile = not left.is_set()
+    finally:
+        release.set()
+    await refresh
+    assert stalled_meanwhile and most[0] == 1
+    assert [(v.name, v.value) for v in source.read(FB)] == [("DCGM_FI_DEV_FB_USED", 1024), ("DCGM_FI_DEV_FB_FREE", 8e4)]
+    await source.close()
