@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import re
 import resource
 import time
+from collections.abc import Iterator
 
 NODES, GPUS_PER_NODE, TRITON_PODS = 1250, 8, 1000
 DCGM_FIELDS = {
@@ -265,19 +267,25 @@ def bench_scrape(cycles: int) -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cycles", type=int, default=3)
-    args = parser.parse_args()
+@contextlib.contextmanager
+def fake_prometheus() -> Iterator[int]:
+    """The fake Prometheus in a child process, for as long as the block runs; yields its port."""
     queue: mp.Queue = mp.Queue()
     child = mp.Process(target=_fake_prometheus, args=(queue,), daemon=True)
     child.start()
     try:
-        port = queue.get(timeout=120)
-        asyncio.run(bench_prometheus(port, args.cycles))
+        yield queue.get(timeout=120)
     finally:
         child.terminate()
         child.join(5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cycles", type=int, default=3)
+    args = parser.parse_args()
+    with fake_prometheus() as port:
+        asyncio.run(bench_prometheus(port, args.cycles))
     bench_scrape(args.cycles)
     print(f"peak RSS of this process after both: {rss_mb():.0f} MB")
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_refresh import _fake_prometheus
+from bench_refresh import fake_prometheus
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -98,11 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cycles", type=int, default=3)
     args = parser.parse_args()
-    queue: mp.Queue = mp.Queue()
-    child = mp.Process(target=_fake_prometheus, args=(queue,), daemon=True)
-    child.start()
-    try:
-        port = queue.get(timeout=120)
+    with fake_prometheus() as port:
         print(f"{'':34}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'refresh s':>11}")
         for label, on_loop in (("gpuscale (decode+build off loop)", False), ("peer: decode+build on loop", True)):
             rest, during, wall = asyncio.run(measure(port, args.cycles, on_loop=on_loop))
@@ -111,9 +106,6 @@ def main() -> None:
                 print(f"{wall:>11.2f}" if xs is during else "")
             ratio = pct(during, 99) / max(pct(rest, 99), 1e-4)
             print(f"  p99 during refresh / p99 at rest: {ratio:.1f}x [goal <= 2x]")
-    finally:
-        child.terminate()
-        child.join(5)
 
 
 if __name__ == "__main__":
