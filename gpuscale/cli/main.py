@@ -1,57 +1,107 @@
-"""`gpuscale` entry point: parse flags (derived from settings), run one subcommand, map errors to messages."""
+"""`gpuscale` entry point: parse flags (derived from settings), run one subcommand, map errors to messages.
+
+NB: only the subcommand typed is imported and gets its flags (``gpuscale --help`` imports nothing but this
+module: ~0.05 s instead of ~1.2 s with numpy, pydantic and every subcommand's settings loaded).
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from gpuscale import __version__
-from gpuscale.cli.report import ReportSettings, add_report_arguments, run_report
-from gpuscale.cli.top import TopSettings, add_top_arguments, run_top
 from gpuscale.errors import GpuscaleError
-from gpuscale.settings import AdapterSettings, ControllerSettings, DemoSettings, add_arguments, from_arguments
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from gpuscale.settings import AdapterSettings
 
 
-def _parser(prog: str = "gpuscale") -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """The parser and each subcommand's own (whose usage an error in that subcommand's flags prints)."""
+def _adapter_flags(parser: argparse.ArgumentParser) -> None:
+    from gpuscale.settings import AdapterSettings, add_arguments
+
+    add_arguments(parser, AdapterSettings)
+
+
+def _demo_flags(parser: argparse.ArgumentParser) -> None:
+    from gpuscale.settings import DemoSettings, add_arguments
+
+    add_arguments(parser, DemoSettings)
+
+
+def _top_flags(parser: argparse.ArgumentParser) -> None:
+    from gpuscale.cli.top import add_top_arguments
+
+    add_top_arguments(parser)
+
+
+def _controller_flags(parser: argparse.ArgumentParser) -> None:
+    from gpuscale.settings import ControllerSettings, add_arguments
+
+    add_arguments(parser, ControllerSettings)
+
+
+def _report_flags(parser: argparse.ArgumentParser) -> None:
+    from gpuscale.cli.report import add_report_arguments
+
+    add_report_arguments(parser)
+
+
+def _simulate_flags(parser: argparse.ArgumentParser) -> None:
+    from gpuscale.cli.simulate import SimulateSettings
+    from gpuscale.settings import add_arguments
+
+    add_arguments(parser, SimulateSettings)
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "adapter": ("serve custom.metrics.k8s.io / external.metrics.k8s.io", _adapter_flags),
+    "demo": ("start a simulated GPU cluster and the adapter, show what the HPA sees", _demo_flags),
+    "top": ("kubectl top for GPUs: nodes, pods or gpus, and what each GPU really does", _top_flags),
+    "controller": (
+        "GPU health remediation and autoscaler hints from DCGM telemetry (writes to the cluster)",
+        _controller_flags,
+    ),
+    "report": ("right-sizing and idle GPU cost from utilization history", _report_flags),
+    "simulate": ("replay a request trace through HPA manifests: cost, queue time, SLO", _simulate_flags),
+}
+"""Each subcommand: its one-line help and what adds its flags (importing its settings only then)."""
+
+
+def _parser(
+    prog: str = "gpuscale", *, flags_of: frozenset[str] | None = None
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser and each subcommand's own (whose usage an error in that subcommand's flags prints).
+
+    ``flags_of``: the subcommands whose flags are added (default: all of them)."""
     parser = argparse.ArgumentParser(prog=prog, description="GPU and inference metrics for the HPA.")
     # NB: the same version the image is tagged with (deploy/image) and gpuscale_build_info reports.
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    adapter = sub.add_parser("adapter", help="serve custom.metrics.k8s.io / external.metrics.k8s.io")
-    add_arguments(adapter, AdapterSettings)
-    demo = sub.add_parser("demo", help="start a simulated GPU cluster and the adapter, show what the HPA sees")
-    add_arguments(demo, DemoSettings)
-    top = sub.add_parser("top", help="kubectl top for GPUs: nodes, pods or gpus, and what each GPU really does")
-    add_top_arguments(top)
-    controller = sub.add_parser(
-        "controller", help="GPU health remediation and autoscaler hints from DCGM telemetry (writes to the cluster)"
-    )
-    add_arguments(controller, ControllerSettings)
-    report = sub.add_parser("report", help="right-sizing and idle GPU cost from utilization history")
-    add_report_arguments(report)
-    from gpuscale.cli.simulate import SimulateSettings
+    commands = {}
+    for name, (text, add_flags) in COMMANDS.items():
+        commands[name] = sub.add_parser(name, help=text)
+        if flags_of is None or name in flags_of:
+            add_flags(commands[name])
+    return parser, commands
 
-    simulate = sub.add_parser("simulate", help="replay a request trace through HPA manifests: cost, queue time, SLO")
-    add_arguments(simulate, SimulateSettings)
-    return parser, {
-        "adapter": adapter,
-        "demo": demo,
-        "top": top,
-        "controller": controller,
-        "report": report,
-        "simulate": simulate,
-    }
+
+def _typed_command(argv: list[str]) -> str | None:
+    """The subcommand on the command line: the first word that is not an option (the top-level parser's
+    options, --help and --version, take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
-    parser, commands = _parser(prog)
-    args, unknown = parser.parse_known_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    parser, commands = _parser(prog, flags_of=frozenset({_typed_command(words) or ""}))
+    args, unknown = parser.parse_known_args(words)
     if unknown:
         # NB: argparse reports a subcommand's unknown flag from the top-level parser, with the top-level
         # usage; the user needs the usage of the subcommand they typed.
@@ -60,6 +110,8 @@ def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
 
 
 async def _until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    import asyncio
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -79,34 +131,48 @@ async def _run_adapter(settings: AdapterSettings, stop: asyncio.Event) -> None:
         await adapter.stop()
 
 
+def _serve(log_level: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run a long-lived subcommand until SIGINT/SIGTERM."""
+    import asyncio
+
+    _logging(log_level)
+    asyncio.run(_until_signal(main))
+
+
 def main(argv: list[str] | None = None, *, prog: str = "gpuscale") -> int:
     args = _parse(argv, prog)
     try:
+        from gpuscale.settings import from_arguments
+
         if args.command == "adapter":
+            from gpuscale.settings import AdapterSettings
+
             settings = from_arguments(AdapterSettings, args)
-            _logging(settings.log_level)
-            asyncio.run(_until_signal(lambda stop: _run_adapter(settings, stop)))
+            _serve(settings.log_level, lambda stop: _run_adapter(settings, stop))
         elif args.command == "demo":
             from gpuscale.cli.demo import run_demo
+            from gpuscale.settings import DemoSettings
 
             demo_settings = from_arguments(DemoSettings, args)
-            _logging(demo_settings.log_level)
-            asyncio.run(_until_signal(lambda stop: run_demo(demo_settings, stop)))
+            _serve(demo_settings.log_level, lambda stop: run_demo(demo_settings, stop))
         elif args.command == "simulate":
             from gpuscale.cli.simulate import SimulateSettings, main_simulate
 
             main_simulate(from_arguments(SimulateSettings, args))
         elif args.command == "controller":
             from gpuscale.cli.controller import run_controller
+            from gpuscale.settings import ControllerSettings
 
             controller_settings = from_arguments(ControllerSettings, args)
-            _logging(controller_settings.log_level)
-            asyncio.run(_until_signal(lambda stop: run_controller(controller_settings, stop)))
+            _serve(controller_settings.log_level, lambda stop: run_controller(controller_settings, stop))
         elif args.command == "top":
+            from gpuscale.cli.top import TopSettings, run_top
+
             top_settings = from_arguments(TopSettings, args)
-            _logging(top_settings.log_level)
-            asyncio.run(_until_signal(lambda stop: run_top(top_settings, stop)))
+            _serve(top_settings.log_level, lambda stop: run_top(top_settings, stop))
         elif args.command == "report":
+            from gpuscale.cli.report import ReportSettings, run_report
+
             run_report(from_arguments(ReportSettings, args))
     except GpuscaleError as e:
         print(f"{prog} {args.command}: {e}", file=sys.stderr)
