@@ -42,6 +42,9 @@ class ReportSettings(BaseModel):
     chunk: Seconds = Field(86400.0, gt=0, description="summary mode: the span one server-side summary covers")
     window: Seconds = Field(7 * 86400.0, gt=0, description="how far back the history goes")
     step: Seconds = Field(60.0, gt=0, description="sample spacing of the history")
+    scrape_interval: Seconds | None = Field(
+        None, gt=0, description="the exporters' scrape interval, which hours count per sample (default: measured)"
+    )
     end: Instant | None = Field(
         None, description="end of the window: Unix seconds, RFC 3339 (2026-12-01T08:00:00Z) or now-2h (default: now)"
     )
@@ -121,6 +124,7 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
         series_batch=settings.series_batch,
         max_points=settings.max_points,
         max_response_bytes=settings.max_response_size,
+        scrape_interval=settings.scrape_interval,
     )
     end = settings.end if settings.end is not None else now
     async with aiohttp.ClientSession() as session:

@@ -25,9 +25,14 @@ What is asked, and why it stays bounded
 
 * **Honest hours.** A range query fills a gap in a series with the last sample for up to the server's lookback
   (5 min in Prometheus; VictoriaMetrics' can be far longer: a pod sampled for 12.5 h once counted as 22.4 h). So
-  one more query per batch and chunk, ``count_over_time(DCGM_FI_DEV_GPU_UTIL{…}[2 steps])``, says at which steps
-  each GPU had a real sample in the last two steps; every field of a GPU is blanked (NaN: not sampled, counted
-  nowhere) at the steps without one. Hours are then honest to two steps per gap, the same on every server.
+  one more query per batch and chunk says where each GPU had a real sample: ``count_over_time(
+  DCGM_FI_DEV_GPU_UTIL{…}[w])`` evaluated a millisecond after each step, ``w`` = the larger of the step and the
+  scrape interval (measured first: the most samples any GPU has in an hour, ``max(count_over_time(…[1h]))``).
+  Every field of a GPU is blanked (NaN: not sampled, counted nowhere) at the steps without one. Each sample then
+  counts the one interval that follows it (until the next scrape was due), so a run of n samples counts
+  n × interval; and because the windows sit a millisecond off the grid, no sample on the grid lies on a window's
+  edge, where Prometheus 2 (closed on the left) and VictoriaMetrics (open) would disagree: both servers give the
+  same hours.
 Visible gaps, never silent numbers: partial answers (``warnings``, VictoriaMetrics' ``isPartial``), a window
 that begins before the oldest sample (retention), a field no GPU reports — each becomes a line of
 ``History.gaps``, which every report format prints.
@@ -71,8 +76,8 @@ class FetchOptions:
     retries: int = 3
     backoff_seconds: float = 1.0
     max_points: int = 10_000
-    presence_steps: int = 2
-    """A GPU counts as sampled at a step when a real sample fell within this many steps before it."""
+    scrape_interval: float | None = None
+    """Seconds between an exporter's samples; None: measured from the server (``_measure_interval``)."""
     max_response_bytes: int = 128 * 1024 * 1024
     """A bigger answer is refused (not decoded): a 300 MB answer took 5.8 GB of memory to decode."""
     series_batch: int = 50
@@ -266,6 +271,12 @@ async def fetch_history(
     ]
     bar = Progress(len(work), enabled=sys.stderr.isatty() if progress is None else progress)
     state = _Decoder(history, options)
+    interval = options.scrape_interval or await _measure_interval(client, start=start, end=start + steps * step)
+    if interval is None:
+        history.gaps.append(
+            "scrape interval not measurable (no GPU with two samples in an hour): hours assume one sample per step"
+        )
+    state.presence_window = max(step, interval or step)
     semaphore = asyncio.Semaphore(options.concurrency)
 
     async def one(fld: str, name: str, batch: list[str] | None, c: tuple[float, float]) -> None:
@@ -294,11 +305,14 @@ async def _fetch_split(
     step: float,
 ) -> None:
     selector = f'{name}{{Hostname=~"{_regex_alternatives(batch)}"}}' if batch else name
+    shift = 0.0
     if fld == PRESENCE:
-        selector = f"count_over_time({selector}[{state.presence_window:g}s])"
+        # a millisecond after each step, so that a sample on the grid falls inside a window, never on its edge
+        selector = f"count_over_time({selector}[{round(state.presence_window * 1000)}ms])"  # NB: PromQL: no 59.5s
+        shift = 0.001
     try:
         # NB: end is the last step's start: query_range includes both ends.
-        result = await client.query_range(selector, start=t0, end=t1 - step, step=step)
+        result = await client.query_range(selector, start=t0 + shift, end=t1 - step + shift, step=step)
     except _TooLarge as e:
         if batch and len(batch) > 1:
             half = len(batch) // 2
@@ -313,7 +327,22 @@ async def _fetch_split(
         raise SourceUnavailable(
             client.url, f"refuses even one step of {name} for one node: {e} (raise its limits)", kind="too_large"
         ) from None
-    state.add(fld, name, result)
+    state.add(fld, name, result, shift=shift)
+
+
+async def _measure_interval(client: RangeClient, *, start: float, end: float) -> float | None:
+    """Seconds between one exporter's samples: an hour over the most samples any GPU has in it, the most of the
+    window's last, middle and first hour (a GPU sampled all that hour gives the interval; the window's edge can cut
+    one sample off an hour, and a sample too many would only shorten the presence window by one part in 60)."""
+    hour = min(3600.0, end - start)
+    best = 0.0
+    for at in (end, (start + end + hour) / 2, start + hour):
+        result = await client.query(f"max(count_over_time({FIELDS['gpu_util_percent']}[{hour:g}s]))", at=at)
+        for r in result:
+            value = r.get("value")
+            count = float(value[1]) if isinstance(value, list) and len(value) == 2 else 0.0
+            best = max(best, count) if np.isfinite(count) else best
+    return hour / best if best >= 2 else None
 
 
 class _Decoder:
@@ -325,10 +354,10 @@ class _Decoder:
         self._gpus: dict[tuple[str, ...], Any] = {}
         self._seen: dict[str, int] = {}
         self.first_sample = np.inf
-        self.presence_window = options.presence_steps * history.step_seconds
+        self.presence_window = history.step_seconds  # widened to the scrape interval once measured
         self._present: dict[tuple[str, ...], np.ndarray] = {}  # GPU → steps with a real sample (see ``finish``)
 
-    def add(self, fld: str, name: str, result: list[dict[str, Any]]) -> None:
+    def add(self, fld: str, name: str, result: list[dict[str, Any]], *, shift: float = 0.0) -> None:
         h = self.h
         for series in result:
             labels = series.get("metric") or {}
@@ -352,7 +381,7 @@ class _Decoder:
                 )
             ts = np.fromiter((float(p[0]) for p in values), dtype=np.float64, count=len(values))
             vs = clean(np.array([p[1] for p in values], dtype=np.float64))
-            idx = np.rint((ts - h.start) / h.step_seconds).astype(np.int64)
+            idx = np.rint((ts - shift - h.start) / h.step_seconds).astype(np.int64)
             ok = (idx >= 0) & (idx < h.steps)
             idx, vs = idx[ok], vs[ok]
             if idx.size:
@@ -385,7 +414,7 @@ class _Decoder:
         if blanked:
             h.gaps.append(
                 f"{blanked} value(s) the server filled across gaps in the samples were not counted "
-                f"(no sample within {format_duration(self.presence_window)})"
+                f"(no sample within {format_duration(self.presence_window)} before the step)"
             )
         if not h.gpus:
             h.gaps.append("no DCGM series in the window: is dcgm-exporter scraped by this server?")

@@ -219,14 +219,19 @@ def test_a_gap_in_the_samples_is_not_allocated_time_in_prometheus_or_victoria_me
         for name, url in (("prometheus", prom.url), ("victoria-metrics", vm.url)):
             r = fetch_json(url)
             (w,) = r["workloads"]
-            # 4 h sampled, plus at most the two steps after the gap starts that a 2-step presence window still sees
+            # 240 samples a minute apart: 4 h, exactly — each sample counts one scrape interval, nothing more
             hours[name] = w["cost"]["allocated_hours"]
-            assert 4.0 <= hours[name] <= 4.0 + 2 / 60, (name, w["cost"])
+            assert hours[name] == pytest.approx(len(times) * 60 / 3600), (name, w["cost"])
             assert w["cost"]["active_hours"] == pytest.approx(0.4 * hours[name], rel=1e-2)
             assert w["coverage"] == pytest.approx(hours[name] / HOURS, abs=0.01)  # 4 h of 6 sampled
             if name == "prometheus":  # it fills 5 minutes of the gap from its lookback: those are taken out
                 assert any("filled across gaps" in g for g in r["gaps"]), r["gaps"]
-        assert abs(hours["prometheus"] - hours["victoria-metrics"]) <= 2 / 60, hours
+        assert hours["prometheus"] == hours["victoria-metrics"], hours
+        # a 15 s step under a 1 min scrape: the interval is measured, so each sample still counts one minute
+        fine = [
+            fetch_json(url, "--step", "15s")["workloads"][0]["cost"]["allocated_hours"] for url in (prom.url, vm.url)
+        ]
+        assert fine[0] == fine[1] == pytest.approx(4.0), fine
     finally:
         asyncio.run(backends.stop())
 
