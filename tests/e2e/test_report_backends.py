@@ -331,3 +331,60 @@ def test_scale_to_zero_weighs_the_cold_start_kube_state_metrics_measured(tmp_pat
             )
     finally:
         asyncio.run(backends.stop())
+
+
+PER_GPU_DOWNSIZING = {"fewer-gpus", "smaller-gpu", "mig-profile", "time-slicing", "scale-to-zero"}
+
+
+def test_a_production_shaped_fleet_gets_honest_hours_exact_percentiles_and_no_unsafe_advice(tmp_path):
+    """135 pods shaped like the production trace that fooled an earlier report (tests/report/production.py), in
+    Prometheus and VictoriaMetrics: every workload's hours, coverage and p99 equal numpy's over the raw samples,
+    both servers tell the same story, and no busy workload is told to shrink."""
+    from tests.report.production import production_fleet
+
+    fleet_ = production_fleet(end=END, hours=HOURS)
+    backends, prom, vm = load_both(tmp_path, fleet_.series, gpus=fleet_.gpus)
+    try:
+        stories = {}
+        for url in (prom.url, vm.url):
+            r = fetch_json(url)
+            by_name = {w["name"]: w for w in r["workloads"]}
+            assert set(by_name) == set(fleet_.raw), url
+            for name, pods in fleet_.raw.items():
+                w, samples = by_name[name], np.concatenate(pods)
+                hours = samples.size / 60  # one GPU per pod, one sample a minute
+                assert w["cost"]["allocated_hours"] == pytest.approx(hours, abs=1e-3), (url, name)
+                p99 = float(np.quantile(samples, 0.99, method="higher"))  # the independent computation
+                if p99 >= 0.5:
+                    assert w["busy"], (url, name, p99)
+                if w["busy"]:
+                    kinds = {x["kind"] for x in w["recommendations"]}
+                    assert not kinds & PER_GPU_DOWNSIZING, (url, name, fleet_.shapes[name], w["recommendations"])
+                for rec in w["recommendations"]:
+                    key = "activity_p99_percent"
+                    if key in rec["evidence"] and rec["evidence"][key] is not None:
+                        assert rec["evidence"][key] == pytest.approx(p99 * 100, abs=0.01), (url, name, rec)
+                wake = {x["short"]: x["evidence"] for x in w["recommendations"] if "wakeups_per_day" in x["evidence"]}
+                if fleet_.shapes[name] in ("wakeups", "rare-wakeup") and not w["busy"] and pods[0].size == HOURS * 60:
+                    # 3 wake-ups in 6 h: 12 a day × 45 s over the 5-min budget; 1: 4 a day × 45 s within it
+                    (short, e), three = next(iter(wake.items())), fleet_.shapes[name] == "wakeups"
+                    assert e["wakeups_per_day"] == pytest.approx(12.0 if three else 4.0), (url, name, e)
+                    assert short == "keep 1 warm" if three else short.startswith("scale-to-zero"), (url, name, short)
+                if len(pods) == 1:
+                    sampled = len(pods[0])
+                    span = w["history_seconds"] / 60
+                    assert w["coverage"] == pytest.approx(sampled / span, abs=2e-3), (url, name, w["coverage"])
+            (gen_rec,) = [x for x in by_name["gen"]["recommendations"] if x["kind"] == "replicas"]
+            demand = fleet_.demand["gen"]
+            p99_demand = float(np.quantile(demand[demand > 0], 0.99, method="higher"))
+            assert gen_rec["evidence"]["recommended"] == int(np.ceil(p99_demand * 1.15 / 0.6)), gen_rec
+            assert gen_rec["evidence"]["current_pods_peak"] <= 100
+            stories[url] = {
+                name: (w["cost"]["allocated_hours"], w["busy"], sorted(x["kind"] for x in w["recommendations"]))
+                for name, w in by_name.items()
+            }
+        assert stories[prom.url] == stories[vm.url]
+        for name, (hours, is_busy, kinds) in sorted(stories[prom.url].items()):
+            print(f"{name:8} {fleet_.shapes[name]:15} {hours:8.3f} h  busy={is_busy!s:5} {','.join(kinds)}")
+    finally:
+        asyncio.run(backends.stop())
