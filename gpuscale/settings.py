@@ -43,7 +43,15 @@ class AdapterSettings(_Settings):
     prometheus_client_key: str | None = Field(None, description="client key for --prometheus-url")
     prometheus_insecure_skip_verify: bool = Field(False, description="do not verify the Prometheus TLS certificate")
     prometheus_timeout: Seconds = Field(
-        10.0, gt=0, description="timeout of one Prometheus query (at most --refresh-interval)"
+        10.0,
+        gt=0,
+        description="deadline of a refresh's Prometheus queries, bodies included (at most --refresh-interval)",
+    )
+    prometheus_max_response_size: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="bytes: a bigger answer to one Prometheus query is refused while it streams in (never decoded); "
+        "that query's last values keep serving",
     )
     kubeconfig: str | None = Field(None, description="kubeconfig for pod labels (default: in-cluster config if any)")
     config: str | None = Field(

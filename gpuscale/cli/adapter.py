@@ -329,6 +329,8 @@ def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> Metri
         client_key=settings.prometheus_client_key,
         insecure_skip_verify=settings.prometheus_insecure_skip_verify,
         timeout_seconds=_capped("--prometheus-timeout", settings.prometheus_timeout, settings),
+        max_body_bytes=settings.prometheus_max_response_size,
+        max_body_flag="--prometheus-max-response-size",
         fresh_within_seconds=max(catalogue.max_age(m) for m in catalogue.metrics),
     )
 

@@ -55,6 +55,7 @@ from gpuscale.errors import SourceUnavailable, one_line
 from gpuscale.metrics.attribution import Target, attribute
 from gpuscale.metrics.history import FIELD_ALIASES, FIELDS, History, Owner, PodRef, clean, pool_of
 from gpuscale.model import format_duration
+from gpuscale.sources.bounded import read_bounded, size_text
 
 DEFAULT_EXPORTER_POD = r"(nvidia-)?dcgm-exporter.*"
 PRESENCE = "_present"  # the pseudo-field: steps where a GPU had a real sample (``count_over_time``)
@@ -162,21 +163,17 @@ class RangeClient:
     async def _read_bounded(self, resp: aiohttp.ClientResponse, path: str, form: dict[str, str]) -> str:
         """The body, read within the request's timeout; SourceUnavailable once it passes ``max_response_bytes``."""
         limit = self._options.max_response_bytes
-        too_large = SourceUnavailable(
-            self.url,
-            f"{path} {_short(form)}: the answer is larger than {limit / 2**20:g} MiB (--max-response-size); "
-            "narrow --window, raise --step or lower --series-batch",
-            kind="too_large",
-        )
-        if resp.content_length is not None and resp.content_length > limit:
-            raise too_large
-        chunks, size = [], 0
-        async for chunk in resp.content.iter_chunked(1 << 16):
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-        return b"".join(chunks).decode(resp.get_encoding() if resp.charset else "utf-8", errors="replace")
+
+        def too_large() -> SourceUnavailable:
+            return SourceUnavailable(
+                self.url,
+                f"{path} {_short(form)}: the answer is larger than {size_text(limit)} (--max-response-size); "
+                "narrow --window, raise --step or lower --series-batch",
+                kind="too_large",
+            )
+
+        body = await read_bounded(resp, limit_bytes=limit, too_large=too_large)
+        return body.decode(resp.get_encoding() if resp.charset else "utf-8", errors="replace")
 
     async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
         data = await self._call(

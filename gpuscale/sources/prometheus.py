@@ -36,7 +36,8 @@ plus the term's ``match`` as label matchers (``X{model="bert"}``).
 * **Result size is bounded by series, not pods.** A query returns one sample per existing series: one
   per GPU (or MIG instance) for DCGM fields, one per model × instance for Triton counters — the same
   rows a scrape of the exporters returns, whatever number of pods or HPAs ask. The body size is capped
-  (``max_body_bytes``) all the same.
+  all the same (``max_body_bytes``, the adapter's ``--prometheus-max-response-size``): an answer past it
+  is refused while it streams in (``sources/bounded.py``), never decoded, and the query keeps its last values.
 * **One query per series.** A term naming several series is queried one series at a time, and the
   answers are concatenated when the term is read. For windowed terms it is the only exact form:
   ``rate()`` and ``increase()`` drop ``__name__``, and two series whose other labels are equal (Triton's
@@ -82,7 +83,8 @@ Reading the answer
 
 Faults
 ------
-``refresh`` never raises for the server's faults: connection refused, timeout, HTTP errors (the JSON
+``refresh`` never raises for the server's faults: connection refused, timeout (one deadline per refresh,
+``timeout_seconds`` from its start, covering each answer's body as well as its headers), HTTP errors (the JSON
 ``error`` Prometheus sends with 4xx/5xx is quoted), ``{"status": "error"}``, malformed or non-JSON
 bodies (an HTML login page from a proxy), bodies over the size cap, an unexpected result type. A failed
 query keeps its previous values with their old timestamps, so they age into staleness and the adapter
@@ -113,6 +115,7 @@ from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.metrics.exposition import is_dcgm_blank
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
+from gpuscale.sources.bounded import read_bounded, size_text
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -127,6 +130,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# NB: at 100,000 GPUs the largest answer (one DCGM field) is ~35 MB; decoding 64 MiB takes ~1 GB for a moment.
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_TIMEOUT_SECONDS = 5.0
 # dcgm_structs.h: DCGM_FP64_BLANK = 2**47, then NOT_FOUND, NOT_SUPPORTED, NO_PERMISSION (+1, +2, +3).
@@ -457,7 +461,8 @@ class PrometheusSource:
     ``queries`` are the terms to answer (``aggregation.queries(catalogue)``). ``bearer_token`` or
     ``bearer_token_file`` (read again whenever it changes) authenticate; ``ca_file`` verifies the server,
     ``client_cert``/``client_key`` authenticate with a certificate (both files re-read when they change);
-    ``insecure_skip_verify`` is for development only. ``timeout_seconds`` bounds a whole refresh.
+    ``insecure_skip_verify`` is for development only. ``timeout_seconds`` bounds a whole refresh, answers' bodies
+    included; ``max_body_bytes`` bounds each answer (``max_body_flag`` names the setting in the message).
     ``fresh_within_seconds`` leaves out series whose newest sample is older (``plan``): the adapter passes
     the catalogue's longest max-age, so an old sample is never answered as a fresh one.
     Unreadable credential files raise ConfigError here, so a bad flag fails at start.
@@ -478,6 +483,7 @@ class PrometheusSource:
         insecure_skip_verify: bool = False,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_flag: str | None = None,
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
         fresh_within_seconds: float | None = None,
@@ -508,6 +514,7 @@ class PrometheusSource:
             )
         self._timeout_seconds = float(timeout_seconds)
         self._max_body = max_body_bytes
+        self._max_body_flag = max_body_flag
         self._decoding = asyncio.Lock()
         self._session = session
         self._own_session = session is None
@@ -566,10 +573,12 @@ class PrometheusSource:
             *(self._query(p, form, headers, ssl_context, deadline, label_sets) for p in planned)
         )
         failed: dict[PlannedQuery, str] = {}
+        kinds: set[str] = set()
         partial: dict[PlannedQuery, str] = {}
         for p, answer in zip(planned, answers, strict=True):
-            if isinstance(answer, str):
-                failed[p] = answer  # NB: the previous values stay, with their old timestamps
+            if isinstance(answer, SourceUnavailable):
+                failed[p] = answer.reason  # NB: the previous values stay, with their old timestamps
+                kinds.add(answer.kind)
             elif answer.partial or answer.warnings:
                 # NB: a partial answer replaces the series it has; the others keep their old values and
                 # timestamps, so they age out unless a later full answer brings them back.
@@ -579,7 +588,7 @@ class PrometheusSource:
                 partial[p] = f"partial response: {_short(why)}"
             else:
                 self._kept[p] = answer.values
-        self._record(started, failed, partial)
+        self._record(started, failed, partial, kind=kinds.pop() if len(kinds) == 1 else "failed")
 
     def _request_options(self) -> tuple[dict[str, str], ssl.SSLContext | bool]:
         token = self._token.current()
@@ -594,15 +603,16 @@ class PrometheusSource:
         ssl_context: ssl.SSLContext | bool,
         deadline: float,
         label_sets: LabelSets,
-    ) -> Answer | str:
-        """One query → its answer, or the reason it failed (for health())."""
+    ) -> Answer | SourceUnavailable:
+        """One query → its answer, or why it failed (for health())."""
         try:
+            # NB: the deadline covers the body too: a server trickling a large answer is cut off at it.
             async with asyncio.timeout_at(deadline):
                 raw, status, content_type = await self._post({"query": planned.promql, **form}, headers, ssl_context)
         except TimeoutError:
-            return f"timed out after {self._timeout_seconds:g}s"
+            return SourceUnavailable(self.display_url, f"timed out after {self._timeout_seconds:g}s", kind="timeout")
         except SourceUnavailable as e:
-            return e.reason
+            return e
         # NB: decoding a 10,000-GPU answer is pure Python for most of its time (read_answer): in a worker
         # thread the event loop keeps answering requests meanwhile. One decode at a time, as on the loop
         # before, since the answers of a refresh share ``label_sets``; and outside the deadline, because a
@@ -611,17 +621,17 @@ class PrometheusSource:
             try:
                 return await asyncio.to_thread(self._answer, raw, status, content_type, planned, label_sets)
             except SourceUnavailable as e:
-                return e.reason
+                return e
 
     def _answer(
-        self, raw: bytes, status: int, content_type: str, planned: PlannedQuery, label_sets: LabelSets
+        self, raw: bytes | bytearray, status: int, content_type: str, planned: PlannedQuery, label_sets: LabelSets
     ) -> Answer:
         body = self._decode(raw, status, content_type)
         return read_answer(body, planned, source=self.display_url, label_sets=label_sets)
 
     async def _post(
         self, form: dict[str, str], headers: dict[str, str], ssl_context: ssl.SSLContext | bool
-    ) -> tuple[bytes, int, str]:
+    ) -> tuple[bytearray, int, str]:
         assert self._session is not None
         try:
             async with self._session.post(self._query_url, data=form, headers=headers, ssl=ssl_context) as resp:
@@ -631,7 +641,7 @@ class PrometheusSource:
         except aiohttp.ClientError as e:
             raise SourceUnavailable(self.display_url, f"{type(e).__name__}: {e}") from e
 
-    def _decode(self, raw: bytes, status: int, content_type: str) -> Any:
+    def _decode(self, raw: bytes | bytearray, status: int, content_type: str) -> Any:
         try:
             body = json.loads(raw)
         except ValueError as e:
@@ -651,21 +661,27 @@ class PrometheusSource:
             )
         return body
 
-    async def _read_body(self, resp: aiohttp.ClientResponse) -> bytes:
-        if resp.content_length is not None and resp.content_length > self._max_body:
-            raise SourceUnavailable(
-                self.display_url, f"response of {resp.content_length} bytes exceeds the {self._max_body} byte limit"
-            )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in resp.content.iter_chunked(256 * 1024):
-            size += len(chunk)
-            if size > self._max_body:
-                raise SourceUnavailable(self.display_url, f"response exceeds the {self._max_body} byte limit")
-            chunks.append(chunk)
-        return b"".join(chunks)
+    async def _read_body(self, resp: aiohttp.ClientResponse) -> bytearray:
+        limit = f"{size_text(self._max_body)}" + (f" ({self._max_body_flag})" if self._max_body_flag else "")
+        return await read_bounded(
+            resp,
+            limit_bytes=self._max_body,
+            too_large=lambda: SourceUnavailable(
+                self.display_url,
+                f"answer larger than {limit}: refused unread, last values kept",
+                kind="too_large",
+            ),
+        )
 
-    def _record(self, started: float, failed: Mapping[PlannedQuery, str], partial: Mapping[PlannedQuery, str]) -> None:
+    def _record(
+        self,
+        started: float,
+        failed: Mapping[PlannedQuery, str],
+        partial: Mapping[PlannedQuery, str],
+        *,
+        kind: str = "failed",
+    ) -> None:
+        """Health after a refresh; ``kind`` (one word, a /metrics label) is the failures' common kind if any."""
         finished = self._clock()
         prev = self._health
         problems = {**partial, **failed}
@@ -676,7 +692,8 @@ class PrometheusSource:
             extra["partial_queries"] = str(len(partial))
         error = None
         if problems:
-            shown = [f"{_short(p.promql, 120)}: {why}" for p, why in list(problems.items())[:3]]
+            # NB: the reason first: /readyz and /metrics cut a line at 120 characters, and the query is the longer part.
+            shown = [f"{why} ({_short(p.promql, 120)})" for p, why in list(problems.items())[:3]]
             more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
             what = "failed or partial" if failed and partial else "failed" if failed else "partial"
             error = f"{len(problems)} of {len(self._kept)} queries {what}: " + "; ".join(shown) + more
@@ -692,9 +709,9 @@ class PrometheusSource:
             series=sum(len(v) for v in self._kept.values()),
             failures_total=prev.failures_total + (1 if problems else 0),
             extra=extra,
-            error_kind=("failed" if failed else "partial") if problems else None,
+            error_kind=(kind if failed else "partial") if problems else None,
             last_error=one_line(error) if error else prev.last_error,
-            last_error_kind=("failed" if failed else "partial") if problems else prev.last_error_kind,
+            last_error_kind=(kind if failed else "partial") if problems else prev.last_error_kind,
             last_error_at=finished if problems else prev.last_error_at,
         )
         # NB: log when the set of problems changes, not on every refresh of a long outage.

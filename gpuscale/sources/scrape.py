@@ -27,6 +27,7 @@ from gpuscale.errors import ExpositionError, SourceUnavailable, one_line
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.histograms import BUCKET_SUFFIX, quantiles
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
+from gpuscale.sources.bounded import read_bounded, size_text
 
 log = logging.getLogger(__name__)
 _name_of = operator.attrgetter("name")
@@ -175,19 +176,15 @@ class ScrapeSource:
             async with self._session.get(url, timeout=self._timeout) as resp:
                 if resp.status != 200:
                     raise SourceUnavailable(url, f"HTTP {resp.status} {resp.reason or ''}".strip(), kind="http_status")
-                if resp.content_length is not None and resp.content_length > self._max_body:
-                    raise SourceUnavailable(
-                        url, f"body of {resp.content_length} bytes exceeds {self._max_body}", kind="too_large"
-                    )
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in resp.content.iter_chunked(256 * 1024):
-                    size += len(chunk)
-                    if size > self._max_body:
-                        raise SourceUnavailable(url, f"body exceeds the {self._max_body} byte limit", kind="too_large")
-                    chunks.append(chunk)
+                body = await read_bounded(
+                    resp,
+                    limit_bytes=self._max_body,
+                    too_large=lambda: SourceUnavailable(
+                        url, f"body exceeds the {size_text(self._max_body)} limit", kind="too_large"
+                    ),
+                )
                 openmetrics = "openmetrics" in resp.headers.get("Content-Type", "")
-                return b"".join(chunks).decode("utf-8", errors="replace"), openmetrics
+                return body.decode("utf-8", errors="replace"), openmetrics
         except TimeoutError as e:
             raise SourceUnavailable(url, f"timed out after {self._timeout.total:g}s", kind="timeout") from e
         except aiohttp.ClientError as e:

@@ -353,7 +353,7 @@ async def test_a_promql_error_is_quoted_from_the_server(stack, backend, reason):
     try:
         await source.refresh(now=time.time())
         (health,) = source.health()
-        assert not health.healthy and health.error.startswith(f"1 of 51 queries failed: rate(x[5s: {reason}")
+        assert not health.healthy and health.error.startswith(f"1 of 51 queries failed: {reason}")
         assert source.read(broken) == [] and len(source.read(queries(stack.catalogue)[0])) == 30
     finally:
         await source.close()

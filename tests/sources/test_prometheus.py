@@ -507,7 +507,8 @@ async def test_body_over_the_cap_is_refused(prom):
     source = source_for(prom.url, GAUGE, max_body_bytes=64 * 1024)
     await source.refresh(now=T0)
     (health,) = source.health()
-    assert "exceeds the 65536 byte limit" in health.error
+    assert "answer larger than 64 KiB: refused unread, last values kept" in health.error, health.error
+    assert health.error_kind == "too_large"
     await source.close()
 
 
@@ -526,7 +527,7 @@ async def test_one_failing_query_keeps_its_values_while_others_update(prom):
     assert [(v.value, v.timestamp) for v in source.read(GAUGE)] == [(55.0, T0 + 5)]
     assert [(v.value, v.timestamp) for v in source.read(RATE)] == [(41.0, T0)]
     (health,) = source.health()
-    assert health.error == "1 of 2 queries failed: rate(nv_inference_request_success[60s]): HTTP 422: execution: boom"
+    assert health.error == "1 of 2 queries failed: HTTP 422: execution: boom (rate(nv_inference_request_success[60s]))"
     # Healed: everything is fresh again and the health says so.
     del prom.faults["rate(nv_inference_request_success[60s])"]
     prom.sample_time = clock[0] = T0 + 10
