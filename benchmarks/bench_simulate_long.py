@@ -7,7 +7,11 @@ the shared machine's other load counts little) and wall seconds for: parsing, th
 (`run_simulate`: parse + replay + summary), and the peer in the same run: the first 2 days sampled every
 second (``general_step_s`` 1 s instead of the refresh interval's 5 s), the step the LLM model needs.
 
-Usage: .venv/bin/python benchmarks/bench_simulate_long.py [--days 23]
+With ``--model llm`` the same arrivals carry token counts instead (prompts lognormal p50 1,000 tokens, outputs
+p50 200, Azure-conversation-like) and go through the LLM token model with the same HPA; the peer is then
+the first 2 hours of that trace.
+
+Usage: .venv/bin/python benchmarks/bench_simulate_long.py [--days 23] [--model general|llm]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from gpuscale.hpa import parse_manifests
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.replay.distributions import parse_distribution
 from gpuscale.replay.general import ServiceProfile
+from gpuscale.replay.serving import ServingProfile
 from gpuscale.replay.simulate import ReplaySettings, replay
 from gpuscale.replay.traces import read_trace
 
@@ -43,7 +48,7 @@ spec:
 """
 
 
-def write_trace(path: Path, days: float) -> int:
+def write_trace(path: Path, days: float, *, tokens: bool = False) -> int:
     rng = np.random.default_rng(23)
     span, peak = days * 86400, 2.0
     t = np.cumsum(rng.exponential(1 / peak, int(span * peak * 1.05)))
@@ -51,8 +56,18 @@ def write_trace(path: Path, days: float) -> int:
     rate = 0.2 + (peak - 0.2) * (1 - np.cos(2 * math.pi * t / 86400)) / 2
     t = t[rng.random(len(t)) < rate / peak]
     service = rng.lognormal(math.log(1.2), math.log(4 / 1.2) / 1.6448536, len(t))
-    rows = np.char.add(np.char.add(np.char.mod("%.3f", t), ","), np.char.mod("%.3f", service))
-    path.write_text("timestamp,service_time\n" + "\n".join(rows.tolist()) + "\n")
+    if tokens:
+        prompt = np.maximum(1, rng.lognormal(math.log(1000), 0.8, len(t))).astype(np.int64)
+        output = np.maximum(1, rng.lognormal(math.log(200), 0.8, len(t))).astype(np.int64)
+        columns = [np.char.mod("%.3f", t), np.char.mod("%d", prompt), np.char.mod("%d", output)]
+        header = "timestamp,input_tokens,output_tokens"
+    else:
+        columns = [np.char.mod("%.3f", t), np.char.mod("%.3f", service)]
+        header = "timestamp,service_time"
+    rows = columns[0]
+    for column in columns[1:]:
+        rows = np.char.add(np.char.add(rows, ","), column)
+    path.write_text(header + "\n" + "\n".join(rows.tolist()) + "\n")
     return len(t)
 
 
@@ -65,22 +80,38 @@ def timed(fn):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--days", type=float, default=23.0)
+    parser.add_argument("--model", choices=("general", "llm"), default="general")
     args = parser.parse_args()
+    llm = args.model == "llm"
     with tempfile.TemporaryDirectory() as tmp:
         trace_path, hpa_path = Path(tmp) / "long.csv", Path(tmp) / "hpa.yaml"
-        n = write_trace(trace_path, args.days)
+        n = write_trace(trace_path, args.days, tokens=llm)
         hpa_path.write_text(HPA)
         _, parse_cpu, parse_wall = timed(lambda: read_trace(trace_path))
         print(f"trace: {args.days:g} days, {n} requests; parse {parse_cpu:.1f} s CPU ({parse_wall:.1f} s wall)")
-        settings = SimulateSettings(
-            trace=str(trace_path), hpa=[str(hpa_path)], concurrency=2, startup="lognormal:p50=22.7s,p95=45.4s"
+        startup = "lognormal:p50=22.7s,p95=45.4s"
+        settings = (
+            SimulateSettings(trace=str(trace_path), hpa=[str(hpa_path)], startup=startup)
+            if llm
+            else SimulateSettings(trace=str(trace_path), hpa=[str(hpa_path)], concurrency=2, startup=startup)
         )
         doc, cpu, wall = timed(lambda: run_simulate(settings))
         r = doc["results"][0]
+        how = "LLM token model, 0.25 s steps" if llm else "sampled every 5 s"
         print(
-            f"whole run (parse + replay, HPA every 15 s, sampled every 5 s): {cpu:.1f} s CPU ({wall:.1f} s wall); "
+            f"whole run ({args.model}: parse + replay, HPA every 15 s, {how}): {cpu:.1f} s CPU ({wall:.1f} s wall); "
             f"{r['gpu_hours']:.0f} GPU-h simulated, {len(r['events'])} scaling events"
         )
+        if llm:
+            hours = min(2.0, args.days * 24)
+            trace = read_trace(trace_path).window(duration_s=hours * 3600)
+            hpa = parse_manifests(HPA, source="hpa.yaml")[0]
+            peer = ReplaySettings(startup=parse_distribution(startup, flag="--startup"))
+            _, cpu1, wall1 = timed(
+                lambda: replay(trace, hpa, catalogue=load_catalogue(None), profile=ServingProfile(), settings=peer)
+            )
+            print(f"peer: the first {hours:g} hours: {cpu1:.1f} s CPU ({wall1:.1f} s wall)")
+            return
         peer_days = min(2.0, args.days)
         trace = read_trace(trace_path).window(duration_s=peer_days * 86400)
         hpa = parse_manifests(HPA, source="hpa.yaml")[0]

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import aiohttp
 
 from gpuscale.errors import SourceUnavailable
-from gpuscale.hpa import Autoscaler, Decision, MetricUnavailable, PodInfo
+from gpuscale.hpa import Autoscaler, Decision, MetricUnavailable, PodInfo, ResourceSample
 from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscaler, MetricIdentifier
 from gpuscale.model import format_quantity, milli_value, parse_quantity, rfc3339
 from gpuscale.selectors import LabelSelector
@@ -56,6 +56,9 @@ class Fetched:
 
     def external(self, metric: MetricIdentifier) -> int:
         return _or_unavailable(self.external_values.get(metric.name), metric.name)
+
+    def resource(self, name: str) -> Mapping[str, ResourceSample]:
+        raise MetricUnavailable(f"unable to get metrics for resource {name}: the demo serves no metrics.k8s.io")
 
 
 def _or_unavailable(value: Any, name: str) -> Any:

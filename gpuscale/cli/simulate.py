@@ -24,7 +24,8 @@ from rich.table import Table
 
 from gpuscale.config import HttpUrl, Seconds, parse_instant
 from gpuscale.errors import ConfigError, SourceUnavailable
-from gpuscale.hpa import parse_manifests
+from gpuscale.hpa import Readiness, parse_manifests
+from gpuscale.hpa.replicas import CPU_INITIALIZATION_PERIOD_SECONDS, INITIAL_READINESS_DELAY_SECONDS
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.policy_files import check_policies_dir
@@ -42,11 +43,12 @@ from gpuscale.replay.history import (
 )
 from gpuscale.replay.results import SCHEMA, Outcome
 from gpuscale.replay.serving import ServingProfile
-from gpuscale.replay.signals import check_metrics
+from gpuscale.replay.signals import CpuProfile, check_metrics
 from gpuscale.replay.simulate import ReplaySettings, replay
 from gpuscale.replay.traces import Trace, read_trace
 
 _PROFILE = ServingProfile()
+_CPU = CpuProfile()
 
 
 class SimulateSettings(BaseModel):
@@ -104,6 +106,20 @@ class SimulateSettings(BaseModel):
     max_batch: int = Field(_PROFILE.max_batch, ge=1, description="running sequences per replica")
     kv_cache_tokens: int = Field(_PROFILE.kv_capacity_tokens, ge=1, description="KV cache per replica, tokens")
     gpus_per_replica: int = Field(_PROFILE.gpus_per_replica, ge=1, description="GPUs per replica (GPU-hours)")
+    initial_readiness_delay: Seconds = Field(
+        INITIAL_READINESS_DELAY_SECONDS,
+        ge=0,
+        description="the HPA controller's --horizontal-pod-autoscaler-initial-readiness-delay (cpu metrics only)",
+    )
+    cpu_initialization_period: Seconds = Field(
+        CPU_INITIALIZATION_PERIOD_SECONDS,
+        ge=0,
+        description="the HPA controller's --horizontal-pod-autoscaler-cpu-initialization-period (cpu metrics only)",
+    )
+    cpu_request: float = Field(_CPU.request_cores, gt=0, description="cpu Resource metric: a replica's request, cores")
+    cpu_loading: float = Field(_CPU.loading_cores, ge=0, description="cpu a replica uses while loading its model")
+    cpu_idle: float = Field(_CPU.idle_cores, ge=0, description="cpu a ready replica uses with its GPU idle")
+    cpu_busy: float = Field(_CPU.busy_cores, ge=0, description="cpu a ready replica uses with its GPU busy")
     config: str | None = Field(None, description="metric catalogue YAML (default: the shipped one)")
     policies: str | None = Field(None, description="directory whose metrics.yaml overrides the shipped one")
     log_level: str = Field("warning", description="debug, info, warning or error")
@@ -161,6 +177,16 @@ class SimulateSettings(BaseModel):
             initial_replicas=self.initial_replicas,
             slo_queue_s=self.slo_queue,
             slo_quantile=self.slo_quantile,
+            readiness=Readiness(
+                cpu_initialization_period_s=self.cpu_initialization_period,
+                initial_readiness_delay_s=self.initial_readiness_delay,
+            ),
+            cpu=CpuProfile(
+                request_cores=self.cpu_request,
+                loading_cores=self.cpu_loading,
+                idle_cores=self.cpu_idle,
+                busy_cores=self.cpu_busy,
+            ),
         )
 
 
@@ -219,11 +245,13 @@ def run_simulate(settings: SimulateSettings) -> dict:
 
 
 def document(*, trace_name, requests, duration_s, profile, settings, outcomes: list[Outcome], **extra) -> dict:
-    from dataclasses import asdict, fields
+    from dataclasses import asdict, fields, is_dataclass
 
     # NB: distributions are written as the user wrote them (a file's samples would not belong in the JSON)
     described = {f.name: getattr(settings, f.name) for f in fields(settings)}
-    described = {k: v.text if isinstance(v, Distribution) else v for k, v in described.items()}
+    described = {
+        k: v.text if isinstance(v, Distribution) else asdict(v) if is_dataclass(v) else v for k, v in described.items()
+    }
     return {
         "schema": SCHEMA,
         "trace": {"name": trace_name, "requests": requests, "duration_s": round(duration_s, 3), **extra},
@@ -255,6 +283,13 @@ def run_history(settings: SimulateSettings, hpas: list[tuple[str, HorizontalPodA
         for i, spec in enumerate(hpa.spec.metrics):
             if spec.type == "External" and spec.metric_name in externals:
                 continue
+            if spec.type == "Resource":
+                raise ConfigError(
+                    f"spec.metrics[{i}].resource: a metric history replays Pods, Object and External metrics; "
+                    "a Resource metric's samples count by the pods' start and readiness times, which a history "
+                    "does not have (replay it with --trace)",
+                    path=source,
+                )
             if catalogue.get(spec.metric_name) is None:
                 kind = spec.type.lower()
                 raise ConfigError(

@@ -16,10 +16,20 @@ Feature gates, as Kubernetes 1.37 ships them: ``behavior.scaleUp/scaleDown.toler
 HPAConfigurableTolerance) is honoured; so is scale to zero (HPAScaleToZero): minReplicas 0 is accepted when
 some metric is Object or External (the API server's rule), the HPA scales from zero on those metrics
 (``getUsageRatioReplicaCount``'s ceil(ratio)), and a target scaled to 0 by hand under minReplicas ≥ 1 is left
-alone (ScalingDisabled). CPU/memory Resource metrics are not modelled.
+alone (ScalingDisabled). Resource metrics (cpu, memory) are modelled with the controller's readiness rules for
+cpu (``--horizontal-pod-autoscaler-cpu-initialization-period``, ``--horizontal-pod-autoscaler-initial-readiness-delay``:
+``Readiness``), which no other metric type is subject to; ContainerResource is not.
 """
 
-from gpuscale.hpa.controller import Autoscaler, Decision, MetricUnavailable, PodInfo, Readings
+from gpuscale.hpa.controller import (
+    Autoscaler,
+    Decision,
+    MetricUnavailable,
+    PodInfo,
+    Readiness,
+    Readings,
+    ResourceSample,
+)
 from gpuscale.hpa.spec import HorizontalPodAutoscaler, parse_manifests
 
 SYNC_PERIOD_SECONDS = 15.0
@@ -32,6 +42,8 @@ __all__ = [
     "HorizontalPodAutoscaler",
     "MetricUnavailable",
     "PodInfo",
+    "Readiness",
     "Readings",
+    "ResourceSample",
     "parse_manifests",
 ]

@@ -20,9 +20,12 @@ from typing import Protocol
 from gpuscale.hpa.replicas import (
     NoMetrics,
     PodInfo,
+    Readiness,
+    ResourceSample,
     Tolerances,
     average_value_replicas,
     pods_metric_replicas,
+    resource_replicas,
     value_replicas,
 )
 from gpuscale.hpa.spec import (
@@ -35,7 +38,16 @@ from gpuscale.hpa.spec import (
     effective_rules,
 )
 
-__all__ = ["Autoscaler", "Decision", "MetricUnavailable", "PodInfo", "Proposal", "Readings"]
+__all__ = [
+    "Autoscaler",
+    "Decision",
+    "MetricUnavailable",
+    "PodInfo",
+    "Proposal",
+    "Readiness",
+    "Readings",
+    "ResourceSample",
+]
 
 
 class MetricUnavailable(Exception):
@@ -54,6 +66,10 @@ class Readings(Protocol):
 
     def external(self, metric: MetricIdentifier) -> int:
         """The sum over the external metric's items."""
+        ...
+
+    def resource(self, name: str) -> Mapping[str, ResourceSample]:
+        """Per-pod usage of a resource (cpu, memory) from metrics.k8s.io: pod name → sample."""
         ...
 
 
@@ -92,6 +108,7 @@ class Autoscaler:
     hpa: HorizontalPodAutoscaler
     tolerance: float = DEFAULT_TOLERANCE
     downscale_stabilization_seconds: float = DEFAULT_DOWNSCALE_STABILIZATION_SECONDS
+    readiness: Readiness = field(default_factory=Readiness)  # gates a cpu Resource metric only
     _recommendations: list[tuple[float, int]] = field(default_factory=list)
     _up_events: list[_Event] = field(default_factory=list)
     _down_events: list[_Event] = field(default_factory=list)
@@ -125,7 +142,9 @@ class Autoscaler:
         elif current < minimum:
             desired, reason = minimum, "Current number of replicas below Spec.MinReplicas"
         else:
-            proposals = tuple(self._propose(m, current, status_replicas, pods, readings) for m in self.hpa.spec.metrics)
+            proposals = tuple(
+                self._propose(m, now, current, status_replicas, pods, readings) for m in self.hpa.spec.metrics
+            )
             valid = [p for p in proposals if p.replicas is not None]
             proposed = max((p.replicas for p in valid if p.replicas is not None), default=0)
             invalid = len(proposals) - len(valid)
@@ -149,11 +168,30 @@ class Autoscaler:
     # --- one metric ------------------------------------------------------------------------------------
 
     def _propose(
-        self, spec: MetricSpec, current: int, status_replicas: int, pods: Sequence[PodInfo], readings: Readings
+        self,
+        spec: MetricSpec,
+        now: float,
+        current: int,
+        status_replicas: int,
+        pods: Sequence[PodInfo],
+        readings: Readings,
     ) -> Proposal:
         name = spec.metric_name
         try:
-            if spec.pods is not None:
+            if spec.resource is not None:
+                wanted = spec.resource.target
+                replicas, usage = resource_replicas(
+                    current,
+                    resource=spec.resource.name,
+                    target_average_milli=wanted.average_value,
+                    target_utilization=wanted.average_utilization,
+                    samples=readings.resource(spec.resource.name),
+                    pods=pods,
+                    tolerances=self.tolerances,
+                    readiness=self.readiness,
+                    now=now,
+                )
+            elif spec.pods is not None:
                 target = spec.pods.target.average_value
                 assert target is not None
                 replicas, usage = pods_metric_replicas(

@@ -2,16 +2,31 @@
 
 Values are in thousandths (``Quantity.MilliValue()``) and pod averages use integer division, as the
 controller does, so a proposal here matches the controller's to the replica. Pods are grouped as
-``groupPods`` does for a non-CPU metric: deleted or failed pods are ignored; Pending pods are "unready";
-a running pod with no value is "missing"; every other pod with a value counts as ready (readiness gates only
-CPU metrics — a Running pod whose readiness probe still fails but reports a value counts).
+``groupPods`` does: deleted or failed pods are ignored; Pending pods are "unready"; a running pod with no
+value is "missing"; every other pod with a value counts as ready — except for the **cpu** Resource metric,
+the only one readiness gates (kube-controller-manager v1.37 ``replica_calculator.go``):
+
+- within ``--horizontal-pod-autoscaler-cpu-initialization-period`` (5 min) of the pod's start, its sample is
+  unready if the pod is not Ready, or if the sample was taken less than one metric window after the Ready
+  condition last changed (a sample that still covers start-up CPU);
+- after that period, only a pod that is not Ready and has never been ready is unready: its Ready condition
+  last changed within ``--horizontal-pod-autoscaler-initial-readiness-delay`` (30 s) of its start;
+- a pod with no Ready condition or no start time is unready.
+
+So neither flag changes anything for Pods, Object or External metrics, nor for a memory Resource metric: a
+loading replica that reports a GPU metric counts with that value. Unready pods' values are left out; on a
+scale-up they are put back as 0, and missing pods as 0 on a scale-up and as the target on a scale-down
+(for a Utilization target: their request × max(100 %, target)), and the direction must survive that.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+CPU_INITIALIZATION_PERIOD_SECONDS = 300.0  # --horizontal-pod-autoscaler-cpu-initialization-period
+INITIAL_READINESS_DELAY_SECONDS = 30.0  # --horizontal-pod-autoscaler-initial-readiness-delay
 
 
 class NoMetrics(Exception):
@@ -31,12 +46,42 @@ class Tolerances:
 
 @dataclass(frozen=True, slots=True)
 class PodInfo:
-    """What the controller's pod lister knows of one pod selected by the HPA."""
+    """What the controller's pod lister knows of one pod selected by the HPA (times in seconds on the
+    caller's clock, the one ``reconcile`` gets ``now`` on; only a cpu Resource metric reads them)."""
 
     name: str
     phase: str = "Running"  # Pending | Running | Succeeded | Failed
-    ready: bool = True
+    ready: bool = True  # the Ready condition's status
     deleting: bool = False
+    started: float | None = None  # status.startTime; None: not set yet
+    ready_changed: float | None = None  # the Ready condition's lastTransitionTime; None: no Ready condition
+    requests_milli: Mapping[str, int] = field(default_factory=dict)  # resource → Σ containers' requests
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSample:
+    """One pod's resource usage as metrics.k8s.io serves it: the value (milli-cores, or bytes × 1000 for
+    memory), when it was taken and over which window (seconds)."""
+
+    value_milli: int
+    timestamp: float
+    window_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """The controller's two readiness flags (seconds), which gate only a cpu Resource metric."""
+
+    cpu_initialization_period_s: float = CPU_INITIALIZATION_PERIOD_SECONDS
+    initial_readiness_delay_s: float = INITIAL_READINESS_DELAY_SECONDS
+
+    def unready_cpu_sample(self, pod: PodInfo, sample: ResourceSample, now: float) -> bool:
+        """``groupPods``' rule for a cpu sample of a Running pod that reported one."""
+        if pod.ready_changed is None or pod.started is None:
+            return True
+        if pod.started + self.cpu_initialization_period_s > now:
+            return not pod.ready or sample.timestamp < pod.ready_changed + sample.window_s
+        return not pod.ready and pod.started + self.initial_readiness_delay_s > pod.ready_changed
 
 
 def _usage_ratio(values: Mapping[str, int], target_milli: int) -> tuple[float, int]:
@@ -54,10 +99,96 @@ def pods_metric_replicas(
 ) -> tuple[int, int]:
     """(proposed replicas, average usage in milli) for a Pods metric with an AverageValue target
     (``GetMetricReplicas`` → ``calcPlainMetricReplicas``)."""
-    if not pods:
-        raise NoMetrics("no pods returned by selector while calculating replica count")
     if not values_milli:
         raise NoMetrics("no metrics returned from custom metrics API")
+    return _plain_replicas(
+        current_replicas,
+        target_milli=target_average_milli,
+        values_milli=values_milli,
+        pods=pods,
+        tolerances=tolerances,
+        unready_sample=None,
+    )
+
+
+def resource_replicas(
+    current_replicas: int,
+    *,
+    resource: str,
+    target_average_milli: int | None = None,
+    target_utilization: int | None = None,
+    samples: Mapping[str, ResourceSample],
+    pods: Sequence[PodInfo],
+    tolerances: Tolerances,
+    readiness: Readiness,
+    now: float,
+) -> tuple[int, int]:
+    """(proposed replicas, usage) for a Resource metric: an AverageValue target (``GetRawResourceReplicas``:
+    usage = average milli) or a Utilization one (``GetResourceReplicas``: usage = percent of the requests)."""
+    if not samples:
+        raise NoMetrics(f"unable to get metrics for resource {resource}: no metrics returned from resource metrics API")
+    values = {name: s.value_milli for name, s in samples.items()}
+
+    def unready_sample(pod: PodInfo) -> bool:
+        return resource == "cpu" and readiness.unready_cpu_sample(pod, samples[pod.name], now)
+
+    if target_average_milli is not None:
+        return _plain_replicas(
+            current_replicas,
+            target_milli=target_average_milli,
+            values_milli=values,
+            pods=pods,
+            tolerances=tolerances,
+            unready_sample=unready_sample,
+        )
+    assert target_utilization is not None
+    requests: dict[str, int] = {}
+    for pod in pods:
+        if resource not in pod.requests_milli:
+            raise NoMetrics(f"missing request for {resource} in Pod {pod.name}")
+        requests[pod.name] = pod.requests_milli[resource]
+
+    def utilization_ratio(metrics: Mapping[str, int]) -> tuple[float, int]:
+        """``GetResourceUtilizationRatio``: Σ usage × 100 / Σ requests over the pods with a request."""
+        known = [name for name in metrics if name in requests]
+        total_requests = sum(requests[name] for name in known)
+        if total_requests == 0:
+            raise NoMetrics("no metrics returned matched known pods")
+        utilization = sum(metrics[name] for name in known) * 100 // total_requests
+        return utilization / target_utilization, utilization
+
+    fallback = max(100, target_utilization)
+    return _plain_replicas(
+        current_replicas,
+        target_milli=0,
+        values_milli=values,
+        pods=pods,
+        tolerances=tolerances,
+        unready_sample=unready_sample,
+        ratio_of=utilization_ratio,
+        missing_on_scale_down=lambda name: requests[name] * fallback // 100,
+    )
+
+
+def _plain_replicas(
+    current_replicas: int,
+    *,
+    target_milli: int,
+    values_milli: Mapping[str, int],
+    pods: Sequence[PodInfo],
+    tolerances: Tolerances,
+    unready_sample: Callable[[PodInfo], bool] | None,
+    ratio_of: Callable[[Mapping[str, int]], tuple[float, int]] | None = None,
+    missing_on_scale_down: Callable[[str], int] | None = None,
+) -> tuple[int, int]:
+    """``calcPlainMetricReplicas`` (and ``GetResourceReplicas``, with ``ratio_of`` giving the utilization
+    ratio and ``missing_on_scale_down`` a missing pod's stand-in value)."""
+    if not pods:
+        raise NoMetrics("no pods returned by selector while calculating replica count")
+
+    def ratio_and_usage(metrics: Mapping[str, int]) -> tuple[float, int]:
+        return ratio_of(metrics) if ratio_of is not None else _usage_ratio(metrics, target_milli)
+
     ready = 0
     unready: list[str] = []
     missing: list[str] = []
@@ -75,10 +206,14 @@ def pods_metric_replicas(
         if pod.name not in values_milli:
             missing.append(pod.name)
             continue
+        if unready_sample is not None and unready_sample(pod):
+            unready.append(pod.name)
+            metrics.pop(pod.name, None)
+            continue
         ready += 1
     if not metrics:
         raise NoMetrics("did not receive metrics for targeted pods (pods might be unready)")
-    ratio, usage = _usage_ratio(metrics, target_average_milli)
+    ratio, usage = ratio_and_usage(metrics)
     scale_up_with_unready = bool(unready) and ratio > 1.0
     if not scale_up_with_unready and not missing:
         if tolerances.within(ratio):
@@ -88,11 +223,14 @@ def pods_metric_replicas(
     # unready pods use 0 on a scale-up.
     if ratio != 1.0:  # NB: at exactly 1.0 the controller leaves missing pods out
         for name in missing:
-            metrics[name] = target_average_milli if ratio < 1.0 else 0
+            if ratio > 1.0:
+                metrics[name] = 0
+            else:
+                metrics[name] = missing_on_scale_down(name) if missing_on_scale_down else target_milli
     if scale_up_with_unready:
         for name in unready:
             metrics[name] = 0
-    new_ratio, _ = _usage_ratio(metrics, target_average_milli)
+    new_ratio, _ = ratio_and_usage(metrics)
     if tolerances.within(new_ratio) or (ratio > 1.0 > new_ratio) or (ratio < 1.0 < new_ratio):
         return current_replicas, usage  # the direction flipped or vanished: do nothing
     proposed = math.ceil(new_ratio * len(metrics))

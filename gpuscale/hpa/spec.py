@@ -6,8 +6,9 @@ maxReplicas ≥ minReplicas, one metric source per type, positive targets, at mo
 policies with 0 < periodSeconds ≤ 1800 and value > 0, selectPolicy Max/Min/Disabled); defaults follow
 ``pkg/apis/autoscaling/v2/defaults.go`` (scale up: 4 pods or 100 % per 15 s, the larger, no window; scale
 down: 100 % per 15 s, the controller's 300 s window). Every error names the file, the document and the
-field path. Resource/ContainerResource (cpu, memory) metrics are valid Kubernetes but gpuscale has no CPU
-model, so they are refused with that reason rather than silently ignored.
+field path. Resource metrics (cpu, memory: Utilization of the pods' requests or AverageValue) are modelled,
+with the controller's readiness rules for cpu (replicas.py); ContainerResource is valid Kubernetes but not
+modelled, so it is refused with that reason rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -107,31 +108,52 @@ class ExternalMetricSource(_K8s):
         return self
 
 
+class ResourceMetricSource(_K8s):
+    name: str = Field(min_length=1)
+    target: MetricTarget
+
+    @model_validator(mode="after")
+    def _average(self) -> ResourceMetricSource:
+        # NB: validation.go validateResourceSource: exactly one of the two, whatever target.type says
+        if self.target.average_utilization is None and self.target.average_value is None:
+            raise ValueError("target.averageUtilization: must set either a target raw value or a target utilization")
+        if self.target.average_utilization is not None and self.target.average_value is not None:
+            raise ValueError("target.averageValue: may not set both a target raw value and a target utilization")
+        return self
+
+    @property
+    def metric(self) -> MetricIdentifier:
+        return MetricIdentifier(name=self.name)
+
+
 class MetricSpec(_K8s):
     type: Literal["Object", "Pods", "Resource", "ContainerResource", "External"]
     object: ObjectMetricSource | None = None
     pods: PodsMetricSource | None = None
-    resource: dict[str, Any] | None = None
+    resource: ResourceMetricSource | None = None
     container_resource: dict[str, Any] | None = None
     external: ExternalMetricSource | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> MetricSpec:
         key = {"ContainerResource": "container_resource"}.get(self.type, self.type.lower())
-        if self.type in ("Resource", "ContainerResource"):
+        if self.type == "ContainerResource":
             raise ValueError(
-                f"type {self.type} (cpu/memory) is valid Kubernetes but gpuscale has no CPU model to simulate it"
+                "type ContainerResource is valid Kubernetes but gpuscale does not model per-container usage; "
+                "use a Resource metric (the pod's total)"
             )
         if getattr(self, key) is None:
             raise ValueError(f"{to_camel(key)}: must populate information for the given metric source")
-        others = [to_camel(k) for k in ("object", "pods", "external") if k != key and getattr(self, k) is not None]
+        others = [
+            to_camel(k) for k in ("object", "pods", "resource", "external") if k != key and getattr(self, k) is not None
+        ]
         if others:
             raise ValueError(f"{others[0]}: must populate the given metric source only")
         return self
 
     @property
-    def source(self) -> PodsMetricSource | ObjectMetricSource | ExternalMetricSource:
-        found = self.pods or self.object or self.external
+    def source(self) -> PodsMetricSource | ObjectMetricSource | ExternalMetricSource | ResourceMetricSource:
+        found = self.pods or self.object or self.external or self.resource
         assert found is not None
         return found
 
@@ -184,8 +206,8 @@ class HorizontalPodAutoscalerSpec(_K8s):
             )
         if not self.metrics:
             raise ValueError(
-                "metrics: empty, so the API server would default to 80 % cpu (a Resource metric), "
-                "which gpuscale does not simulate; name the metrics to scale on"
+                "metrics: empty, so the API server would default to 80 % cpu utilization; "
+                "name the metrics to scale on (gpuscale does not fill in that default)"
             )
         return self
 

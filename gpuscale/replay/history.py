@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscale.errors import ConfigError
-from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, MetricUnavailable, PodInfo
+from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, MetricUnavailable, PodInfo, ResourceSample
 from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscaler, MetricIdentifier
 from gpuscale.metrics.catalogue import MetricDefinition, Term
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
@@ -151,6 +151,9 @@ class _Readings:
 
     def object(self, described: CrossVersionObjectReference, metric: MetricIdentifier) -> int:
         return self._total(metric.name)
+
+    def resource(self, name: str) -> Mapping[str, ResourceSample]:
+        raise MetricUnavailable(f"a metric history has no pod readiness to judge resource {name} samples by")
 
     def external(self, metric: MetricIdentifier) -> int:
         fed = self.history.external.get(metric.name)

@@ -6,6 +6,12 @@ the emulated HPA sees exactly the adapter's delay. A pod whose model is still lo
 but no inference server yet: it reports GPU metrics and no inference metrics, so the HPA counts it as a pod
 with a missing metric, as it would in a cluster.
 
+The cpu Resource metric (what metrics.k8s.io would serve) follows a CPU profile (``CpuProfile``, illustrative
+like SM activity): a replica loading its model burns ``loading_cores`` (reading and deserialising weights),
+then ``idle_cores`` plus up to ``busy_cores`` in proportion to its GPU util; each sample is stamped with the
+refresh time and covers ``window_s``. The HPA's cpu readiness rules (gpuscale/hpa/replicas.py) then decide
+which of those samples count.
+
 Object and External metrics aggregate the pods as the catalogue says (sum, mean, or Σ numerator /
 Σ denominator for ratios), except the queue depth: every waiting request, the balancer's included, as a
 gateway counts them, so an HPA with minReplicas 0 can scale from zero on it. Values are in the catalogue's
@@ -16,9 +22,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from gpuscale.errors import ConfigError
-from gpuscale.hpa import MetricUnavailable
+from gpuscale.hpa import MetricUnavailable, ResourceSample
 from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscaler, MetricIdentifier
 from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.model import milli_value
@@ -47,6 +54,25 @@ PRODUCED = (
     *RATIO_METRICS,
 )
 
+RESOURCES = ("cpu",)  # Resource metrics the replay produces
+
+
+@dataclass(frozen=True)
+class CpuProfile:
+    """One replica's CPU, in cores: its request (what Utilization targets divide by) and its usage."""
+
+    request_cores: float = 4.0
+    loading_cores: float = 4.0  # while the model loads (before the replica is ready)
+    idle_cores: float = 0.5  # ready, GPU idle (HTTP server, scheduler loop)
+    busy_cores: float = 2.0  # ready, GPU busy the whole last second (tokenising, batching, detokenising)
+    window_s: float = 15.0  # the window each sample covers (metrics-server's default resolution)
+
+    def usage_cores(self, *, loading: bool, gpu_util_percent: float) -> float:
+        if loading:
+            return self.loading_cores
+        return self.idle_cores + (self.busy_cores - self.idle_cores) * gpu_util_percent / 100.0
+
+
 # A pod's reading of one metric: (value, numerator, denominator); the parts let objects aggregate ratios.
 Reading = tuple[float, float, float]
 
@@ -60,6 +86,14 @@ def check_metrics(
         for i, spec in enumerate(hpa.spec.metrics):
             name = spec.metric_name
             if spec.type == "External" and name in external:
+                continue
+            if spec.type == "Resource":
+                if name not in RESOURCES:
+                    raise ConfigError(
+                        f"spec.metrics[{i}].resource.name: the replay models the cpu Resource metric only "
+                        f"(got {name!r})",
+                        path=source,
+                    )
                 continue
             kind = {"Pods": "pods", "Object": "object", "External": "external"}[spec.type]
             where = f"spec.metrics[{i}].{kind}.metric.name"
@@ -94,10 +128,12 @@ class AdapterView:
         metrics: frozenset[str] | None = None,
         externals: Mapping[str, Series] | None = None,
         origin: float = 0.0,
+        cpu: CpuProfile | None = None,
     ) -> None:
         """``metrics``: the names anyone will read (default: all); the costlier ones are computed only if named.
         ``externals``: External metrics fed as series (``--external``), on the clock ``origin`` + replay time."""
         self.model = model
+        self.cpu = cpu or CpuProfile()
         self.externals = dict(externals or {})
         self.origin = origin
         self._ttft = metrics is None or any(m in metrics for m in TTFT_QUANTILES)
@@ -130,6 +166,8 @@ class AdapterView:
             "gpu_sm_active": (sm, sm, 1.0),
             "gpu_tensor_active": (tensor, tensor, 1.0),
         }
+        cores = self.cpu.usage_cores(loading=now < r.ready_at, gpu_util_percent=util)
+        values["cpu"] = (cores, cores, 1.0)
         if now < r.ready_at:
             return values  # the server is still loading its model: no inference metrics yet
         c = r.counters
@@ -185,6 +223,18 @@ class AdapterView:
 
     def object(self, described: CrossVersionObjectReference, metric: MetricIdentifier) -> int:
         return self._aggregate(metric.name)
+
+    def resource(self, name: str) -> Mapping[str, ResourceSample]:
+        live = {r.name for r in self.model.present if r.gone_at is None}
+        stamp = self.refreshed_at or 0.0
+        out = {
+            pod: ResourceSample(milli_value(v[name][0]), timestamp=stamp, window_s=self.cpu.window_s)
+            for pod, v in self.latest.items()
+            if name in v and pod in live
+        }
+        if not out:
+            raise MetricUnavailable(f"no pod has a value for resource {name}")
+        return out
 
     def external(self, metric: MetricIdentifier) -> int:
         fed = self.externals.get(metric.name)

@@ -12,11 +12,11 @@ the same bytes; every HPA of a run sees the same service and swap times.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, Decision, PodInfo
+from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, Decision, PodInfo, Readiness
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.replay.distributions import Distribution, constant
@@ -24,7 +24,7 @@ from gpuscale.replay.general import GeneralServingModel, ServiceProfile
 from gpuscale.replay.history import Series
 from gpuscale.replay.results import Event, Outcome, Sample, summarize
 from gpuscale.replay.serving import ServingModel, ServingProfile
-from gpuscale.replay.signals import AdapterView
+from gpuscale.replay.signals import AdapterView, CpuProfile
 from gpuscale.replay.traces import Trace
 
 
@@ -45,6 +45,9 @@ class ReplaySettings:
     # the adapter's refresh interval by default (one step per refresh keeps long traces fast)
     general_step_s: float | None = None
     seed: int = 0
+    # kube-controller-manager's readiness flags, which gate a cpu Resource metric only, and the CPU replicas use
+    readiness: Readiness = field(default_factory=Readiness)
+    cpu: CpuProfile = field(default_factory=CpuProfile)
 
 
 def replay(
@@ -67,8 +70,10 @@ def replay(
         metrics=frozenset(m.metric_name for m in hpa.spec.metrics),
         externals=externals,
         origin=trace.origin,
+        cpu=settings.cpu,
     )
-    auto = Autoscaler(hpa)
+    auto = Autoscaler(hpa, readiness=settings.readiness)
+    requests = {"cpu": round(settings.cpu.request_cores * 1000)}
     spec = settings.initial_replicas or hpa.min_replicas
     spec = max(hpa.min_replicas, min(spec, hpa.spec.max_replicas))
     for _ in range(spec):
@@ -84,14 +89,23 @@ def replay(
         if k % per_refresh == 0:
             view.refresh(now)
         if k and k % per_sync == 0:
+            # NB: a pod starts when it is created (scheduling is immediate here); its Ready condition is False
+            # from then until its model is loaded, and True from ready_at on
             pods = [
-                PodInfo(r.name, ready=now >= r.ready_at, deleting=r.deleting_since is not None)
+                PodInfo(
+                    r.name,
+                    ready=now >= r.ready_at,
+                    deleting=r.deleting_since is not None,
+                    started=r.created,
+                    ready_changed=r.ready_at if now >= r.ready_at else r.created,
+                    requests_milli=requests,
+                )
                 for r in model.present
                 if r.gone_at is None
             ]
             decision = auto.reconcile(now, spec_replicas=spec, pods=pods, readings=view)
             if decision.rescale:
-                events.append(Event(now, spec, decision.desired_replicas, decision.reason, _why(decision)))
+                events.append(Event(now, spec, decision.desired_replicas, decision.reason, _why(decision, hpa)))
                 new = max(0, decision.desired_replicas - len(model.live()))
                 model.scale_to(now, decision.desired_replicas, startup_s=list(startup.draw(startups, new)))
                 spec = decision.desired_replicas
@@ -132,8 +146,15 @@ def make_model(
     )
 
 
-def _why(decision: Decision) -> str:
-    parts = [f"{p.metric}={p.usage_milli / 1000:g}→{p.replicas}" for p in decision.proposals if p.replicas is not None]
+def _why(decision: Decision, hpa: HorizontalPodAutoscaler) -> str:
+    parts = [
+        # NB: a Utilization target's usage is a percent of the requests, every other one a milli-value
+        f"{p.metric}={p.usage_milli}%→{p.replicas}"
+        if m.resource is not None and m.resource.target.average_utilization is not None
+        else f"{p.metric}={p.usage_milli / 1000:g}→{p.replicas}"
+        for p, m in zip(decision.proposals, hpa.spec.metrics, strict=True)
+        if p.replicas is not None and p.usage_milli is not None
+    ]
     parts += [p.error for p in decision.proposals if p.replicas is None]
     return "; ".join(parts)
 

@@ -2,8 +2,9 @@
 
 Each case names the upstream test it reproduces. Upstream values are MilliValues ("levels"), the target is
 ``targetUtilization`` (a milli AverageValue/Value) and ``currentReplicas`` pods exist, Running and Ready
-unless a readiness/phase list says otherwise. The CPU-only cases (hot CPU, requests) are left out: gpuscale
-has no CPU metrics; the missing-metric cases are run on a Pods metric with the same arithmetic.
+unless a readiness/phase list says otherwise. The missing-metric cases are run on a Pods metric with the same
+arithmetic; the cpu readiness rules (``groupPods``: initialization period, initial readiness delay) are
+TestGroupPods' table and GetResourceReplicas' unready and hot-CPU cases.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import pytest
 from gpuscale.hpa.replicas import (
     NoMetrics,
     PodInfo,
+    Readiness,
+    ResourceSample,
     Tolerances,
     average_value_replicas,
     pods_metric_replicas,
+    resource_replicas,
     value_replicas,
 )
 
@@ -159,3 +163,154 @@ def test_per_direction_tolerance():
     assert not t.within(0.79) and not t.within(1.06)
     assert value_replicas(10, usage_milli=1060, target_milli=1000, pods=_pods(10), tolerances=t)[0] == 11
     assert value_replicas(10, usage_milli=850, target_milli=1000, pods=_pods(10), tolerances=t)[0] == 10
+
+
+# --- cpu readiness: TestGroupPods (cpu initialization period 2 min, initial readiness delay 10 s, as upstream's
+# defaultTesting… values); times in seconds, now = 0; ZERO stands for Go's zero time (long ago)
+UPSTREAM_READINESS = Readiness(cpu_initialization_period_s=120, initial_readiness_delay_s=10)
+ZERO = -1e10
+
+
+@pytest.mark.parametrize(
+    ("case", "pod", "sample", "unready"),
+    [
+        ("unready a pod without ready condition", PodInfo("p", started=0.0, ready_changed=None), (0, 60), True),
+        (
+            "count in a ready pod with fresh metrics during initialization period",
+            PodInfo("p", started=-60, ready_changed=-30),
+            (0, 30),
+            False,
+        ),
+        (
+            "unready a ready pod without fresh metrics during initialization period",
+            PodInfo("p", started=-60, ready_changed=-30),
+            (0, 60),
+            True,
+        ),
+        (
+            "unready an unready pod during initialization period",
+            PodInfo("p", ready=False, started=-600, ready_changed=-594),
+            (ZERO, 0),
+            True,
+        ),
+        (
+            "count in a ready pod without fresh metrics after initialization period",
+            PodInfo("p", started=-180, ready_changed=-180),
+            (-120, 60),
+            False,
+        ),
+        (
+            "count in an unready pod that was ready after initialization period",
+            PodInfo("p", ready=False, started=-600, ready_changed=-540),
+            (ZERO, 0),
+            False,
+        ),
+        (
+            "unready pod that has never been ready after initialization period (at the delay: counted)",
+            PodInfo("p", ready=False, started=-600, ready_changed=-590),
+            (ZERO, 0),
+            False,
+        ),
+        (
+            "... and a second inside the delay: unready",
+            PodInfo("p", ready=False, started=-600, ready_changed=-591),
+            (ZERO, 0),
+            True,
+        ),
+        ("no start time", PodInfo("p", started=None, ready_changed=-30), (0, 30), True),
+    ],
+)
+def test_cpu_readiness_matches_upstream_group_pods(case, pod, sample, unready):
+    assert (
+        UPSTREAM_READINESS.unready_cpu_sample(
+            pod, ResourceSample(sample[0], timestamp=sample[0], window_s=sample[1]), 0.0
+        )
+        is unready
+    ), case
+
+
+def _cpu_pods(levels, *, ready=None, started=None, request=2000):
+    """GetResourceReplicas' fixture: two containers of 1 cpu each per pod (request 2000 m), the metric's
+    timestamp and the Ready condition's last transition at Go's zero time, a 1 min window."""
+    n = len(levels)
+    pods = [
+        PodInfo(
+            f"p{i}",
+            ready=(ready or [True] * n)[i],
+            started=(started or [ZERO] * n)[i],
+            ready_changed=ZERO,
+            requests_milli={"cpu": request, "memory": request},
+        )
+        for i in range(n)
+    ]
+    samples = {f"p{i}": ResourceSample(2 * v, timestamp=ZERO, window_s=60) for i, v in enumerate(levels)}
+    return pods, samples
+
+
+HOT, COOL = 0.0, -180.0  # hotCPUCreationTime (now), coolCPUCreationTime (3 min ago)
+
+
+@pytest.mark.parametrize(
+    ("upstream", "levels", "ready", "started", "expected", "utilization"),
+    [
+        ("scale up: unready pod scales less", [300, 500, 700], [False, True, True], None, 4, 60),
+        ("scale up: hot-CPU pod scales less", [300, 500, 700], None, [HOT, COOL, COOL], 4, 60),
+        ("no scale: unready pods ignored", [400, 500, 700], [True, False, False], None, 3, 40),
+        ("no scale: hot-CPU pods ignored", [400, 500, 700], [True, False, False], [COOL, HOT, HOT], 3, 40),
+        ("scale up (every pod ready and cool)", [300, 500, 700], None, None, 5, 50),
+    ],
+)
+def test_cpu_utilization_matches_upstream(upstream, levels, ready, started, expected, utilization):
+    pods, samples = _cpu_pods(levels, ready=ready, started=started)
+    got = resource_replicas(
+        3,
+        resource="cpu",
+        target_utilization=30,
+        samples=samples,
+        pods=pods,
+        tolerances=T,
+        readiness=UPSTREAM_READINESS,
+        now=0.0,
+    )
+    assert got == (expected, utilization), upstream
+
+
+def test_readiness_gates_cpu_only():
+    """The same not-ready pods and values: excluded for cpu, counted for memory and for a Pods metric."""
+    pods, samples = _cpu_pods([400, 500, 700], ready=[True, False, False])
+    common = dict(samples=samples, pods=pods, tolerances=T, readiness=UPSTREAM_READINESS, now=0.0)
+    assert resource_replicas(3, resource="cpu", target_utilization=30, **common) == (3, 40)
+    assert resource_replicas(3, resource="memory", target_utilization=30, **common) == (6, 53)
+    values = {name: s.value_milli for name, s in samples.items()}
+    assert pods_metric_replicas(3, target_average_milli=600, values_milli=values, pods=pods, tolerances=T) == (6, 1066)
+    # an AverageValue cpu target (GetRawResourceReplicas) is gated the same way
+    assert resource_replicas(3, resource="cpu", target_average_milli=600, **common) == (3, 800)
+
+
+def test_missing_cpu_on_a_scale_down_counts_as_its_request_times_the_target():
+    """GetResourceReplicas: a pod without a sample on a scale-down uses request × max(100, target) %."""
+    pods, samples = _cpu_pods([100, 100, 100])
+    del samples["p2"]
+    got = resource_replicas(
+        3,
+        resource="cpu",
+        target_utilization=50,
+        samples=samples,
+        pods=pods,
+        tolerances=T,
+        readiness=Readiness(),
+        now=0.0,
+    )
+    # ratio 10 % / 50 % = 0.2 → with p2 at 100 % of 2000 m: (200 + 200 + 2000) × 100 / 6000 = 40 % → 0.8 → ceil(2.4)
+    assert got == (3, 10)
+    with pytest.raises(NoMetrics, match="missing request for cpu in Pod p0"):
+        resource_replicas(
+            3,
+            resource="cpu",
+            target_utilization=50,
+            samples=samples,
+            pods=[PodInfo("p0", started=ZERO, ready_changed=ZERO)],
+            tolerances=T,
+            readiness=Readiness(),
+            now=0.0,
+        )

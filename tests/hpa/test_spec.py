@@ -103,13 +103,47 @@ def test_behavior_limits(behavior, message):
     assert message in str(err.value)
 
 
-def test_cpu_metrics_and_empty_files_are_refused_with_the_reason():
-    cpu = GOOD.replace(
+def _with_metric(metric: str) -> str:
+    return GOOD.replace(
         '    - type: Pods\n      pods:\n        metric: {name: inference_queue_depth}\n        target: {type: AverageValue, averageValue: "4"}\n',
-        "    - type: Resource\n      resource: {name: cpu, target: {type: Utilization, averageUtilization: 80}}\n",
+        metric,
     )
-    with pytest.raises(ConfigError, match="no CPU model"):
-        parse_manifests(cpu, source="hpa.yaml")
+
+
+def test_resource_metrics_are_validated_as_the_api_server_does():
+    (cpu,) = parse_manifests(
+        _with_metric(
+            "    - type: Resource\n      resource: {name: cpu, target: {type: Utilization, averageUtilization: 80}}\n"
+        ),
+        source="hpa.yaml",
+    )
+    assert cpu.spec.metrics[0].resource.target.average_utilization == 80
+    assert cpu.spec.metrics[0].metric_name == "cpu"
+    (memory,) = parse_manifests(
+        _with_metric(
+            "    - type: Resource\n      resource: {name: memory, target: {type: AverageValue, averageValue: 2Gi}}\n"
+        ),
+        source="hpa.yaml",
+    )
+    assert memory.spec.metrics[0].resource.target.average_value == 2 * 1024**3 * 1000
+    for target, message in [
+        ("{type: Utilization}", "must set either a target raw value or a target utilization"),
+        ("{type: Utilization, averageUtilization: 80, averageValue: 1}", "may not set both"),
+        ("{type: Utilization, averageUtilization: 0}", "averageUtilization must be greater than 0"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_manifests(
+                _with_metric(f"    - type: Resource\n      resource: {{name: cpu, target: {target}}}\n"), source="h"
+            )
+
+
+def test_container_resource_metrics_and_empty_files_are_refused_with_the_reason():
+    container = _with_metric(
+        "    - type: ContainerResource\n      containerResource:\n        name: cpu\n        container: app\n"
+        "        target: {type: Utilization, averageUtilization: 80}\n"
+    )
+    with pytest.raises(ConfigError, match="does not model per-container usage"):
+        parse_manifests(container, source="hpa.yaml")
     with pytest.raises(ConfigError, match=r"hpa\.yaml: no autoscaling/v2 HorizontalPodAutoscaler"):
         parse_manifests("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", source="hpa.yaml")
     with pytest.raises(ConfigError, match="apiVersion: expected autoscaling/v2"):
