@@ -1,26 +1,33 @@
 """The container image: deploy/image/build-offline builds it (no base image pulled) and it runs as it must.
 
 The image is built once for the module into a temporary buildah storage (vfs) and removed afterwards. The
-module is skipped only where buildah cannot run at all; a failing build fails the tests.
+module is skipped only where buildah cannot run at all; a failing build fails the tests. Reproducible: it holds
+exactly the locked Python and Debian packages, and its wheel is byte-identical to the session's own build.
 The mmdebstrap rootfs is kept between runs in ~/.cache/gpuscale (``rootfs_cache``; GPUSCALE_IMAGE_ROOTFS_CACHE=FILE
 to put it elsewhere): everything gpuscale puts into the image is still built and installed on every run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
+
+from tests.test_lock import locked
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "deploy" / "image" / "build-offline"
-TAG = "localhost/gpuscale:e2e"
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+TAG = f"localhost/gpuscale:{VERSION}"  # no --tag given: the image is tagged with the version
 
 
 class Image:
@@ -84,7 +91,7 @@ def image(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     img = Image(tmp / "storage")
-    args = [str(BUILD), "--storage-root", str(img.storage), "--tag", TAG, "--rootfs-cache", str(rootfs_cache())]
+    args = [str(BUILD), "--storage-root", str(img.storage), "--rootfs-cache", str(rootfs_cache())]
     try:
         build = subprocess.run(args, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
         assert build.returncode == 0, f"build-offline failed ({build.returncode}):\n{build.stderr[-4000:]}"
@@ -109,6 +116,35 @@ def test_image_config_is_non_root_with_gpuscale_entrypoint(image):
     assert "PYTHONDONTWRITEBYTECODE=1" in config["Env"]
     assert "HOME=/tmp" in config["Env"]
     assert config["Labels"]["org.opencontainers.image.licenses"] == "Apache-2.0"
+
+
+def test_the_image_holds_exactly_the_locked_python_packages(image):
+    probe = "import importlib.metadata as m, json; print(json.dumps([[d.metadata['Name'], d.version] for d in m.distributions()]))"
+    out = image.run("/opt/gpuscale/bin/python", "-c", probe)
+    assert out.returncode == 0, out.stderr
+    installed = {canonicalize_name(name): version for name, version in json.loads(out.stdout)}
+    assert installed == locked() | {"gpuscale": VERSION}
+
+
+# What build-offline purges after the install (the venv's seeds): the rest of the rootfs is the Debian lock.
+PURGED = {"python3-venv", "python3.11-venv", "python3-pip-whl", "python3-setuptools-whl"}
+
+
+def test_the_image_holds_exactly_the_locked_debian_packages(image):
+    out = image.run("dpkg-query", "-W", "-f", "${db:Status-Status} ${Package}=${Version}\n")
+    assert out.returncode == 0, out.stderr
+    installed = {line.split()[1] for line in out.stdout.splitlines() if line.startswith("installed ")}
+    lock = (REPO / "deploy" / "image" / "debian-packages.lock").read_text().splitlines()
+    want = {line for line in lock if line and not line.startswith("#") and line.split("=")[0] not in PURGED}
+    assert installed == want
+
+
+def test_the_images_wheel_is_byte_identical_to_another_build(image, gpuscale_wheel):
+    """Two builds of the wheel (the image's, the session's: other directories, other times) are the same bytes."""
+    out = image.cmd("inspect", "--type", "image", TAG)
+    assert out.returncode == 0, out.stderr
+    label = json.loads(out.stdout)["OCIv1"]["config"]["Labels"]["io.gpuscale.wheel.sha256"]
+    assert label == hashlib.sha256(gpuscale_wheel.read_bytes()).hexdigest()
 
 
 def test_adapter_help_runs_in_the_image(image):

@@ -57,17 +57,9 @@ class Installed:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Installed:
+def installed(tmp_path_factory, gpuscale_wheel) -> Installed:
     root = tmp_path_factory.mktemp("installed")
-    wheels = root / "wheels"
-    build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check", "-w", wheels, REPO],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert build.returncode == 0, build.stderr
-    (wheel,) = wheels.glob("gpuscale-*.whl")
+    wheel = gpuscale_wheel
     venv = root / "venv"
     # NB: the base interpreter, not this test venv's: a virtualenv made from a virtualenv shares nothing with it.
     # Without pip of its own (ensurepip took 12 s of this fixture's 54): this venv's pip installs into it
@@ -193,7 +185,9 @@ async def test_top_and_the_kubectl_plugin(installed):
 
 
 async def test_demo_runs_and_its_printed_commands_work_in_a_new_terminal(installed):
-    proc = await installed.start("gpuscale", "demo", "--duration", "10s", "--port", "0", "--no-keep-running")
+    # NB: kept running (the default), as a user pasting the commands has it: a 10 s replay on a loaded machine
+    # ended before the last pasted command ran (the pasted commands alone took 10+ s).
+    proc = await installed.start("gpuscale", "demo", "--duration", "10s", "--port", "0")
     lines: list[str] = []
     try:
         while not any("What the HPA sees" in line for line in lines):
@@ -209,6 +203,11 @@ async def test_demo_runs_and_its_printed_commands_work_in_a_new_terminal(install
             done = await asyncio.to_thread(installed.run, "/bin/sh", "-c", command, env=bare)
             assert done.returncode == 0, (command, done.stderr)
             assert "under-filled" in done.stdout, done.stdout
+        while not any("Still serving" in line for line in lines):
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            assert line, "demo exited while it should keep serving:\n" + "".join(lines)
+            lines.append(line)
+        proc.terminate()  # Ctrl-C's twin: a clean stop
         rest = (await asyncio.wait_for(proc.stdout.read(), 60)).decode()
         assert await asyncio.wait_for(proc.wait(), 30) == 0, rest[-2000:]
     finally:
