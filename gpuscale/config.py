@@ -194,6 +194,26 @@ def _lines(node: yaml.Node | None, path: tuple[Any, ...], out: dict[tuple[Any, .
             _lines(item, (*path, i), out)
 
 
+def _duplicate_key(node: yaml.Node | None) -> str | None:
+    """'line N: key K appears twice (first on line M)' for the first mapping that repeats a key: YAML loaders keep
+    the last silently, so an edited threshold could be undone by a forgotten copy further down."""
+    stack = [node] if node is not None else []
+    while stack:
+        n = stack.pop()
+        if isinstance(n, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key, value in n.value:
+                if isinstance(key, yaml.ScalarNode):
+                    line = key.start_mark.line + 1
+                    if key.value in seen:
+                        return f"line {line}: key {key.value!r} appears twice (first on line {seen[key.value]})"
+                    seen[key.value] = line
+                stack.append(value)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+    return None
+
+
 def read_yaml(path: Path | Traversable) -> dict[str, Any]:
     """A YAML mapping from ``path``; ConfigError naming the file (and line/column) otherwise."""
     try:
@@ -220,6 +240,9 @@ def read_yaml(path: Path | Traversable) -> dict[str, Any]:
         raise ConfigError(f"invalid YAML: {' '.join(str(e).split())}", path=str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", path=str(path))
+    duplicate = _duplicate_key(node)
+    if duplicate:
+        raise ConfigError(duplicate, path=str(path))
     located = YamlMapping(data)
     located.lines = {}
     _lines(node, (), located.lines)

@@ -539,6 +539,19 @@ def test_policy_yaml_syntax_and_missing_file(policy_dir):
     assert load_policy(policy_dir).health == load_policy().health
 
 
+def test_a_key_given_twice_is_refused_with_both_lines(policy_dir):
+    """YAML keeps the last of two equal keys silently: an edited threshold undone by a forgotten copy below it."""
+    path = policy_dir / "diagnosis.yaml"
+    text = path.read_text()
+    path.write_text(text + "\nidle:\n  busy_percent: 99\n")
+    first = next(i for i, line in enumerate(text.splitlines(), 1) if line.startswith("idle:"))
+    last = len(text.splitlines()) + 2
+    with pytest.raises(
+        ConfigError, match=rf"diagnosis\.yaml: line {last}: key 'idle' appears twice \(first on line {first}\)"
+    ):
+        load_policy(policy_dir)
+
+
 def test_shipped_policy_loads_and_covers_the_reference_xid_table(policy):
     table = {x.code for x in policy.health.xids}
     assert {13, 31, 43, 45, 48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 140, 154} <= table
