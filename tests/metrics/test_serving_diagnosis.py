@@ -6,6 +6,7 @@ Thresholds come from policies/diagnosis.yaml (``serving:``, optional: the defaul
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from gpuscale.errors import ConfigError
 from gpuscale.metrics.diagnosis import GpuSignals, ServingCode, ServingSignals, diagnose_serving, load_policy
@@ -54,11 +55,13 @@ def test_the_explanation_cites_the_numbers_and_the_policy_gives_the_next_step():
 
 
 def test_thresholds_come_from_the_policy_file(tmp_path):
-    text = policy_file(DIAGNOSIS_FILE, None).read_text()
-    (tmp_path / "diagnosis.yaml").write_text(text + "\nserving:\n  kv_cache_high_percent: 50\n")
+    data = yaml.safe_load(policy_file(DIAGNOSIS_FILE, None).read_text())
+    data["serving"]["kv_cache_high_percent"] = 50
+    (tmp_path / "diagnosis.yaml").write_text(yaml.safe_dump(data))
     policy = load_policy(tmp_path)
     verdict = diagnose_serving(ServingSignals(kv_cache_usage_percent=60), GpuSignals(), policy)
     assert verdict.code == ServingCode.KV_CACHE_HIGH
-    (tmp_path / "diagnosis.yaml").write_text(text + "\nserving:\n  kv_cache_high_percent: 99\n")
+    data["serving"]["kv_cache_high_percent"] = 99
+    (tmp_path / "diagnosis.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match="kv_cache_high_percent"):
         load_policy(tmp_path)
