@@ -26,7 +26,10 @@ def _words(text: str) -> str:
     ("args", "shown"),
     [
         (["adapter"], "how often to scrape and refresh the store (default: 5s)"),
-        (["adapter"], "timeout of one Prometheus query (at most --refresh-interval) (default: 10s)"),
+        (
+            ["adapter"],
+            "deadline of a refresh's Prometheus queries, bodies included (at most --refresh-interval) (default: 10s)",
+        ),
         (["demo"], "adapter refresh interval (default: 1s)"),
         (["top"], "time between refreshes with --watch (default: 2s)"),
     ],
