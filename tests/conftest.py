@@ -25,14 +25,9 @@ def control_plane():
     import os
     import shutil
 
-    from tests.cluster.controlplane import ControlPlaneUnavailable, cached_binaries, start_control_plane
+    from tests.cluster.controlplane import start_for_tests
 
-    try:
-        plane = start_control_plane(cached_binaries())
-    except ControlPlaneUnavailable as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"real control plane unavailable under CI: {e}")
-        pytest.skip(f"real control plane unavailable: {e}")
+    plane = start_for_tests()
     started = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in plane.timings.items())
     _control_plane_report.append(f"real control plane {plane.bin.name}: healthy after {started}")
     yield plane
@@ -41,6 +36,22 @@ def control_plane():
         _control_plane_report.append(f"real control plane: kept {plane.workdir} (logs, pki, kubeconfigs)")
     else:
         shutil.rmtree(plane.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def helm():
+    """The pinned helm (tests/cluster/build-helm, built by .ci/setup --test): the path of its binary. Without a
+    build the chart's tests skip with the reason locally and fail under CI, as the control plane's do."""
+    import os
+
+    from tests.helm import HelmUnavailable, helm_binary
+
+    try:
+        return helm_binary()
+    except HelmUnavailable as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"helm unavailable under CI: {e}")
+        pytest.skip(f"helm unavailable: {e}")
 
 
 def pytest_terminal_summary(terminalreporter):

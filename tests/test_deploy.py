@@ -261,10 +261,10 @@ HAND_CHECKS = {
 }
 
 
-@pytest.mark.parametrize("variant", ALL_VARIANTS)
-def test_rendered_objects_are_valid_kubernetes(render, variant):
+def validation_problems(objects) -> tuple[list[str], set[str]]:
+    """Each object against the Kubernetes schemas (strict), CRD kinds by hand: (problems, kinds checked by hand)."""
     problems, hand_checked = [], set()
-    for obj in render(variant):
+    for obj in objects:
         key = (obj["apiVersion"], obj["kind"])
         where = f"{obj['kind']} {obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}"
         for version in KUBERNETES_VERSIONS:
@@ -276,6 +276,12 @@ def test_rendered_objects_are_valid_kubernetes(render, variant):
                 hand_checked.add(f"{key[0]} {key[1]}: {NO_SCHEMA[key]}")
             except kubernetes_validate.ValidationError as e:
                 problems.append(f"{where} (Kubernetes {version}) at {'.'.join(map(str, e.absolute_path))}: {e.message}")
+    return problems, hand_checked
+
+
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
+def test_rendered_objects_are_valid_kubernetes(render, variant):
+    problems, hand_checked = validation_problems(render(variant))
     assert not problems, "\n".join(problems)
     # Visible in `pytest -rA` / on failure: which kinds were checked by hand rather than by schema.
     print("checked by hand, not by schema:", sorted(hand_checked) or "none")

@@ -9,6 +9,7 @@ runs on two GPU nodes, a dcgm-exporter for them and each pod's NIM container on 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import http.server
 import os
@@ -155,6 +156,27 @@ class NimContainers:
             server.server_close()
 
 
+@contextlib.contextmanager
+def adapter_process(args: list[str], log: Path) -> Iterator[subprocess.Popen]:
+    """`gpuscale adapter ARGS` as a child process (output in ``log``, run from its directory), stopped at exit:
+    SIGTERM, then SIGKILL after 10 s."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuscale.cli.main", "adapter", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=log.parent,
+        )
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 def until(check: Callable[[], object], *, timeout: float, what: str, interval: float = 0.25) -> object:
     deadline = time.monotonic() + timeout
     last: object = None
@@ -262,7 +284,6 @@ def start_metrics_stack(plane: ControlPlane, work: Path) -> Iterator[MetricsStac
     nim = NimContainers(plane)
     kubeconfig = plane.service_account_kubeconfig("gpuscale", "gpuscale-adapter")
     args = [
-        sys.executable, "-m", "gpuscale.cli.main", "adapter",
         "--kubeconfig", str(kubeconfig),
         "--scrape-url", f"gpuscale/dcgm-exporter-test={exporter.url}",
         "--discover-exporters",
@@ -273,8 +294,8 @@ def start_metrics_stack(plane: ControlPlane, work: Path) -> Iterator[MetricsStac
         "--refresh-interval", "1s",
         "--log-level", "warning",
     ]  # fmt: skip
-    log = (work / "adapter.log").open("wb")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=work)
+    adapter = adapter_process(args, work / "adapter.log")
+    proc = adapter.__enter__()
     kubelet = FakeKubelet(rest, namespaces=[NS], nodes=NODES).__enter__()
     try:
 
@@ -294,11 +315,6 @@ def start_metrics_stack(plane: ControlPlane, work: Path) -> Iterator[MetricsStac
         yield MetricsStack(plane, exporter, nim, proc, work / "adapter.log")
     finally:
         kubelet.__exit__(None, None, None)
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        adapter.__exit__(None, None, None)
         exporter.stop()
         nim.stop()
-        log.close()
