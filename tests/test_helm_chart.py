@@ -399,6 +399,38 @@ def test_monitoring_labels_select_and_insecure_tls_skips_verification(helm, work
     assert len(dashboards) == len(list((DEPLOY / "dashboards").glob("*.json"))) > 0
 
 
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and selector.items() <= labels.items()
+
+
+def test_the_monitors_select_the_charts_service_and_pods(helm, work):
+    """issue 24: the ServiceMonitor and PodMonitor select what the chart deploys, on ports it names."""
+    objects = template(helm, {"monitoring": MONITORING_ON}, work)
+    by_kind = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    service = by_kind["Service", "gpuscale-adapter"]
+    service_monitor = by_kind["ServiceMonitor", "gpuscale-adapter"]["spec"]
+    assert _selects(service_monitor["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert {e["port"] for e in service_monitor["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+    controller = _pod_template(by_kind["Deployment", "gpuscale-controller"])
+    pod_monitor = by_kind["PodMonitor", "gpuscale-controller"]["spec"]
+    assert _selects(pod_monitor["selector"]["matchLabels"], controller["metadata"]["labels"])
+    ports = {p["name"] for c in controller["spec"]["containers"] for p in c["ports"]}
+    assert {e["port"] for e in pod_monitor["podMetricsEndpoints"]} <= ports
+    adapter = _pod_template(by_kind["Deployment", "gpuscale-adapter"])
+    assert not _selects(pod_monitor["selector"]["matchLabels"], adapter["metadata"]["labels"])
+    # The dcgm-exporter PodMonitor selects what the embedded scraper discovers (one selector, two values).
+    dcgm = by_kind["PodMonitor", "dcgm-exporter"]["spec"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    selector = ",".join(f"{k}={v}" for k, v in dcgm["selector"]["matchLabels"].items())
+    assert selector == values["metricsSource"]["embedded"]["dcgmExporterSelector"]
+
+
+def test_one_adapter_replica_gets_no_disruption_budget(helm, work):
+    """minAvailable 1 over one replica would block every node drain."""
+    kinds = {o["kind"] for o in template(helm, {"adapter": {"replicas": 1}}, work)}
+    assert "Deployment" in kinds and "PodDisruptionBudget" not in kinds
+
+
 # values.schema.json: helm reports every violation of one file together, so one render checks them all.
 SCHEMA_VIOLATIONS = {
     "adapter": {"replica": 3, "extraArgs": ["scrape-url=x"]},

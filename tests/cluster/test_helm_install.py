@@ -84,6 +84,7 @@ def release(helm, plane, exporter, tmp_path_factory):
         helm, plane, "install", RELEASE, str(CHART), "--create-namespace", "--values", str(work / "values.yaml")
     )
     assert done.returncode == 0, done.stderr
+    assert "kubectl get apiservices | grep metrics" in done.stdout, f"NOTES.txt, what to check next:\n{done.stdout}"
     manifest = _helm(helm, plane, "get", "manifest", RELEASE)
     assert manifest.returncode == 0, manifest.stderr
     yield {
