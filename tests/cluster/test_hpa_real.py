@@ -12,6 +12,7 @@ algorithm (tolerance, policies, selectPolicy, stabilization, min/max), not by wh
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -240,3 +241,164 @@ def test_gpuscale_hpa_makes_the_real_controllers_decisions(metrics_stack):
     assert not differences, "\n".join(differences)
     # The cases tell the rules apart: no two share a path, so a rule ignored on both sides would still show.
     assert len({tuple(real) for _, real, _ in results}) == len(CASES), results
+
+
+# --- cpu readiness: kube-controller-manager's --horizontal-pod-autoscaler-initial-readiness-delay ------------
+# Two pods started 10 minutes ago (past the 5-minute cpu initialization period), each requesting 1 cpu: one
+# Ready at 600 m, one not Ready at 1000 m. Whether the second one's cpu counts depends only on when its Ready
+# condition last changed: within the initial readiness delay (30 s) of its start it has never been ready and is
+# left out (60 % over a 50 % target: a scale-up that, with the unready pod counted as 0, would be a scale-down:
+# no change); a minute after its start it was ready once, so it counts (80 %: 2 → 4). The metrics come from
+# metrics.k8s.io (tests/cluster/resource_metrics.py); new pods stay Pending (no kubelet in this namespace).
+CPU_NS = "parity-cpu"
+CPU_CASES = [  # (case, seconds from the second pod's start to its Ready condition's last change)
+    ("never-ready-within-delay", 10),
+    ("was-ready-once", 60),
+]
+
+
+def _cpu_hpa(app: str) -> dict:
+    manifest = _hpa(
+        max_replicas=6,
+        behavior=_up([_pods(4, 1)]),
+        metric={
+            "type": "Resource",
+            "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}},
+        },
+    )
+    manifest["metadata"].update(name=app, namespace=CPU_NS)
+    manifest["spec"]["scaleTargetRef"]["name"] = app
+    return manifest
+
+
+def _rfc3339(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _start_cpu_pods(rest, app: str, *, ready_after_s: int) -> tuple[list[hpa.PodInfo], float]:
+    """The Deployment's two pods, bound and given a status as a kubelet would; (their PodInfo, the status' now)."""
+    deployment = llm_deployment()
+    deployment["metadata"].update(name=app, namespace=CPU_NS)
+    deployment["spec"].update(replicas=2, selector={"matchLabels": {"app": app}})
+    deployment["spec"]["template"]["metadata"] = {"labels": {"app": app}}
+    deployment["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+    rest.post(f"/apis/apps/v1/namespaces/{CPU_NS}/deployments", deployment).expect(201)
+    names = until(
+        lambda: (
+            sorted(
+                p["metadata"]["name"]
+                for p in rest.get(f"/api/v1/namespaces/{CPU_NS}/pods", labelSelector=f"app={app}").body.get("items", [])
+            )
+            if len(rest.get(f"/api/v1/namespaces/{CPU_NS}/pods", labelSelector=f"app={app}").body.get("items", [])) == 2
+            else None
+        ),
+        timeout=30,
+        what=f"{app}: the ReplicaSet's 2 pods",
+    )
+    now = float(int(time.time()))
+    started = now - 600
+    infos = []
+    for name, ready, changed in ((names[0], True, started + 60), (names[1], False, started + ready_after_s)):
+        base = f"/api/v1/namespaces/{CPU_NS}/pods/{name}"
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name},
+            "target": {"kind": "Node", "name": "cpu-node-1"},
+        }
+        rest.post(f"{base}/binding", binding).expect(201)
+        status = {
+            "phase": "Running",
+            "startTime": _rfc3339(started),
+            "conditions": [{"type": "Ready", "status": str(ready), "lastTransitionTime": _rfc3339(changed)}],
+        }
+        rest.patch(f"{base}/status", {"status": status}).expect(200)
+        infos.append(
+            hpa.PodInfo(name, ready=ready, started=started, ready_changed=changed, requests_milli={"cpu": 1000})
+        )
+    return infos, now
+
+
+def _two_pods(rest, app: str) -> list[str] | None:
+    items = rest.get(f"/api/v1/namespaces/{CPU_NS}/pods", labelSelector=f"app={app}").body.get("items", [])
+    return sorted(p["metadata"]["name"] for p in items) if len(items) == 2 else None
+
+
+def _cpu_utilization(rest, url: str) -> int | None:
+    """The cpu utilization the HPA's status reports, once it computed one."""
+    current = rest.get(url).body.get("status", {}).get("currentMetrics") or []
+    return current[0].get("resource", {}).get("current", {}).get("averageUtilization") if current else None
+
+
+class _CpuReadings(_Readings):
+    def __init__(self, usage: dict[str, int], now: float) -> None:
+        super().__init__([], 0)
+        self._samples = {pod: hpa.ResourceSample(milli, timestamp=now, window_s=30) for pod, milli in usage.items()}
+
+    def resource(self, name):
+        return self._samples
+
+
+def test_initial_readiness_delay_matches_the_real_controller(control_plane):
+    """The two cases through kube-controller-manager (defaults: 5 min cpu initialization, 30 s readiness delay)
+    and through gpuscale/hpa: the same replica paths and the same utilization in the HPA's status."""
+    from tests.cluster.kubelet import make_node
+    from tests.cluster.resource_metrics import PodUsage, resource_metrics_api
+
+    rest = control_plane.rest()
+    rest.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CPU_NS}}).expect(
+        201, 409
+    )
+    make_node(rest, "cpu-node-1")
+    results = {}
+    with resource_metrics_api(control_plane) as metrics:
+        for case, ready_after_s in CPU_CASES:
+            app = f"cpu-{case}"
+            infos, now = _start_cpu_pods(rest, app, ready_after_s=ready_after_s)
+            usage = {infos[0].name: 600, infos[1].name: 1000}
+            metrics.pods.setdefault(CPU_NS, {}).update(
+                {name: PodUsage({"app": app}, milli) for name, milli in usage.items()}
+            )
+            manifest = _cpu_hpa(app)
+            path_ = f"/apis/autoscaling/v2/namespaces/{CPU_NS}/horizontalpodautoscalers"
+            rest.post(path_, manifest).expect(201)
+            scale = f"/apis/apps/v1/namespaces/{CPU_NS}/deployments/{app}/scale"
+
+            utilization = until(
+                functools.partial(_cpu_utilization, rest, f"{path_}/{app}"),
+                timeout=30,
+                what=f"{case}: the HPA computed cpu utilization",
+            )
+            began = last_change = time.monotonic()
+            real = [2]
+            while time.monotonic() - last_change < 5 and time.monotonic() - began < 30:
+                replicas = rest.get(scale).body["spec"].get("replicas", 0)
+                if replicas != real[-1]:
+                    real.append(replicas)
+                    last_change = time.monotonic()
+                time.sleep(0.2)
+            seconds = time.monotonic() - began
+            conditions = rest.get(f"{path_}/{app}").body.get("status", {}).get("conditions", [])
+            rest.delete(f"{path_}/{app}")
+            # gpuscale/hpa: the same pods and samples, one sync a second; pods the scale-up adds stay Pending
+            autoscaler = hpa.Autoscaler(HorizontalPodAutoscaler.model_validate(manifest))
+            current, ours, ours_utilization = 2, [2], None
+            for tick in range(int(seconds) + 2):
+                pending = [hpa.PodInfo(f"new-{i}", phase="Pending", ready=False) for i in range(current - 2)]
+                decision = autoscaler.reconcile(
+                    now + tick, spec_replicas=current, pods=[*infos, *pending], readings=_CpuReadings(usage, now + tick)
+                )
+                ours_utilization = ours_utilization or decision.proposals[0].usage_milli
+                if decision.desired_replicas != current:
+                    current = decision.desired_replicas
+                    ours.append(current)
+            results[case] = (real, utilization, ours, ours_utilization, conditions)
+    differences = [
+        f"{case}: real {real} at {u}% cpu, gpuscale/hpa {ours} at {our_u}% (real HPA's conditions: {conditions})"
+        for case, (real, u, ours, our_u, conditions) in results.items()
+        if (real, u) != (ours, our_u)
+    ]
+    assert not differences, "\n".join(differences)
+    # the delay is what tells the cases apart: the never-ready pod is left out, the once-ready one counts
+    assert results["never-ready-within-delay"][:2] == ([2], 60), results
+    assert results["was-ready-once"][:2] == ([2, 4], 80), results
