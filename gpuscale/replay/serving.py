@@ -38,6 +38,7 @@ empty window is NaN and is not served).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -126,6 +127,9 @@ class Replica:
         return 100.0 * self.kv_reserved / self.profile.kv_capacity_tokens
 
 
+_IDLE = (0.0, 0.0, 0.0)  # a step without work: (busy, sm·s, tensor·s)
+
+
 def resize(model, now: float, replicas: int, *, startup_s: float | list[float]) -> list:
     """Start the missing replicas of ``model`` (ServingModel or GeneralServingModel) and mark the surplus
     deleting, picked the way a ReplicaSet picks them (not-ready before ready, newest first); the victims."""
@@ -164,6 +168,8 @@ class ServingModel:
         self.next_arrival = 0
         self.unrouted: deque[int] = deque()  # requests with no ready replica to go to
         self._serial = 0
+        self._samples_kept = max(1, round(1.0 / step_s))  # steps of GPU activity kept: the last second
+        self._next_arrival_s = float(trace.arrival_s[0]) if len(trace) else math.inf
 
     # --- the Deployment ----------------------------------------------------------------------------
 
@@ -195,24 +201,39 @@ class ServingModel:
         A request that arrives within a step is scheduled at the next step's start (the server's scheduler
         runs between iterations), so no request starts — and no first token comes — before it arrived."""
         end = now + self.step_s
-        arrival = self.requests.arrival
-        ready = [r for r in self.present if r.ready(now)]
-        if ready:
-            while self.unrouted:
-                self._route(self.unrouted.popleft(), ready)
-        while self.next_arrival < len(arrival) and arrival[self.next_arrival] <= now:
-            i = self.next_arrival
-            self.next_arrival += 1
+        if self.unrouted or self._next_arrival_s <= now:  # NB: most steps of a long trace route nothing
+            arrival = self.requests.arrival
+            ready = [r for r in self.present if r.ready(now)]
             if ready:
-                self._route(i, ready)
-            else:
-                self.unrouted.append(i)
+                while self.unrouted:
+                    self._route(self.unrouted.popleft(), ready)
+            while self.next_arrival < len(arrival) and arrival[self.next_arrival] <= now:
+                i = self.next_arrival
+                self.next_arrival += 1
+                if ready:
+                    self._route(i, ready)
+                else:
+                    self.unrouted.append(i)
+            n = self.next_arrival
+            self._next_arrival_s = float(arrival[n]) if n < len(arrival) else math.inf
+        gone = False
+        keep = self._samples_kept
         for r in self.present:
             if r.gone_at is None:
-                self._run(r, now)
+                if r.waiting or r.prefilling or r.n_decoding:
+                    self._run(r, now)
+                else:  # NB: idle: what _run would record, without its loop (most replica-steps of a long trace)
+                    busy = r.busy_s
+                    busy.append(_IDLE)
+                    if len(busy) > keep:
+                        busy.popleft()
                 if r.deleting_since is not None and r.idle:
                     r.gone_at = end
-        self.present = [r for r in self.present if r.gone_at is None]
+                    gone = True
+            else:
+                gone = True
+        if gone:
+            self.present = [r for r in self.present if r.gone_at is None]
 
     @staticmethod
     def _route(i: int, ready: list[Replica]) -> None:
@@ -299,7 +320,7 @@ class ServingModel:
                 c.generation_tokens += int(req.output[i])
             self._admit(r, done_at)
         r.busy_s.append((busy, sm, sm * p.tensor_per_sm))
-        if len(r.busy_s) > max(1, round(1.0 / self.step_s)):
+        if len(r.busy_s) > self._samples_kept:
             r.busy_s.popleft()
 
     def gpu_activity(self, r: Replica) -> tuple[float, float, float]:

@@ -81,7 +81,8 @@ def replay(
     step_s = model.step_s
     per_refresh = max(1, round(settings.refresh_s / step_s))
     per_sync = max(1, round(settings.sync_s / step_s))
-    last_step = int((trace.duration_s + settings.max_tail_s) / step_s) + 1
+    duration_s = trace.duration_s  # NB: a property over the arrays: read once, not once per step
+    last_step = int((duration_s + settings.max_tail_s) / step_s) + 1
     timeline: list[Sample] = []
     events: list[Event] = []
     for k in range(last_step + 1):
@@ -110,7 +111,7 @@ def replay(
                 model.scale_to(now, decision.desired_replicas, startup_s=list(startup.draw(startups, new)))
                 spec = decision.desired_replicas
             timeline.append(_sample(now, spec, model))
-        if now > trace.duration_s and model.done():
+        if now > duration_s and model.done():
             break
         model.advance(now)
     return summarize(
