@@ -53,6 +53,7 @@ class Pipeline:
         clock: Callable[[], float] = time.time,
         on_refresh: Callable[[Snapshot, float], None] | None = None,
         before_refresh: Callable[[], None] | None = None,
+        prepare: Callable[[Snapshot], Callable[[], None]] | None = None,
     ) -> None:
         self.catalogue = catalogue
         self.source = source
@@ -62,6 +63,9 @@ class Pipeline:
         self.clock = clock
         self.on_refresh = on_refresh
         self.before_refresh = before_refresh  # e.g. target discovery from the watch cache
+        # In the build thread, with the new snapshot before it is served (e.g. the adapter's answers to the
+        # queries asked recently); what it returns runs on the loop in the same step as the swap.
+        self.prepare = prepare
         self.refreshes = 0
 
     async def refresh_once(self) -> Snapshot:
@@ -75,14 +79,18 @@ class Pipeline:
             # for that long (issue 21). In a thread the interpreter switches to the loop every
             # sys.getswitchinterval() (5 ms), so requests keep being answered from the previous snapshot.
             # Nothing else mutates the source or the attributor while this runs: refreshes never overlap.
-            snapshot = await asyncio.to_thread(
-                build_snapshot, self.catalogue, self.source.read, self.attributor, now=self.clock()
-            )
+            snapshot, install = await asyncio.to_thread(self._build, now=self.clock())
         self.store.update(snapshot)  # NB: on the loop, one reference swap: a request sees one whole snapshot
+        if install is not None:
+            install()  # NB: no await in between: no request sees the new snapshot without what was prepared
         self.refreshes += 1
         if self.on_refresh:
             self.on_refresh(snapshot, time.perf_counter() - started)
         return snapshot
+
+    def _build(self, *, now: float) -> tuple[Snapshot, Callable[[], None] | None]:
+        snapshot = build_snapshot(self.catalogue, self.source.read, self.attributor, now=now)
+        return snapshot, self.prepare(snapshot) if self.prepare is not None else None
 
     async def run(self) -> None:
         """Refresh forever, on a fixed cadence (a slow cycle delays the next, never stacks them)."""

@@ -21,17 +21,12 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gpuscale.adapter.answers import AnswerCache, MetricQuery
 from gpuscale.adapter.discovery import NAMESPACED, Discovery
 from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.adapter.status import error_response, status_response
-from gpuscale.adapter.wire import (
-    CUSTOM_GROUP,
-    EXTERNAL_GROUP,
-    ItemEncoder,
-    external_item,
-    external_list,
-)
+from gpuscale.adapter.wire import CUSTOM_GROUP, EXTERNAL_GROUP
 from gpuscale.errors import GpuscaleError, SelectorError
 from gpuscale.selectors import LabelSelector
 
@@ -51,48 +46,11 @@ def _json(body: dict, status: int = 200) -> web.Response:
     return web.Response(status=status, text=json.dumps(body, separators=(",", ":")), content_type="application/json")
 
 
-class ResponseCache:
-    """Encoded metric answers, reused while nothing they were computed from has changed.
-
-    An entry is valid for one (store snapshot, watch-cache generation) token and only until its first
-    value would turn stale, so a cached answer is always exactly what recomputing would give. Bounded.
-    """
-
-    def __init__(self, max_entries: int = 2048) -> None:
-        self._entries: dict[str, tuple[object, float, bytes]] = {}
-        self._max = max_entries
-
-    def get(self, key: str, token: object, now: float) -> bytes | None:
-        entry = self._entries.get(key)
-        if entry is None or entry[0] != token or now >= entry[1]:
-            return None
-        return entry[2]
-
-    def put(self, key: str, token: object, expires: float, body: bytes) -> None:
-        if len(self._entries) >= self._max:
-            self._entries.pop(next(iter(self._entries)))
-        self._entries[key] = (token, expires, body)
+ANSWERS = web.AppKey("answers", AnswerCache)
 
 
-CACHE = web.AppKey("cache", ResponseCache)
-ENCODER = web.AppKey("encoder", ItemEncoder)
-
-
-def _cached_json(request: web.Request, compute: Callable[[], tuple[dict | bytes, str, list]]) -> web.Response:
-    """Answer from the response cache, or compute (body, metric, items), encode and remember it."""
-    provider = request.app[PROVIDER]
-    cache = request.app[CACHE]
-    token = provider.state_token()
-    now = provider.clock()
-    body = cache.get(request.path_qs, token, now)
-    if body is None:
-        encoder = request.app[ENCODER]
-        if token[0] != encoder.token:
-            encoder.reset()
-            encoder.token = token[0]
-        document, metric, items = compute()
-        body = document if isinstance(document, bytes) else json.dumps(document, separators=(",", ":")).encode()
-        cache.put(request.path_qs, token, provider.expiry(metric, items), body)
+def _answer(request: web.Request, query: MetricQuery) -> web.Response:
+    body = request.app[ANSWERS].body(request.app[PROVIDER], query)
     return web.Response(body=body, content_type="application/json")
 
 
@@ -136,7 +94,6 @@ async def custom_metrics(request: web.Request) -> web.Response:
     if request.app[DISCOVERY].resource_list(CUSTOM_GROUP, version) is None:
         return status_response(404, "the server could not find the requested resource")
     parts = request.match_info["tail"].split("/")
-    provider = request.app[PROVIDER]
     selector = _selector(request, "labelSelector")
     metric_selector = _selector(request, "metricLabelSelector")
     if len(parts) == 4 and parts[0] == "namespaces" and parts[2] == "metrics":
@@ -155,26 +112,16 @@ async def custom_metrics(request: web.Request) -> web.Response:
     if not metric or not name:
         return status_response(404, "the server could not find the requested resource")
 
-    def compute() -> tuple[bytes, str, list]:
-        if name == "*":
-            items = provider.by_selector(resource, namespace, selector, metric, metric_selector)
-        else:
-            items = provider.by_name(resource, namespace, name, metric, metric_selector)
-        return request.app[ENCODER].custom(version, metric, items, metric_selector.to_dict()), metric, items
-
-    return _cached_json(request, compute)
+    query = MetricQuery(CUSTOM_GROUP, version, resource, namespace, name, metric, selector, metric_selector)
+    return _answer(request, query)
 
 
 async def external_metrics(request: web.Request) -> web.Response:
     namespace, metric = request.match_info["namespace"], request.match_info["metric"]
     request[RESOURCE] = metric
     selector = _selector(request, "labelSelector")
-
-    def compute() -> tuple[dict, str, list]:
-        items = request.app[PROVIDER].external(namespace, metric, selector)
-        return external_list([external_item(metric, i.labels, i.point) for i in items]), metric, items
-
-    return _cached_json(request, compute)
+    everything = LabelSelector.everything()
+    return _answer(request, MetricQuery(EXTERNAL_GROUP, "v1beta1", metric, namespace, "", metric, selector, everything))
 
 
 # --- health, OpenAPI, own metrics -----------------------------------------------------------------------
@@ -232,16 +179,17 @@ def make_app(
     *,
     ready: ReadyCheck,
     middlewares: Iterable[Middleware] = (),
+    answers: AnswerCache | None = None,
 ) -> web.Application:
     """The adapter's app. ``middlewares`` run inside the error/metrics one (e.g. ``auth.make_auth_middleware``),
-    so their answers are counted and every failure still becomes a metav1.Status."""
+    so their answers are counted and every failure still becomes a metav1.Status. ``answers`` is the answer
+    cache, shared by the apps of one adapter and prepared by its refreshes (``AnswerCache.prepare``)."""
     app = web.Application(middlewares=[errors_and_metrics, *middlewares])
     app[PROVIDER] = provider
     app[DISCOVERY] = discovery
     app[SELFMETRICS] = selfmetrics
     app[READY] = ready
-    app[CACHE] = ResponseCache()
-    app[ENCODER] = ItemEncoder()
+    app[ANSWERS] = answers if answers is not None else AnswerCache(count=selfmetrics.count_answer)
     r = app.router
     r.add_get("/apis", apis)
     r.add_get("/apis/", apis)

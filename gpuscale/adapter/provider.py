@@ -11,6 +11,7 @@ answer is MetricStale (503), distinct from "never had a value" (404).
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,9 +116,19 @@ class MetricsProvider:
     def state_token(self) -> tuple[int, int | None, bool]:
         """Identifies everything an answer depends on besides the request and the clock: the store's
         version and the watch cache's generation and sync state. Equal tokens ⇒ equal answers (until expiry)."""
+        return (self.store.version, *self.cluster_state())
+
+    def cluster_state(self) -> tuple[int | None, bool]:
+        """The watch cache's part of ``state_token``: its generation and whether it is synced."""
         if self.cluster is None:
-            return (self.store.version, None, False)
-        return (self.store.version, self.cluster.generation, self.cluster.synced)
+            return (None, False)
+        return (self.cluster.generation, self.cluster.synced)
+
+    def reading(self, store: MetricsReader) -> MetricsProvider:
+        """This provider over another store (a snapshot not swapped in yet), sharing everything else."""
+        other = copy.copy(self)
+        other.store = store
+        return other
 
     def expiry(self, metric_name: str, items: list[Item]) -> float:
         """When the first of these items would turn stale (an answer built from them is valid until then)."""

@@ -87,6 +87,13 @@ class AdapterMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
             registry=self.registry,
         )
+        self.answers = Counter(
+            "gpuscale_adapter_answers",
+            "Metrics API answers by how their body was had: prepared (built by the refresh before the first request "
+            "for it), cached (built for an earlier request in the same state) or computed (by this request).",
+            ["how"],
+            registry=self.registry,
+        )
         self.rejected_requests = Counter(
             "gpuscale_adapter_rejected_requests",
             "Requests the HTTP layer rejected before the API saw them (malformed), by reason.",
@@ -107,6 +114,9 @@ class AdapterMetrics:
             "gpuscale_store_series", "Series values folded in the last refresh.", registry=self.registry
         )
         self.registry.register(_SourceCollector(sources, clock))
+
+    def count_answer(self, how: str) -> None:
+        self.answers.labels(how).inc()
 
     def observe_refresh(self, snapshot: Snapshot, seconds: float) -> None:
         self.refresh_seconds.observe(seconds)

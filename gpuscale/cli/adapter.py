@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from gpuscale.adapter.answers import AnswerCache
 from gpuscale.adapter.app import make_app
 from gpuscale.adapter.auth import AuthenticationFlags, DelegatedAuth
 from gpuscale.adapter.discovery import Discovery
@@ -124,6 +125,9 @@ async def start_adapter(
             before_refresh = rediscover
     # NB: the watch cache reports per kind like a source per target: an API outage shows on /metrics.
     selfmetrics = AdapterMetrics(lambda: [source] if cluster is None else [source, cluster])
+    provider = MetricsProvider(catalogue, store, cluster, retry_after_seconds=max(1, round(settings.refresh_interval)))
+    # NB: one answer cache for both ports' apps, its bodies for recent queries built by each refresh (answers.py)
+    answers = AnswerCache(count=selfmetrics.count_answer)
     pipeline = Pipeline(
         catalogue,
         source,
@@ -132,8 +136,8 @@ async def start_adapter(
         interval_seconds=settings.refresh_interval,
         on_refresh=selfmetrics.observe_refresh,
         before_refresh=before_refresh,
+        prepare=lambda snapshot: answers.prepare(provider, snapshot),
     )
-    provider = MetricsProvider(catalogue, store, cluster, retry_after_seconds=max(1, round(settings.refresh_interval)))
     max_age = catalogue.defaults.max_age
 
     def ready() -> tuple[bool, str]:
@@ -158,7 +162,9 @@ async def start_adapter(
         if settings.insecure_port is not None:
             # NB: plain HTTP is for local use: its own app, without authentication.
             plain = AdapterRunner(
-                make_app(provider, discovery, selfmetrics, ready=ready), rejections=rejections, access_log=None
+                make_app(provider, discovery, selfmetrics, ready=ready, answers=answers),
+                rejections=rejections,
+                access_log=None,
             )
             await plain.setup()
             runners.append(plain)
@@ -194,7 +200,9 @@ async def start_adapter(
             server_tls = ServerTLS(files.cert_file, files.key_file)
             auth.serve_tls(server_tls)
             secure = AdapterRunner(
-                make_app(provider, discovery, selfmetrics, ready=ready, middlewares=[auth.middleware()]),
+                make_app(
+                    provider, discovery, selfmetrics, ready=ready, middlewares=[auth.middleware()], answers=answers
+                ),
                 rejections=rejections,
                 access_log=None,
             )

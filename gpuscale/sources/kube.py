@@ -213,6 +213,10 @@ class _Index:
 
     # pods
     def put_pod(self, pod: PodInfo) -> None:
+        # NB: most watch events change nothing kept here (conditions, restarts, resourceVersion): leaving the
+        # generation alone keeps every answer derived from it cached (adapter/answers.py).
+        if self.pods.get((pod.namespace, pod.name)) == pod:
+            return
         self.generation += 1
         self.remove_pod(pod.namespace, pod.name)
         key = (pod.namespace, pod.name)
@@ -248,6 +252,8 @@ class _Index:
 
     # workloads
     def put_workload(self, workload: WorkloadInfo) -> None:
+        if self.workloads.get((workload.kind, workload.namespace, workload.name)) == workload:
+            return  # NB: a status update (replicas, conditions): see put_pod
         self.generation += 1
         self.workloads[(workload.kind, workload.namespace, workload.name)] = workload
         self.workloads_by_namespace.setdefault((workload.kind, workload.namespace), {})[workload.name] = workload
@@ -271,6 +277,8 @@ class _Index:
 
     # nodes and namespaces (frozen sets rebuilt on change, so readers get them without copying)
     def put_node(self, name: str, labels: Mapping[str, str]) -> None:
+        if name in self.node_names and self.node_labels.get(name) == labels:
+            return  # NB: a status update (conditions, heartbeats): see put_pod
         self.generation += 1
         self.node_labels[name] = labels
         if name not in self.node_names:
@@ -287,8 +295,8 @@ class _Index:
         self.node_names = frozenset(nodes)
 
     def put_namespace(self, name: str) -> None:
-        self.generation += 1
         if name not in self.namespace_names:
+            self.generation += 1
             self.namespace_names = self.namespace_names | {name}
 
     def remove_namespace(self, name: str) -> None:

@@ -1,0 +1,290 @@
+"""Answers encoded once per snapshot, and for queries asked before, before the first request after a refresh.
+
+Scope: a cached or prepared answer is always byte-for-byte what computing it afresh gives (every URL shape,
+selectors spelt differently, both API versions, errors); a refresh prepares the recent queries' bodies in its
+worker thread and the first request after it is served from them; a change of the watch cache, the clock
+passing max-age, and queries not asked for a while are never answered from a prepared body; the cache stays
+within its bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from gpuscale.adapter.answers import AnswerCache
+from gpuscale.adapter.app import make_app
+from gpuscale.adapter.discovery import Discovery
+from gpuscale.adapter.provider import MetricsProvider
+from gpuscale.adapter.selfmetrics import AdapterMetrics
+from gpuscale.metrics.attribution import Attributor, Target
+from gpuscale.metrics.catalogue import load_catalogue
+from gpuscale.metrics.exposition import parse_samples
+from gpuscale.metrics.store import MetricsStore
+from gpuscale.pipeline import Pipeline
+from gpuscale.sources.kube import PodInfo, StaticClusterObjects
+from gpuscale.sources.scrape import ScrapeSource
+from tests.adapter.test_api import CUSTOM, EXTERNAL, NOW, ROUTES, make_cluster, store  # noqa: F401  (a fixture)
+
+CATALOGUE = load_catalogue()
+
+# Requests whose bodies must differ from each other although their URLs are alike (and two spellings of one).
+ALIKE = [
+    f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/gpu_utilization",
+    f"{CUSTOM}/v1beta2/namespaces/inference/pods/*/gpu_utilization",
+    f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/gpu_utilization?labelSelector=app%3Dtriton",
+    f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/gpu_utilization?labelSelector=app%3Dtriton,tier%3Dgpu",
+    f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/gpu_utilization?labelSelector=tier%3Dgpu,app%3Dtriton",
+    f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/gpu_utilization?labelSelector=tier+in+(gpu,cpu)",
+    f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/gpu_utilization?labelSelector=tier%21%3Dgpu",
+    f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/gpu_utilization?fieldSelector=metadata.name%3Dx",
+    f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/gpu_sm_active",
+    f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/inference_queue_depth?metricLabelSelector=model%3Dbert_qa_onnx",
+    f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/inference_queue_depth?metricLabelSelector=model%21%3Dbert_qa_onnx",
+    f"{CUSTOM}/v1beta1/namespaces/inference/pods/*/inference_queue_depth",
+    f"{CUSTOM}/v1beta1/namespaces/ml-training/pods/*/gpu_utilization",
+    f"{CUSTOM}/v1beta1/namespaces/inference/deployments.apps/triton-inference/gpu_utilization",
+    f"{CUSTOM}/v1beta1/namespaces/inference/deployments.apps/*/gpu_utilization",
+    f"{CUSTOM}/v1beta1/namespaces/inference/metrics/gpu_utilization",
+    f"{EXTERNAL}/namespaces/inference/inference_queue_depth",
+    f"{EXTERNAL}/namespaces/inference/inference_queue_depth?labelSelector=model%3Dbert_qa_onnx",
+]
+
+
+def _app(store, cluster=None, *, answers: AnswerCache | None = None, clock=None):  # noqa: F811
+    provider = MetricsProvider(CATALOGUE, store, cluster or make_cluster(), clock=clock or (lambda: NOW))
+    metrics = AdapterMetrics(lambda: [])
+    answers = answers if answers is not None else AnswerCache(count=metrics.count_answer)
+    app = make_app(provider, Discovery(CATALOGUE), metrics, ready=lambda: (True, ""), answers=answers)
+    return app, provider, metrics
+
+
+async def _read(client, path):
+    resp = await client.get(path)
+    return resp.status, await resp.read()
+
+
+def _answered(metrics: AdapterMetrics) -> dict[str, int]:
+    return {
+        how: int(metrics.registry.get_sample_value("gpuscale_adapter_answers_total", {"how": how}) or 0)
+        for how in ("prepared", "cached", "computed")
+    }
+
+
+async def test_cached_answers_equal_fresh_ones_for_every_url_in_any_order(aiohttp_client, store):  # noqa: F811
+    paths = [p for p, _, _ in ROUTES] + ALIKE
+    cached = await aiohttp_client(_app(store)[0])
+    expected = {}
+    for path in paths:  # NB: a fresh cache per request: what the adapter answered before any cache existed
+        fresh = await aiohttp_client(_app(store, answers=AnswerCache(max_entries=1))[0])
+        expected[path] = await _read(fresh, path)
+        await fresh.close()
+    order = paths * 3
+    random.Random(21).shuffle(order)
+    for path in order:
+        assert await _read(cached, path) == expected[path], path
+    # metric label selectors select different series of one pod: three values
+    assert [_values(expected[ALIKE[i]][1]) for i in (9, 10, 11)] == [["118"], ["3"], ["121"]]
+    assert expected[ALIKE[0]] != expected[ALIKE[1]]  # v1beta1 and v1beta2 of one query
+
+
+async def test_errors_are_never_cached_and_stay_the_same_status(aiohttp_client, store):  # noqa: F811
+    app, _, metrics = _app(store)
+    client = await aiohttp_client(app)
+    errors = [(p, s) for p, s, _ in ROUTES if s != 200]
+    first = [await _read(client, p) for p, _ in errors]
+    again = [await _read(client, p) for p, _ in errors]
+    assert first == again and [s for s, _ in first] == [s for _, s in errors]
+    assert all(json.loads(body)["kind"] == "Status" for _, body in first)
+    assert _answered(metrics) == {"prepared": 0, "cached": 0, "computed": 0}
+
+
+SELECTED = [  # (labelSelector, the pods it selects) over _serving_cluster(): web-0..2 app=web, web-3 app=batch
+    ("app%3Dweb", ["web-0", "web-1", "web-2"]),
+    ("app%3D%3Dweb", ["web-0", "web-1", "web-2"]),
+    ("app%3Dbatch", ["web-3"]),
+    ("app%21%3Dweb", ["web-3"]),
+    ("app+in+(web,batch)", ["web-0", "web-1", "web-2", "web-3"]),
+    ("app+notin+(batch)", ["web-0", "web-1", "web-2"]),
+    ("", ["web-0", "web-1", "web-2", "web-3"]),
+    ("app", ["web-0", "web-1", "web-2", "web-3"]),
+    ("%21app", None),  # selects nothing: 404, as uncached
+]
+
+
+async def test_every_selector_gets_its_own_pods_however_often_and_in_whatever_order(aiohttp_client):
+    r = Refreshing()
+    client = await aiohttp_client(r.app)
+    await r.refresh(10)
+    base = f"{CUSTOM}/v1beta1/namespaces/serving/pods/*/gpu_utilization?labelSelector="
+    order = SELECTED * 4
+    random.Random(4).shuffle(order)
+    for selector, pods in order:
+        status, body = await _read(client, base + selector)
+        if pods is None:
+            assert status == 404, body
+        else:
+            assert status == 200 and [i["describedObject"]["name"] for i in json.loads(body)["items"]] == pods
+    await r.refresh(20)  # and the same once prepared by a refresh
+    for selector, pods in order:
+        status, body = await _read(client, base + selector)
+        assert status == (404 if pods is None else 200) and (status, body) == await r.fresh(
+            aiohttp_client, base + selector
+        )
+    assert _answered(r.metrics)["prepared"] == len(SELECTED) - 1
+
+
+def _dcgm(value: float) -> str:
+    lines = [
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i}",UUID="GPU-{i}",Hostname="n1",namespace="serving",pod="web-{i}"}} {value + i}'
+        for i in range(4)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _serving_cluster() -> StaticClusterObjects:
+    pods = [
+        PodInfo("serving", f"web-{i}", {"app": "web" if i < 3 else "batch"}, "n1", None, (), "Running", None)
+        for i in range(4)
+    ]
+    return StaticClusterObjects(pods=pods, nodes={"n1": {}}, namespaces=["serving"])
+
+
+WEB = f"{CUSTOM}/v1beta2/namespaces/serving/pods/*/gpu_utilization?labelSelector=app%3Dweb"
+BATCH = f"{CUSTOM}/v1beta1/namespaces/serving/pods/*/gpu_utilization?labelSelector=app%3Dbatch"
+
+
+class Refreshing:
+    """A real pipeline over a scrape source fed by hand, an answer cache it prepares, and the app serving both."""
+
+    def __init__(self) -> None:
+        self.now = 1_790_000_000.0
+        self.monotonic = 0.0
+        self.source = ScrapeSource(
+            [], series=CATALOGUE.series_names, windowed_series=CATALOGUE.windowed_series, history_seconds=600
+        )
+        self.store = MetricsStore()
+        self.cluster = _serving_cluster()
+        self.metrics = AdapterMetrics(lambda: [])
+        self.answers = AnswerCache(count=self.metrics.count_answer, monotonic=lambda: self.monotonic)
+        self.provider = MetricsProvider(CATALOGUE, self.store, self.cluster, clock=lambda: self.now)
+        self.pipeline = Pipeline(
+            CATALOGUE,
+            self.source,
+            self.store,
+            Attributor(Target),
+            clock=lambda: self.now,
+            prepare=lambda snapshot: self.answers.prepare(self.provider, snapshot),
+        )
+        self.app = make_app(
+            self.provider, Discovery(CATALOGUE), self.metrics, ready=lambda: (True, ""), answers=self.answers
+        )
+
+    async def refresh(self, value: float) -> None:
+        self.now += 5
+        self.source.ingest("http://dcgm/metrics", parse_samples(_dcgm(value)), timestamp=self.now)
+        await self.pipeline.refresh_once()
+
+    async def fresh(self, aiohttp_client, path: str) -> tuple[int, bytes]:
+        """What an adapter without a cache answers now: the reference every cached body must equal."""
+        app = make_app(self.provider, Discovery(CATALOGUE), AdapterMetrics(lambda: []), ready=lambda: (True, ""))
+        client = await aiohttp_client(app)
+        try:
+            return await _read(client, path)
+        finally:
+            await client.close()
+
+
+def _values(body: bytes) -> list[str]:
+    return [i["value"] for i in json.loads(body)["items"]]
+
+
+async def test_the_first_request_after_a_refresh_is_answered_from_a_body_the_refresh_built(aiohttp_client):
+    r = Refreshing()
+    client = await aiohttp_client(r.app)
+    await r.refresh(10)
+    status, body = await _read(client, WEB)
+    assert status == 200 and _values(body) == ["10", "11", "12"]
+    assert _answered(r.metrics) == {"prepared": 0, "cached": 0, "computed": 1}  # never asked before: computed
+
+    await r.refresh(50)
+    status, body = await _read(client, WEB)
+    assert status == 200 and _values(body) == ["50", "51", "52"]
+    assert _answered(r.metrics) == {"prepared": 1, "cached": 0, "computed": 1}
+    await _read(client, WEB)
+    assert _answered(r.metrics)["cached"] == 1
+
+    # and a prepared body is exactly what computing it afresh gives
+    await _read(client, BATCH)
+    await r.refresh(70)
+    for path in (WEB, BATCH):
+        status, body = await _read(client, path)
+        assert status == 200 and (status, body) == await r.fresh(aiohttp_client, path)
+    assert _answered(r.metrics)["prepared"] == 3
+    async with client.get(BATCH) as resp:
+        assert _values(await resp.read()) == ["73"]
+
+
+async def test_a_prepared_body_is_not_served_once_the_watch_cache_or_the_clock_moved(aiohttp_client):
+    r = Refreshing()
+    client = await aiohttp_client(r.app)
+    await r.refresh(10)
+    await _read(client, WEB)
+    await r.refresh(20)
+    # a pod relabelled after the refresh prepared its answers: the prepared body would list it
+    r.cluster._index.put_pod(PodInfo("serving", "web-2", {"app": "batch"}, "n1", None, (), "Running", None))
+    status, body = await _read(client, WEB)
+    assert status == 200 and _values(body) == ["20", "21"]
+    assert _answered(r.metrics)["prepared"] == 0
+
+    await r.refresh(30)
+    r.now += 61  # past max-age (60 s): a prepared body must not serve old values as fresh
+    status, _ = await _read(client, WEB)
+    assert status == 503 and _answered(r.metrics)["prepared"] == 0
+
+
+def test_a_watch_event_that_changes_nothing_kept_leaves_the_generation_alone():
+    cluster = _serving_cluster()
+    generation = cluster.generation
+    same = PodInfo("serving", "web-0", {"app": "web"}, "n1", None, (), "Running", None)
+    cluster._index.put_pod(same)  # e.g. a status-only update: conditions, restarts
+    cluster._index.put_node("n1", {})
+    cluster._index.put_namespace("serving")
+    assert cluster.generation == generation
+    cluster._index.put_pod(PodInfo("serving", "web-0", {"app": "web", "v": "2"}, "n1", None, (), "Running", None))
+    assert cluster.generation > generation
+
+
+async def test_only_queries_asked_recently_are_prepared(aiohttp_client):
+    r = Refreshing()
+    client = await aiohttp_client(r.app)
+    await r.refresh(10)
+    await _read(client, WEB)
+    r.monotonic += 301  # the default keep-warm is 300 s: an HPA deleted 5 minutes ago costs nothing more
+    await _read(client, BATCH)
+    await r.refresh(20)
+    assert len(r.answers) == 1
+    await _read(client, WEB)
+    await _read(client, BATCH)
+    assert _answered(r.metrics) == {"prepared": 1, "cached": 0, "computed": 3}
+
+
+@pytest.mark.parametrize(("max_entries", "max_bytes", "kept"), [(2, 1 << 20, 2), (100, 700, 1), (100, 1 << 20, 4)])
+async def test_the_cache_stays_within_its_bounds(aiohttp_client, max_entries, max_bytes, kept):
+    r = Refreshing()
+    r.answers = AnswerCache(max_entries=max_entries, max_bytes=max_bytes, count=r.metrics.count_answer)
+    r.app = make_app(r.provider, Discovery(CATALOGUE), r.metrics, ready=lambda: (True, ""), answers=r.answers)
+    r.pipeline.prepare = lambda snapshot: r.answers.prepare(r.provider, snapshot)
+    client = await aiohttp_client(r.app)
+    await r.refresh(10)
+    paths = [WEB, BATCH, WEB.replace("v1beta2", "v1beta1"), BATCH.replace("v1beta1", "v1beta2")]
+    for path in paths:
+        assert (await _read(client, path))[0] == 200
+    assert len(r.answers) == kept
+    await r.refresh(20)
+    assert len(r.answers) == kept
+    for path in paths:  # whatever was evicted is computed again, the same as ever
+        status, body = await _read(client, path)
+        assert status == 200 and _values(body)[0] in ("20", "23")
