@@ -114,6 +114,20 @@ def test_helm_install_creates_every_object_of_the_chart(plane, release):
         assert got.status == 200, f"{obj['kind']} {obj['metadata']['name']}: {got.status} {got.body}"
         assert got.body["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
 
+    # The HPA controller may read what the adapter serves (the chart's ClusterRoleBinding), and no more; asked as
+    # the adapter asks (a SubjectAccessReview), since discovery of the metrics APIs waits for the adapter.
+    def allowed(verb: str, group: str, resource: str) -> bool:
+        review = {
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": "system:serviceaccount:kube-system:horizontal-pod-autoscaler",
+                     "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"],
+                     "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "namespace": NS}},
+        }  # fmt: skip
+        return rest.post("/apis/authorization.k8s.io/v1/subjectaccessreviews", review).expect(201)["status"]["allowed"]
+
+    assert allowed("get", "custom.metrics.k8s.io", "pods") and allowed("list", "external.metrics.k8s.io", "queue")
+    assert not allowed("get", "", "secrets")
+
     # The real deployment controller makes the adapter's and controller's pods from the chart's templates, and
     # admission resolves the chart's PriorityClass.
     def pods() -> list[dict] | None:
