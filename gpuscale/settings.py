@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from gpuscale.config import HttpUrl, Seconds, is_duration
 from gpuscale.errors import ConfigError
+from gpuscale.metrics.forecast import MODELS
 from gpuscale.model import format_duration
 
 
@@ -101,6 +102,20 @@ class AdapterSettings(_Settings):
     authn_cache_ttl: Seconds = Field(10.0, ge=0, description="how long TokenReview answers are cached")
     authz_cache_ttl: Seconds = Field(10.0, ge=0, description="how long SubjectAccessReview answers are cached")
     log_level: str = Field("info", description="debug, info, warning or error")
+    # --- forecasts (docs/forecast.md) ---
+    forecast: bool = Field(
+        True, description="serve forecast_* metrics per Deployment/StatefulSet (needs the Kubernetes API)"
+    )
+    forecast_model: str = Field("holt", description="forecast model: naive, seasonal_naive, ses, holt, seasonal_holt")
+    forecast_rate_metric: str = Field(
+        "inference_requests_per_second", description="catalogue metric summed over a workload's pods as its demand"
+    )
+    forecast_default_startup: Seconds = Field(
+        180.0, gt=0, description="forecast horizon of a workload with no startup annotation and no ready pod measured"
+    )
+    forecast_min_history: Seconds = Field(
+        600.0, gt=0, description="request-rate history a workload needs before its forecast is served"
+    )
 
     @property
     def serve_custom(self) -> bool:
@@ -123,6 +138,8 @@ class AdapterSettings(_Settings):
             raise ValueError("prometheus-url: give either --prometheus-url or scrape targets, not both")
         if bool(self.tls_cert_file) != bool(self.tls_private_key_file):
             raise ValueError("tls-cert-file: give both --tls-cert-file and --tls-private-key-file")
+        if self.forecast_model not in MODELS:
+            raise ValueError(f"forecast-model: unknown model {self.forecast_model!r}; valid: {', '.join(MODELS)}")
         return self
 
     @property

@@ -32,6 +32,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpuscale.adapter.forecasts import METRICS as FORECAST_METRICS
 from gpuscale.settings import AdapterSettings, add_arguments, from_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -645,11 +646,14 @@ def _hpa_metrics(hpa) -> list[tuple[str, str, dict[str, Any]]]:
 
 def test_example_hpas_name_only_catalogue_metrics(render):
     hpas = find(render("examples"), "HorizontalPodAutoscaler")
-    assert len(hpas) == 4
+    assert len(hpas) == 5
     catalogue = _catalogue()
     for hpa in hpas:
         assert hpa["apiVersion"] == "autoscaling/v2"
         for kind, name, source in _hpa_metrics(hpa):
+            if name in FORECAST_METRICS:  # served by the adapter for Deployments/StatefulSets and as External
+                assert kind == "External" or source["describedObject"]["kind"] in ("Deployment", "StatefulSet")
+                continue
             assert name in catalogue, f"{hpa['metadata']['name']}: {name} is not in policies/metrics.yaml"
             entry = catalogue[name]
             if kind == "External":
@@ -678,6 +682,13 @@ def test_example_hpas_scale_on_the_documented_signals(render):
         ("Pods", "inference_kv_cache_usage", {"type": "AverageValue", "averageValue": "80"}),
     ]
     assert vllm["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 600  # model loads are slow
+
+    predictive = hpas["llm-predictive"]
+    assert [(k, n, s["target"]) for k, n, s in _hpa_metrics(predictive)] == [
+        ("Pods", "inference_queue_depth", {"type": "AverageValue", "averageValue": "4"}),
+        ("Object", "forecast_desired_replicas", {"type": "AverageValue", "averageValue": "1"}),
+    ]
+    assert _hpa_metrics(predictive)[1][2]["describedObject"]["name"] == predictive["spec"]["scaleTargetRef"]["name"]
 
     ((kind, name, external),) = _hpa_metrics(hpas["bert-qa-batch-consumer"])
     assert (kind, name) == ("External", "inference_queue_depth")

@@ -150,7 +150,11 @@ class AnswerCache:
         right after the snapshot is swapped into ``provider``'s store, before any request can see it."""
         now = self._monotonic()
         asked = dict(self._asked)  # NB: one C-level copy; the event loop keeps adding to the original
-        wanted = [q for q, at in reversed(asked.items()) if now - at <= self._keep_warm]  # most recent first
+        # NB: forecast answers are not prepared: the forecasts move on after the swap (on_refresh, in the same
+        # event-loop step), so a body built here would be one refresh behind what a request computes.
+        wanted = [
+            q for q, at in reversed(asked.items()) if now - at <= self._keep_warm and not provider.is_forecast(q.metric)
+        ]  # most recent first
         store = MetricsStore()
         store.update(snapshot)
         view = provider.reading(store)

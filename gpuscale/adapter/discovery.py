@@ -28,7 +28,16 @@ def _group(name: str, versions: tuple[str, ...], preferred: str) -> dict:
 
 
 class Discovery:
-    def __init__(self, catalogue: Catalogue, *, serve_custom: bool = True, serve_external: bool = True) -> None:
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        *,
+        serve_custom: bool = True,
+        serve_external: bool = True,
+        forecasts: tuple[str, ...] = (),
+    ) -> None:
+        """``forecasts``: the forecast metrics served (adapter/forecasts.py), for Deployments and StatefulSets
+        and as external metrics."""
         self.serve_custom = serve_custom
         self.serve_external = serve_external
         self.groups: dict[str, dict] = {}
@@ -37,27 +46,27 @@ class Discovery:
             self.groups[CUSTOM_GROUP] = _group(CUSTOM_GROUP, CUSTOM_VERSIONS, "v1beta2")
         if serve_external:
             self.groups[EXTERNAL_GROUP] = _group(EXTERNAL_GROUP, EXTERNAL_VERSIONS, "v1beta1")
+        pairs = [(m.name, r) for m in catalogue for r in m.resources]
+        pairs += [(name, r) for name in forecasts for r in ("deployments.apps", "statefulsets.apps")]
         custom = [
             {
-                "name": f"{resource}/{m.name}",
+                "name": f"{resource}/{name}",
                 "singularName": "",
                 "namespaced": NAMESPACED[resource],
                 "kind": "MetricValueList",
                 "verbs": ["get"],
             }
-            for m in catalogue
-            for resource in m.resources
+            for name, resource in pairs
         ]
         external = [
             {
-                "name": m.name,
+                "name": m,
                 "singularName": "",
                 "namespaced": True,
                 "kind": "ExternalMetricValueList",
                 "verbs": ["get"],
             }
-            for m in catalogue
-            if m.external
+            for m in [*(m.name for m in catalogue if m.external), *forecasts]
         ]
         # An empty list makes client-go warn "Got empty response for …" (custom-metrics-apiserver #146).
         if not custom:

@@ -16,6 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpuscale.adapter.forecasts import METRICS as FORECAST_METRICS
+from gpuscale.adapter.forecasts import RESOURCES as FORECAST_RESOURCES
+from gpuscale.adapter.forecasts import WorkloadForecasts
 from gpuscale.errors import MetricNotFound, MetricStale, ObjectNotFound, SelectorError
 from gpuscale.metrics.aggregation import finish_parts, mean_of
 from gpuscale.metrics.catalogue import Catalogue, MetricDefinition
@@ -44,8 +47,10 @@ class MetricsProvider:
         *,
         clock: Callable[[], float] = time.time,
         retry_after_seconds: int = 5,
+        forecasts: WorkloadForecasts | None = None,
     ) -> None:
         self.catalogue = catalogue
+        self.forecasts = forecasts
         self.store = store
         self.cluster = cluster
         self.clock = clock
@@ -134,13 +139,32 @@ class MetricsProvider:
         """When the first of these items would turn stale (an answer built from them is valid until then)."""
         metric = self.catalogue.get(metric_name)
         max_age = self.catalogue.max_age(metric) if metric else 0.0
+        if self._forecast(metric_name):
+            assert self.forecasts is not None
+            max_age = self.forecasts.max_age_s
         return min((i.point.timestamp for i in items), default=0.0) + max_age
+
+    def is_forecast(self, metric_name: str) -> bool:
+        """Served from the workloads' forecasts (adapter/forecasts.py), not the store."""
+        return self.forecasts is not None and metric_name in FORECAST_METRICS
+
+    def _forecast(self, metric_name: str, resource: str | None = None) -> bool:
+        """Is this a forecast metric (served by adapter/forecasts.py, not the catalogue)?"""
+        if not self.is_forecast(metric_name):
+            return False
+        if resource is not None and resource not in FORECAST_RESOURCES:
+            raise MetricNotFound(f"the server could not find the metric {metric_name} for {resource}")
+        return True
 
     # --- the provider interface ---------------------------------------------------------------------
 
     def by_name(
         self, resource: str, namespace: str | None, name: str, metric_name: str, metric_selector: LabelSelector
     ) -> list[Item]:
+        if self._forecast(metric_name, resource):
+            assert self.forecasts is not None and namespace is not None
+            self._check_namespace(namespace)
+            return [Item(*self.forecasts.object_point(resource, namespace, name, metric_name))]
         metric = self._metric(metric_name, resource)
         if resource == "namespaces":
             self._check_namespace(name)
@@ -176,6 +200,10 @@ class MetricsProvider:
         metric_name: str,
         metric_selector: LabelSelector,
     ) -> list[Item]:
+        if self._forecast(metric_name, resource):
+            assert self.forecasts is not None and namespace is not None
+            self._check_namespace(namespace)
+            return [Item(o, p) for o, p in self.forecasts.object_points(resource, namespace, selector, metric_name)]
         metric = self._metric(metric_name, resource)
         what = (
             f"{resource}"
@@ -241,6 +269,12 @@ class MetricsProvider:
         return [ObjectRef(NODE, n) for n in self.cluster.select_nodes(selector)]
 
     def external(self, namespace: str, metric_name: str, selector: LabelSelector) -> list[Item]:
+        if self._forecast(metric_name):
+            assert self.forecasts is not None
+            self._check_namespace(namespace)
+            return [
+                Item(None, p, labels) for labels, p in self.forecasts.external_points(namespace, metric_name, selector)
+            ]
         metric = self._metric(metric_name, "external metrics", external=True)
         self._check_namespace(namespace)
         parts = self.store.parts(metric.name, ObjectRef(NAMESPACE, namespace))

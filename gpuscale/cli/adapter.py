@@ -16,6 +16,8 @@ from gpuscale.adapter.answers import AnswerCache
 from gpuscale.adapter.app import make_app
 from gpuscale.adapter.auth import AuthenticationFlags, DelegatedAuth
 from gpuscale.adapter.discovery import Discovery
+from gpuscale.adapter.forecasts import METRICS as FORECAST_METRICS
+from gpuscale.adapter.forecasts import ForecastCollector, WorkloadForecasts
 from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.adapter.tls import ServerTLS, serving_cert_files
@@ -23,7 +25,9 @@ from gpuscale.adapter.transport import AdapterRunner, RejectionLog
 from gpuscale.errors import ConfigError, one_line
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue, load_catalogue
-from gpuscale.metrics.store import MetricsStore
+from gpuscale.metrics.demand import DemandBook, DemandSettings
+from gpuscale.metrics.store import MetricsStore, Snapshot
+from gpuscale.metrics.workload_demand import WorkloadDemand
 from gpuscale.model import format_duration
 from gpuscale.pipeline import Pipeline
 from gpuscale.policy_files import check_policies_dir
@@ -125,7 +129,22 @@ async def start_adapter(
             before_refresh = rediscover
     # NB: the watch cache reports per kind like a source per target: an API outage shows on /metrics.
     selfmetrics = AdapterMetrics(lambda: [source] if cluster is None else [source, cluster])
-    provider = MetricsProvider(catalogue, store, cluster, retry_after_seconds=max(1, round(settings.refresh_interval)))
+    forecasts = _forecasts(settings, catalogue, store, cluster)
+    on_refresh = selfmetrics.observe_refresh
+    if forecasts is not None:
+        selfmetrics.registry.register(ForecastCollector(forecasts))
+
+        def on_refresh(snapshot: Snapshot, seconds: float) -> None:
+            selfmetrics.observe_refresh(snapshot, seconds)
+            forecasts.observe()
+
+    provider = MetricsProvider(
+        catalogue,
+        store,
+        cluster,
+        retry_after_seconds=max(1, round(settings.refresh_interval)),
+        forecasts=forecasts,
+    )
     # NB: one answer cache for both ports' apps, its bodies for recent queries built by each refresh (answers.py)
     answers = AnswerCache(count=selfmetrics.count_answer)
     pipeline = Pipeline(
@@ -134,7 +153,7 @@ async def start_adapter(
         store,
         Attributor(target_resolver(targets, cluster)),
         interval_seconds=settings.refresh_interval,
-        on_refresh=selfmetrics.observe_refresh,
+        on_refresh=on_refresh,
         before_refresh=before_refresh,
         prepare=lambda snapshot: answers.prepare(provider, snapshot),
     )
@@ -151,7 +170,12 @@ async def start_adapter(
             now=time.time(),
         )
 
-    discovery = Discovery(catalogue, serve_custom=settings.serve_custom, serve_external=settings.serve_external)
+    discovery = Discovery(
+        catalogue,
+        serve_custom=settings.serve_custom,
+        serve_external=settings.serve_external,
+        forecasts=tuple(FORECAST_METRICS) if forecasts is not None else (),
+    )
     runners: list[web.AppRunner] = []
     urls: list[str] = []
     listening: list[str] = []
@@ -321,6 +345,32 @@ def _bound_port(site: web.TCPSite) -> int:
     server = site._server  # NB: aiohttp exposes the bound socket only here; needed when port 0 was asked for
     assert server is not None
     return server.sockets[0].getsockname()[1]
+
+
+def _forecasts(
+    settings: AdapterSettings, catalogue: Catalogue, store: MetricsStore, cluster: KubeCache | None
+) -> WorkloadForecasts | None:
+    """Forecast metrics need the workloads (the Kubernetes API) and a demand metric in the catalogue."""
+    if not settings.forecast or cluster is None:
+        return None
+    metric = catalogue.get(settings.forecast_rate_metric)
+    if metric is None:
+        raise ConfigError(
+            f"--forecast-rate-metric: {settings.forecast_rate_metric!r} is not in the metric catalogue "
+            "(or turn forecasts off with --no-forecast)"
+        )
+    demand = DemandSettings(model=settings.forecast_model, min_history_s=settings.forecast_min_history)
+    return WorkloadForecasts(
+        WorkloadDemand(
+            DemandBook(demand),
+            store,
+            cluster,
+            rate_metric=metric.name,
+            default_startup_s=settings.forecast_default_startup,
+            # NB: a forecast is as old as its last step; the rate metric's own max-age plus one step
+            max_age_s=catalogue.max_age(metric) + demand.step_s,
+        )
+    )
 
 
 def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> MetricsSource:

@@ -30,6 +30,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
@@ -82,6 +83,10 @@ class PodInfo:
     owner: tuple[str, str] | None
     annotations: Mapping[str, str] = field(default_factory=dict)
     named_ports: Mapping[str, int] = field(default_factory=dict)  # containerPort by port name
+    # Unix seconds: status.startTime, and the Ready condition's lastTransitionTime while it is True. Their
+    # difference is the pod's measured start-up (image pull, model load), the forecast's default horizon.
+    started_at: float | None = None
+    ready_at: float | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> PodInfo:
@@ -120,7 +125,26 @@ class PodInfo:
             owner=owner,
             annotations=dict(meta.get("annotations") or {}),
             named_ports=named,
+            started_at=_timestamp(status.get("startTime")),
+            ready_at=next(
+                (
+                    _timestamp(c.get("lastTransitionTime"))
+                    for c in status.get("conditions") or []
+                    if c.get("type") == "Ready" and c.get("status") == "True"
+                ),
+                None,
+            ),
         )
+
+
+def _timestamp(text: object) -> float | None:
+    """An RFC 3339 time as the API writes it, in Unix seconds; None when absent or unreadable."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +156,7 @@ class WorkloadInfo:
     name: str
     selector: LabelSelector
     labels: Mapping[str, str]
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_object(cls, kind: str, obj: Mapping[str, Any]) -> WorkloadInfo:
@@ -142,7 +167,14 @@ class WorkloadInfo:
             # NB: the apiserver validates workload selectors, so this is a broken object; select nothing.
             log.warning("%s %s/%s has an invalid selector: %s", kind, meta.get("namespace"), meta.get("name"), e)
             selector = LabelSelector.nothing()
-        return cls(kind, meta.get("namespace", ""), meta.get("name", ""), selector, dict(meta.get("labels") or {}))
+        return cls(
+            kind,
+            meta.get("namespace", ""),
+            meta.get("name", ""),
+            selector,
+            dict(meta.get("labels") or {}),
+            dict(meta.get("annotations") or {}),
+        )
 
 
 # --- the seam ---------------------------------------------------------------------------------------

@@ -87,3 +87,27 @@ def test_workloads_not_seen_are_forgotten():
 def test_an_unknown_model_is_refused_with_the_valid_names():
     with pytest.raises(ValueError, match="valid: naive, seasonal_naive, ses, holt, seasonal_holt"):
         DemandSettings(model="prophet")
+
+
+def test_pods_are_grouped_by_their_owning_workload_in_one_pass():
+    from types import SimpleNamespace
+
+    from gpuscale.metrics.workload_demand import owners
+    from gpuscale.model import ObjectRef
+
+    def pod(name, owner, labels=None):
+        return SimpleNamespace(name=name, owner=owner, labels=labels or {})
+
+    pods = [
+        pod("web-7d9f8-a", ("ReplicaSet", "web-7d9f8"), {"pod-template-hash": "7d9f8"}),
+        pod("web-7d9f8-b", ("ReplicaSet", "web-7d9f8"), {"pod-template-hash": "7d9f8"}),
+        pod("db-0", ("StatefulSet", "db")),
+        pod("rs-only-x", ("ReplicaSet", "rs-only")),  # a bare ReplicaSet: no template hash, not a Deployment's
+        pod("job-x", ("Job", "job")),
+        pod("bare", None),
+    ]
+    got = {k: [p.name for p in v] for k, v in owners("ns", pods).items()}
+    assert got == {
+        ObjectRef("Deployment", "web", "ns"): ["web-7d9f8-a", "web-7d9f8-b"],
+        ObjectRef("StatefulSet", "db", "ns"): ["db-0"],
+    }

@@ -392,3 +392,28 @@ def test_pod_info_from_object_reads_sidecar_ports_and_the_controller():
     assert parsed.container_ports == (8000, 9090)
     assert parsed.owner == ("ReplicaSet", "rs-1")
     assert PodInfo.from_object({"metadata": {"name": "x", "namespace": "y"}}).phase == "Unknown"
+
+
+def test_pod_start_and_ready_times_and_workload_annotations_are_kept():
+    """The forecast's measured start-up is Ready − status.startTime; a pod not Ready has no ready time."""
+    obj = {
+        "metadata": {"name": "p", "namespace": "n"},
+        "status": {
+            "startTime": "2026-12-04T05:00:00Z",
+            "conditions": [
+                {"type": "Initialized", "status": "True", "lastTransitionTime": "2026-12-04T05:00:01Z"},
+                {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-04T05:01:30Z"},
+            ],
+        },
+    }
+    pod = PodInfo.from_object(obj)
+    assert pod.ready_at is not None and pod.started_at is not None and pod.ready_at - pod.started_at == 90.0
+    obj["status"]["conditions"][1]["status"] = "False"
+    obj["status"]["startTime"] = "not a time"
+    pod = PodInfo.from_object(obj)
+    assert pod.ready_at is None and pod.started_at is None
+    workload = WorkloadInfo.from_object(
+        "Deployment",
+        {"metadata": {"name": "d", "namespace": "n", "annotations": {"gpuscale.io/startup-seconds": "60"}}},
+    )
+    assert workload.annotations == {"gpuscale.io/startup-seconds": "60"}

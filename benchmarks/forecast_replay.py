@@ -1,0 +1,213 @@
+"""Predictive vs reactive HPAs, replayed (issue 26): `gpuscale simulate --external` on each trace.
+
+For each trace this script writes (in a temporary directory):
+  * the trace as a general service (``timestamp,service_time``): the image trace keeps its service times; the
+    LLM traces (Azure code and conv, Mooncake) get one per request from its tokens — 0.1 s + 50 µs per prompt
+    token + 25 ms per generated token (a decode step shared in a batch) — and a replica serves 8 at once;
+    the synthetic diurnal days are Poisson arrivals from benchmarks/diurnal.py with lognormal service times;
+  * the forecast the adapter would have served, walking forward through the trace: every 5 s refresh the rate
+    over the last 60 s into gpuscale/metrics/demand.py (the adapter's model and settings; the horizon the median
+    start-up, as the adapter measures it):
+    ``forecast_desired_replicas`` = p90 ÷ capacity per replica, capacity = 75 % of concurrency ÷ mean
+    service time; only the steps where the forecast exists (absent during the first 10 minutes);
+  * reactive HPAs on the Pods queue depth (targets 1, 2, 4 per pod) and on the Pods request rate (AverageValue =
+    the capacity per replica: the forecast's arithmetic on the rate now) and, for the best of them, the same HPA
+    plus the External forecast metric (AverageValue 1) — the recommended two-metric form;
+then runs `gpuscale simulate --trace … --hpa … --external forecast_desired_replicas=@… --startup DIST --output
+json` once per trace with a start-up drawn from a lognormal distribution, and prints one Markdown table:
+queue-wait p95, SLO-violation minutes (p95 queue wait > 2 s in a minute) and GPU-hours for each HPA.
+"Best reactive" = fewest SLO-violation minutes, then fewest GPU-hours.
+
+Usage: .venv/bin/python benchmarks/forecast_replay.py [--days 2] [--traces code,conv,mooncake,image,diurnal]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import diurnal
+
+from gpuscale.metrics.demand import DemandBook, DemandSettings
+from gpuscale.replay.distributions import parse_distribution
+from gpuscale.replay.traces import Trace, read_trace
+
+ROOT = Path(__file__).parents[1]
+TRACES = ROOT / "tests" / "fixtures" / "traces"
+ORIGIN = 1_764_806_400.0  # the written traces' clock: 2025-12-04T00:00:00Z
+STEP_S = 15.0
+REFRESH_S = 5.0
+CONCURRENCY = 8
+UTILISATION = 0.75
+LLM_STARTUP = "lognormal:p50=90s,p95=180s"  # a large model's load: minutes at the tail
+IMAGE_STARTUP = "lognormal:p50=22.7s,p95=45.4s"  # the base-model load the issue measured
+QUEUE_TARGETS = (1, 2, 4)
+
+
+def llm_service(trace: Trace) -> np.ndarray:
+    return 0.1 + 50e-6 * trace.input_tokens + 0.025 * trace.output_tokens
+
+
+def cases(days: float) -> dict[str, tuple[np.ndarray, np.ndarray, str, float]]:
+    """name → (arrival seconds, service seconds, start-up distribution, rate scale used)."""
+    out = {}
+    for name, file, scale in (
+        ("Azure code ×4", "AzureLLMInferenceTrace_code.csv.gz", 4.0),
+        ("Azure conv ×2", "AzureLLMInferenceTrace_conv.csv.gz", 2.0),
+        ("Mooncake conv ×2", "conversation_trace.jsonl.gz", 2.0),
+    ):
+        trace = read_trace(TRACES / file).scaled(scale, seed=26)
+        out[name] = (trace.arrival_s, llm_service(trace), LLM_STARTUP, scale)
+    image = read_trace(ROOT / "gpuscale" / "replay" / "data" / "text-to-image-2h.csv.gz")
+    assert image.service_s is not None
+    out["Text-to-image 2 h (synthetic)"] = (image.arrival_s, image.service_s, IMAGE_STARTUP, 1.0)
+    rates = diurnal.rate(days=days, step_s=STEP_S, peak_rps=6.0)
+    arrivals = diurnal.arrivals(rates, step_s=STEP_S)
+    service = np.random.default_rng(27).lognormal(np.log(1.2), np.log(4 / 1.2) / 1.645, len(arrivals))
+    out[f"Diurnal {days:g} days (synthetic)"] = (arrivals, service, IMAGE_STARTUP, 1.0)
+    return out
+
+
+def forecast_csv(arrival_s: np.ndarray, *, horizon_s: float, capacity: float) -> str:
+    """The adapter's forecast_desired_replicas at each 5 s refresh, on the trace's clock (CSV text).
+
+    As the adapter reads it: at each refresh the rate over the last 60 s (the catalogue's window for
+    inference_requests_per_second), into the DemandBook. NB: arrivals stand in for finished requests, which is
+    what the adapter reads; the two differ while replicas are saturated."""
+    book = DemandBook(DemandSettings(step_s=STEP_S))
+    rows = ["timestamp,value"]
+    window = 60.0
+    for t in np.arange(REFRESH_S, float(arrival_s[-1]) + REFRESH_S, REFRESH_S):
+        seen = np.searchsorted(arrival_s, [t - window, t], side="right")
+        rate = float(seen[1] - seen[0]) / min(window, t)
+        book.observe(t, {"w": rate}, {"w": horizon_s}, {"w": capacity})
+        f = book.forecast("w")
+        if f is not None and f.desired_replicas is not None:
+            rows.append(f"{ORIGIN + t:.3f},{f.desired_replicas:.4f}")
+    return "\n".join(rows) + "\n"
+
+
+def reactive_metrics(capacity: float) -> dict[str, str]:
+    """The reactive candidates: HPA name → its metrics (YAML list items)."""
+    out = {
+        f"queue-{target}": f"""
+    - type: Pods
+      pods:
+        metric: {{name: inference_queue_depth}}
+        target: {{type: AverageValue, averageValue: "{target}"}}"""
+        for target in QUEUE_TARGETS
+    }
+    # the forecast's own arithmetic on the rate now: requests/s per pod at the capacity per replica
+    out["rate"] = f"""
+    - type: Pods
+      pods:
+        metric: {{name: inference_requests_per_second}}
+        target: {{type: AverageValue, averageValue: "{round(capacity * 1000)}m"}}"""
+    return out
+
+
+FORECAST_METRIC = """
+    - type: External
+      external:
+        metric: {name: forecast_desired_replicas}
+        target: {type: AverageValue, averageValue: "1"}"""
+
+
+def hpa(name: str, metrics: str) -> str:
+    return f"""apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {{name: {name}}}
+spec:
+  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: server}}
+  minReplicas: 1
+  maxReplicas: 40
+  metrics:{metrics}
+  behavior:
+    scaleDown: {{stabilizationWindowSeconds: 300}}
+"""
+
+
+def simulate(directory: Path, trace: Path, hpas: list[Path], startup: str, external: Path | None) -> list[dict]:
+    command = [sys.executable, "-m", "gpuscale", "simulate", "--trace", str(trace), "--output", "json"]
+    command += ["--concurrency", str(CONCURRENCY), "--startup", startup]
+    for h in hpas:
+        command += ["--hpa", str(h)]
+    if external is not None:
+        command += ["--external", f"forecast_desired_replicas=@{external}"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=directory)
+    if done.returncode:
+        raise SystemExit(f"gpuscale simulate failed ({done.returncode}): {done.stderr.strip()}")
+    return json.loads(done.stdout)["results"]
+
+
+def row(label: str, r: dict) -> str:
+    return (
+        f"| {label} | {r['queue_wait_s']['p95']:.1f} | {r['slo_violation_minutes']} of {r['slo']['minutes']} | "
+        f"{r['gpu_hours']:.2f} | {r['max_replicas']} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=float, default=2.0, help="synthetic diurnal days (default 2)")
+    parser.add_argument("--traces", default="code,conv,mooncake,image,diurnal")
+    args = parser.parse_args()
+    wanted = args.traces.split(",")
+    keys = {
+        "code": "Azure code",
+        "conv": "Azure conv",
+        "mooncake": "Mooncake",
+        "image": "Text-to-image",
+        "diurnal": "Diurnal",
+    }
+    started = time.process_time()
+    print("| trace | HPA | queue wait p95 s | SLO-violation minutes | GPU-hours | max replicas |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, (name, (arrivals, service, startup, _)) in enumerate(cases(args.days).items()):
+            if not any(name.startswith(keys[w]) for w in wanted):
+                continue
+            d = Path(tmp) / str(n)
+            d.mkdir()
+            trace = d / "trace.csv"
+            trace.write_text(
+                "timestamp,service_time\n"
+                + "".join(f"{ORIGIN + a:.3f},{s:.4f}\n" for a, s in zip(arrivals, service, strict=True))
+            )
+            capacity = UTILISATION * CONCURRENCY / float(np.mean(service))
+            # the adapter's measured horizon: the median start-up of the pods it has seen
+            draws = parse_distribution(startup, flag="--startup").draw(np.random.default_rng(0), 1000)
+            horizon = float(np.median(draws))
+            text = forecast_csv(arrivals, horizon_s=horizon, capacity=capacity)
+            external = d / "forecast.csv"
+            external.write_text(text)
+            candidates = reactive_metrics(capacity)
+            reactive = []
+            for name_, metrics in candidates.items():
+                path = d / f"{name_}.yaml"
+                path.write_text(hpa(name_, metrics))
+                reactive.append(path)
+            results = simulate(d, trace, reactive, startup, None)
+            best = min(results, key=lambda r: (r["slo_violation_minutes"], r["gpu_hours"]))
+            predictive = d / "predictive.yaml"
+            predictive.write_text(hpa(f"{best['hpa']}+forecast", candidates[best["hpa"]] + FORECAST_METRIC))
+            (forecasted,) = simulate(d, trace, [predictive], startup, external)
+            label = f"{name} ({len(arrivals):,} req, start-up {startup.split(':')[1]}, capacity {capacity:.2f} req/s)"
+            for r in results:
+                print(row(f"{label} | {r['hpa']}" + (" (best reactive)" if r is best else ""), r))
+            print(row(f"{label} | {forecasted['hpa']} (predictive)", forecasted))
+            sys.stdout.flush()
+    print(f"\n({time.process_time() - started:.1f} s of CPU in this process; simulate runs in child processes)")
+
+
+if __name__ == "__main__":
+    main()

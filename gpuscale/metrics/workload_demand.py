@@ -1,0 +1,172 @@
+"""Each workload's demand, horizon and capacity, gathered once per refresh into the DemandBook.
+
+Pure (the store and the watch cache are read through protocols; nothing here does I/O), so every consumer that
+forecasts — the adapter's forecast metrics, `gpuscale top` — reads workloads the same way:
+
+    demand    the sum over the workload's pods of a catalogue rate metric (``inference_requests_per_second``):
+              pods with no fresh value do not count; a workload with pods but no fresh value at all is a gap
+              (nothing is recorded), one with no pods serves 0
+    horizon   annotation gpuscale.io/startup-seconds, else the median over its Ready pods of
+              Ready − status.startTime (measured start-up), else the configured default
+    capacity  annotation gpuscale.io/capacity-requests-per-second (requests/s one replica serves at its target)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpuscale.metrics.demand import DemandBook
+from gpuscale.metrics.store import MetricsReader
+from gpuscale.model import DEPLOYMENT, POD, STATEFULSET, ObjectRef
+
+log = logging.getLogger(__name__)
+
+STARTUP_ANNOTATION = "gpuscale.io/startup-seconds"
+CAPACITY_ANNOTATION = "gpuscale.io/capacity-requests-per-second"
+
+
+class Workloads(Protocol):
+    """What forecasting needs of the watch cache (sources/kube.ClusterObjects satisfies it)."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    def namespaces(self) -> frozenset[str]: ...
+
+    def pods(self, namespace: str | None = None) -> list[Any]: ...
+
+    def workloads(self, kind: str, namespace: str) -> list[Any]: ...
+
+    def pods_of(self, workload: Any) -> list[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    rate: float | None  # None: no fresh value this refresh (a gap)
+    horizon_s: float
+    horizon_source: str  # annotation | measured | default
+    capacity: float | None
+
+
+def _annotation(workload: Any, key: str) -> float | None:
+    text = (getattr(workload, "annotations", None) or {}).get(key)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        log.warning(
+            "%s %s/%s: annotation %s=%r is not a positive number; ignored",
+            workload.kind,
+            workload.namespace,
+            workload.name,
+            key,
+            text,
+        )
+        return None
+    return value
+
+
+def measured_startup(pods: Iterable[Any]) -> float | None:
+    """Median of Ready − status.startTime over the pods that have both (seconds), or None."""
+    startups = [
+        p.ready_at - p.started_at
+        for p in pods
+        if getattr(p, "ready_at", None) is not None
+        and getattr(p, "started_at", None) is not None
+        and p.ready_at >= p.started_at
+    ]
+    return statistics.median(startups) if startups else None
+
+
+def owners(namespace: str, pods: Iterable[Any]) -> dict[ObjectRef, list[Any]]:
+    """Pods by the Deployment or StatefulSet that owns them, in one pass.
+
+    NB: matching every workload's selector against every pod is O(workloads × pods) per refresh (seconds at
+    thousands of workloads in a namespace). The controller reference says it directly: a StatefulSet's pods name
+    it; a Deployment's pods name its ReplicaSet ``<deployment>-<pod-template-hash>``, and carry that hash as a label.
+    """
+    out: dict[ObjectRef, list[Any]] = {}
+    for pod in pods:
+        if pod.owner is None:
+            continue
+        kind, name = pod.owner
+        if kind == "StatefulSet":
+            key = ObjectRef(STATEFULSET, name, namespace)
+        elif (
+            kind == "ReplicaSet" and (template := pod.labels.get("pod-template-hash")) and name.endswith(f"-{template}")
+        ):
+            key = ObjectRef(DEPLOYMENT, name[: -len(template) - 1], namespace)
+        else:
+            continue
+        out.setdefault(key, []).append(pod)
+    return out
+
+
+class WorkloadDemand:
+    def __init__(
+        self,
+        book: DemandBook,
+        store: MetricsReader,
+        cluster: Workloads,
+        *,
+        rate_metric: str,
+        default_startup_s: float,
+        max_age_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.book = book
+        self.store = store
+        self.cluster = cluster
+        self.rate_metric = rate_metric
+        self.default_startup_s = default_startup_s
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self.inputs: dict[ObjectRef, Inputs] = {}
+        self.last_seconds = 0.0
+
+    def _inputs(self, workload: Any, now: float, owned: dict[ObjectRef, list[Any]]) -> Inputs:
+        key = ObjectRef(workload.kind, workload.name, workload.namespace)
+        pods = owned.get(key)
+        if pods is None:
+            pods = self.cluster.pods_of(workload)  # NB: O(pods in the namespace): only for pods owned otherwise
+        refs = [ObjectRef(POD, p.name, p.namespace) for p in pods]
+        points = self.store.points(self.rate_metric, refs)
+        fresh = [p.value for p in points.values() if not p.stale and p.timestamp >= now - self.max_age_s]
+        rate = sum(fresh) if fresh else (0.0 if not pods else None)
+        horizon, source = _annotation(workload, STARTUP_ANNOTATION), "annotation"
+        if horizon is None:
+            horizon, source = measured_startup(pods), "measured"
+        if horizon is None:
+            horizon, source = self.default_startup_s, "default"
+        return Inputs(rate, horizon, source, _annotation(workload, CAPACITY_ANNOTATION))
+
+    def observe(self, *_: object) -> None:
+        """One refresh: every workload's inputs into the book (on_refresh(snapshot, seconds) calls it)."""
+        if not self.cluster.synced:
+            return
+        started = time.perf_counter()
+        now = self.clock()
+        inputs: dict[ObjectRef, Inputs] = {}
+        for namespace in self.cluster.namespaces():
+            owned = owners(namespace, self.cluster.pods(namespace))
+            for kind in (DEPLOYMENT, STATEFULSET):
+                for w in self.cluster.workloads(kind, namespace):
+                    inputs[ObjectRef(kind, w.name, w.namespace)] = self._inputs(w, now, owned)
+        self.inputs = inputs
+        rates = {k: i.rate for k, i in inputs.items() if i.rate is not None}
+        self.book.observe(
+            now,
+            rates,
+            {k: i.horizon_s for k, i in inputs.items()},
+            {k: i.capacity for k, i in inputs.items() if i.capacity is not None},
+        )
+        self.last_seconds = time.perf_counter() - started
