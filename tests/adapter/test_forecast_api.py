@@ -95,6 +95,8 @@ async def adapter(aiohttp_client):
     provider = MetricsProvider(catalogue, store, _cluster(), clock=lambda: clock["now"], forecasts=forecasts)
     app = make_app(provider, Discovery(catalogue, forecasts=tuple(METRICS)), selfmetrics, ready=lambda: (True, ""))
     client = await aiohttp_client(app)
+    client.app_ = app
+    client.provider = provider
     client.refresh = refresh
     client.forecasts = forecasts
     return client
@@ -184,3 +186,18 @@ async def test_discovery_lists_the_forecast_metrics(adapter):
     body = await _get(adapter, "/apis/external.metrics.k8s.io/v1beta1")
     assert "forecast_requests_per_second_p90" in {r["name"] for r in body["resources"]}
     await _get(adapter, f"{CUSTOM}/pods/*/forecast_requests_per_second", 404)  # workloads only
+
+
+async def test_forecast_answers_are_not_prepared_ahead_of_the_forecasts(adapter):
+    """A refresh prepares bodies for recent queries before the swap; the forecasts move on after it, so a
+    prepared forecast body would be one refresh behind. The request computes it instead."""
+    from gpuscale.adapter.app import ANSWERS
+
+    adapter.refresh(720)
+    await _get(adapter, f"{CUSTOM}/deployments.apps/llm/forecast_requests_per_second")
+    await _get(adapter, f"{CUSTOM}/deployments.apps/*/forecast_requests_per_second")
+    answers = adapter.app_[ANSWERS]
+    assert len(answers) == 2  # both computed and kept for this store version
+    install = answers.prepare(adapter.provider, Snapshot(T0 + 9999, values={}))
+    install()
+    assert len(answers) == 0  # nothing prepared for them: the next request computes from the new forecasts
