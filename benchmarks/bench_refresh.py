@@ -28,7 +28,7 @@ import multiprocessing as mp
 import re
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 NODES, GPUS_PER_NODE, TRITON_PODS = 1250, 8, 1000
 DCGM_FIELDS = {
@@ -128,7 +128,6 @@ def prometheus_answers() -> dict[str, bytes]:
 
 
 def _fake_prometheus(queue: mp.Queue) -> None:
-    from aiohttp import web
 
     answers = prometheus_answers()
     names = sorted(answers, key=len, reverse=True)
@@ -150,12 +149,19 @@ def _fake_prometheus(queue: mp.Queue) -> None:
         m = pattern.search(promql)
         return answers[m.group(0)] if m else b'{"status":"success","data":{"resultType":"vector","result":[]}}'
 
+    serve_instant_queries(answer, queue)
+
+
+def serve_instant_queries(answer: Callable[[str], bytes], queue: mp.Queue) -> None:
+    """Answer ``POST /api/v1/query`` with ``answer(promql)`` on a free loopback port, put on ``queue``; forever."""
+    from aiohttp import web
+
     async def query(request: web.Request) -> web.Response:
         form = await request.post()
         return web.Response(body=answer(str(form.get("query", ""))), content_type="application/json")
 
     async def main() -> None:
-        app = web.Application(client_max_size=1 << 20)
+        app = web.Application(client_max_size=1 << 22)
         app.router.add_post("/api/v1/query", query)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
