@@ -67,39 +67,67 @@ class Pipeline:
         # queries asked recently); what it returns runs on the loop in the same step as the swap.
         self.prepare = prepare
         self.refreshes = 0
+        self._wake = asyncio.Event()  # set by refresh_soon: run() starts the next cycle now
+        self._started = 0  # cycles started
+        self._finished = 0  # the number of the newest cycle that ended (in success or failure)
+        self._ended = asyncio.Condition()
 
     async def refresh_once(self) -> Snapshot:
         started = time.perf_counter()
-        with cyclic_gc_paused():
-            if self.before_refresh:
-                self.before_refresh()
-            await self.source.refresh(now=self.clock())
-            self.attributor.begin_refresh()
-            # NB: the build is ~1 s of pure Python at 10,000 GPUs; on the event loop it held every HPA request
-            # for that long (issue 21). In a thread the interpreter switches to the loop every
-            # sys.getswitchinterval() (5 ms), so requests keep being answered from the previous snapshot.
-            # Nothing else mutates the source or the attributor while this runs: refreshes never overlap.
-            snapshot, install = await asyncio.to_thread(self._build, now=self.clock())
-        self.store.update(snapshot)  # NB: on the loop, one reference swap: a request sees one whole snapshot
-        if install is not None:
-            install()  # NB: no await in between: no request sees the new snapshot without what was prepared
-        self.refreshes += 1
-        if self.on_refresh:
-            self.on_refresh(snapshot, time.perf_counter() - started)
-        return snapshot
+        self._started += 1
+        number = self._started
+        try:
+            with cyclic_gc_paused():
+                if self.before_refresh:
+                    self.before_refresh()
+                await self.source.refresh(now=self.clock())
+                self.attributor.begin_refresh()
+                # NB: the build is ~1 s of pure Python at 10,000 GPUs; on the event loop it held every HPA
+                # request for that long (issue 21). In a thread the interpreter switches to the loop every
+                # sys.getswitchinterval() (5 ms), so requests keep being answered from the previous snapshot.
+                # Nothing else mutates the source or the attributor while this runs: refreshes never overlap.
+                snapshot, install = await asyncio.to_thread(self._build, now=self.clock())
+            self.store.update(snapshot)  # NB: on the loop, one reference swap: a request sees one whole snapshot
+            if install is not None:
+                install()  # NB: no await in between: no request sees the new snapshot without what was prepared
+            self.refreshes += 1
+            if self.on_refresh:
+                self.on_refresh(snapshot, time.perf_counter() - started)
+            return snapshot
+        finally:
+            async with self._ended:
+                self._finished = max(self._finished, number)
+                self._ended.notify_all()
+
+    async def refresh_soon(self, *, timeout: float) -> None:
+        """Return once a refresh that started after this call has ended (``run`` is woken to start it now).
+
+        For a request that needs something the current snapshot lacks (demand-driven refresh): a cycle already
+        running was planned before the request, so it waits for the next. TimeoutError after ``timeout``
+        seconds (e.g. when no ``run`` loop is refreshing).
+        """
+        wanted = self._started + 1
+        self._wake.set()
+        async with asyncio.timeout(timeout), self._ended:
+            await self._ended.wait_for(lambda: self._finished >= wanted)
 
     def _build(self, *, now: float) -> tuple[Snapshot, Callable[[], None] | None]:
         snapshot = build_snapshot(self.catalogue, self.source.read, self.attributor, now=now)
         return snapshot, self.prepare(snapshot) if self.prepare is not None else None
 
     async def run(self) -> None:
-        """Refresh forever, on a fixed cadence (a slow cycle delays the next, never stacks them)."""
+        """Refresh forever, on a fixed cadence (a slow cycle delays the next, never stacks them); a
+        ``refresh_soon`` starts the next cycle at once."""
         while True:
             started = time.monotonic()
+            self._wake.clear()
             try:
                 await self.refresh_once()
             except asyncio.CancelledError:
                 raise
             except Exception:  # NB: a bug in one cycle must not stop the loop; it is logged with its traceback
                 log.exception("refresh failed")
-            await asyncio.sleep(max(0.0, self.interval_seconds - (time.monotonic() - started)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wake.wait(), timeout=max(0.0, self.interval_seconds - (time.monotonic() - started))
+                )

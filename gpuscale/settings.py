@@ -64,6 +64,14 @@ class AdapterSettings(_Settings):
     refresh_interval: Seconds = Field(5.0, gt=0, description="how often to scrape and refresh the store")
     scrape_timeout: Seconds = Field(3.0, gt=0, description="per-exporter scrape timeout (at most --refresh-interval)")
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
+    demand_driven: bool = Field(
+        True,
+        description="with --prometheus-url and the Kubernetes API: refresh at the full rate only the metrics and "
+        "namespaces some HorizontalPodAutoscaler references, others from their first request on (docs/adapter.md)",
+    )
+    keep_warm: Seconds = Field(
+        600.0, ge=0, description="how long a metric no HPA references keeps being refreshed after its last request"
+    )
     # --- what is served, where ---
     apis: str = Field("custom,external", description="metrics APIs to serve: custom, external or custom,external")
     bind_address: str = Field("0.0.0.0", description="address the HTTPS port listens on")

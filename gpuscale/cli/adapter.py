@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -19,6 +20,7 @@ from gpuscale.adapter.discovery import Discovery
 from gpuscale.adapter.forecasts import METRICS as FORECAST_METRICS
 from gpuscale.adapter.forecasts import ForecastCollector, WorkloadForecasts
 from gpuscale.adapter.provider import MetricsProvider
+from gpuscale.adapter.refresh_scope import demand_middleware
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.adapter.tls import ServerTLS, serving_cert_files
 from gpuscale.adapter.transport import AdapterRunner, RejectionLog
@@ -26,6 +28,7 @@ from gpuscale.errors import ConfigError, one_line
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue, load_catalogue
 from gpuscale.metrics.demand import DemandBook, DemandSettings
+from gpuscale.metrics.refresh_scope import Demand
 from gpuscale.metrics.store import MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import WorkloadDemand
 from gpuscale.model import format_duration
@@ -35,9 +38,13 @@ from gpuscale.selectors import LabelSelector
 from gpuscale.settings import AdapterSettings
 from gpuscale.sources.base import MetricsSource, TargetHealth
 from gpuscale.sources.discovery import DiscoveryRules, discover
+from gpuscale.sources.hpas import HpaCache
 from gpuscale.sources.kube import KubeCache, load_api_client
 from gpuscale.sources.scrape import ScrapeSource
 from gpuscale.sources.targets import parse_scrape_targets, target_resolver
+
+if TYPE_CHECKING:
+    from gpuscale.sources.prometheus import PrometheusSource
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +61,7 @@ class RunningAdapter:
     runners: list[web.AppRunner]
     url: str
     auth: DelegatedAuth | None = None
+    demand: DemandDriven | None = None
     urls: list[str] = field(default_factory=list)
     listening: list[str] = field(default_factory=list)  # what was really bound, for the log
     tasks: list[asyncio.Task] = field(default_factory=list)
@@ -69,10 +77,40 @@ class RunningAdapter:
         if self.auth is not None:
             await self.auth.stop()
         await self.source.close()
+        if self.demand is not None:
+            await self.demand.hpas.stop()
         if self.cluster is not None:
             await self.cluster.stop()
         if self.api_client is not None:
             await self.api_client.close()  # type: ignore[attr-defined]
+
+
+@dataclass
+class DemandDriven:
+    """Demand-driven refresh wired up (metrics/refresh_scope.py): the HPA cache says what is referenced, the
+    Prometheus source fetches only that, requests for anything else wait for one refresh that fetches it."""
+
+    demand: Demand
+    hpas: HpaCache
+    source: PrometheusSource
+
+    def before_refresh(self) -> None:
+        now = time.time()
+        if self.hpas.synced:
+            self.demand.set_referenced(self.hpas.references(), now=now)
+            self.source.set_scope(self.demand.begin(now=now))
+        else:
+            # NB: no HPA list yet (starting, or list/watch refused): fetch everything rather than less than asked.
+            self.source.set_scope(None)
+            self.demand.begin_all()
+
+    def note(self) -> str:
+        """A /readyz note while the HPA list cannot be read ('' when it can)."""
+        failing = [h for h in self.hpas.health() if not h.healthy]
+        if not failing:
+            return ""
+        what = "refreshing every metric" if not self.hpas.synced else "refreshing what the last HPA list referenced"
+        return f"HorizontalPodAutoscaler list/watch failing, {what} ({one_line(failing[0].error or 'no answer', 120)})"
 
 
 async def start_adapter(
@@ -100,8 +138,13 @@ async def start_adapter(
     store = MetricsStore()
     targets = dict(explicit)
     before_refresh = None
+    demand: DemandDriven | None = None
     if settings.prometheus_url:
         source = _prometheus_source(settings, catalogue)
+        if settings.demand_driven and api is not None:
+            demand = DemandDriven(Demand(catalogue, keep_warm_seconds=settings.keep_warm), HpaCache(api), source)
+            await demand.hpas.start()
+            before_refresh = demand.before_refresh
     else:
         scrape = ScrapeSource(
             explicit,
@@ -128,14 +171,17 @@ async def start_adapter(
 
             before_refresh = rediscover
     # NB: the watch cache reports per kind like a source per target: an API outage shows on /metrics.
-    selfmetrics = AdapterMetrics(lambda: [source] if cluster is None else [source, cluster])
+    reporters: list = [source, *([cluster] if cluster is not None else []), *([demand.hpas] if demand else [])]
+    selfmetrics = AdapterMetrics(lambda: reporters)
     forecasts = _forecasts(settings, catalogue, store, cluster)
-    on_refresh = selfmetrics.observe_refresh
     if forecasts is not None:
         selfmetrics.registry.register(ForecastCollector(forecasts))
 
-        def on_refresh(snapshot: Snapshot, seconds: float) -> None:
-            selfmetrics.observe_refresh(snapshot, seconds)
+    def on_refresh(snapshot: Snapshot, seconds: float) -> None:
+        if demand is not None:
+            demand.demand.completed()
+        selfmetrics.observe_refresh(snapshot, seconds)
+        if forecasts is not None:
             forecasts.observe()
 
     provider = MetricsProvider(
@@ -157,6 +203,15 @@ async def start_adapter(
         before_refresh=before_refresh,
         prepare=lambda snapshot: answers.prepare(provider, snapshot),
     )
+    middlewares: list = []
+    if demand is not None:
+        # NB: a request waits at most one refresh (whose reads are bounded by the interval) plus its build.
+        wait = 2 * settings.refresh_interval + 5
+
+        def note(metric: str, namespace: str | None) -> bool:
+            return demand.demand.note_request(metric, namespace, now=time.time())
+
+        middlewares.append(demand_middleware(note, lambda: pipeline.refresh_soon(timeout=wait)))
     max_age = catalogue.defaults.max_age
 
     def ready() -> tuple[bool, str]:
@@ -168,6 +223,7 @@ async def start_adapter(
             max_age=max_age,
             started=started,
             now=time.time(),
+            notes=[n for n in [demand.note() if demand is not None else ""] if n],
         )
 
     discovery = Discovery(
@@ -186,7 +242,7 @@ async def start_adapter(
         if settings.insecure_port is not None:
             # NB: plain HTTP is for local use: its own app, without authentication.
             plain = AdapterRunner(
-                make_app(provider, discovery, selfmetrics, ready=ready, answers=answers),
+                make_app(provider, discovery, selfmetrics, ready=ready, middlewares=middlewares, answers=answers),
                 rejections=rejections,
                 access_log=None,
             )
@@ -225,7 +281,12 @@ async def start_adapter(
             auth.serve_tls(server_tls)
             secure = AdapterRunner(
                 make_app(
-                    provider, discovery, selfmetrics, ready=ready, middlewares=[auth.middleware()], answers=answers
+                    provider,
+                    discovery,
+                    selfmetrics,
+                    ready=ready,
+                    middlewares=[auth.middleware(), *middlewares],
+                    answers=answers,
                 ),
                 rejections=rejections,
                 access_log=None,
@@ -242,6 +303,8 @@ async def start_adapter(
         if auth is not None:
             await auth.stop()
         await source.close()
+        if demand is not None:
+            await demand.hpas.stop()
         if cluster is not None:
             await cluster.stop()
         if api is not None:
@@ -258,6 +321,7 @@ async def start_adapter(
         runners,
         urls[0],
         auth=auth,
+        demand=demand,
         urls=urls,
         listening=listening,
     )
@@ -277,6 +341,7 @@ def readiness(
     max_age: float,
     started: float,
     now: float,
+    notes: Sequence[str] = (),
 ) -> tuple[bool, str]:
     """/readyz: ready, or not with what actually happened (how long, which source, why)."""
     since_start = format_duration(round(now - started))
@@ -300,7 +365,7 @@ def readiness(
             f"no source has answered for {format_duration(round(now - max(answered)))}, longer than the "
             f"max-age of {format_duration(max_age)} ({failing}{more})"
         )
-    notes = []
+    notes = list(notes)
     problems = [h for h in health if not h.healthy or h.degraded]
     if problems:
         # Ready (the last good values are still served) — but say what is wrong, before it turns stale.
@@ -373,7 +438,7 @@ def _forecasts(
     )
 
 
-def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> MetricsSource:
+def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> PrometheusSource:
     from gpuscale.metrics.aggregation import queries
     from gpuscale.sources.prometheus import PrometheusSource
 

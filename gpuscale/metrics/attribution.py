@@ -89,12 +89,13 @@ def _device(
     return Device(key, physical, owner, node_name, labels, _objects(owner, node_name, claim), claim)
 
 
-# Label pairs (pod, namespace), in the order they win.
-_POD_LABELS = (
+POD_LABELS = (
     ("exported_pod", "exported_namespace"),
     ("pod", "namespace"),
     ("pod_name", "pod_namespace"),
 )
+"""(pod label, namespace label) pairs in the order they win: the first pair whose pod label is set names the
+workload. A series with none of the pod labels belongs to its scrape target (or only to its node)."""
 _GPU_ID_LABELS = ("UUID", "uuid", "gpu_uuid")
 _HOST_LABELS = ("Hostname", "hostname")
 # dcgm-exporter's DRA attributes (KUBERNETES_ENABLE_DRA): which claim, driver, pool and device a GPU is allocated as.
@@ -139,7 +140,7 @@ def _is_dcgm(name: str, labels: Mapping[str, str]) -> bool:
 
 
 def _labelled_pod(labels: Mapping[str, str]) -> ObjectRef | None:
-    for pod_key, ns_key in _POD_LABELS:
+    for pod_key, ns_key in POD_LABELS:
         name = labels.get(pod_key)
         if name:
             ns = labels.get(ns_key)
@@ -150,7 +151,7 @@ def _labelled_pod(labels: Mapping[str, str]) -> ObjectRef | None:
 # Every label ``attribute`` reads to place a DCGM series; the rest only become ``Device.labels``.
 _DCGM_PLACEMENT_LABELS = (
     *_HOST_LABELS,
-    *(key for pair in _POD_LABELS for key in pair),
+    *(key for pair in POD_LABELS for key in pair),
     *_GPU_ID_LABELS,
     "gpu",
     "GPU_I_ID",

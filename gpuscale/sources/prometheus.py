@@ -101,6 +101,7 @@ import json
 import logging
 import math
 import os
+import re
 import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -112,6 +113,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from gpuscale.errors import ConfigError, SourceUnavailable, one_line
+from gpuscale.metrics.attribution import POD_LABELS
 from gpuscale.metrics.exposition import is_dcgm_blank
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
@@ -124,6 +126,7 @@ __all__ = [
     "PlannedQuery",
     "PrometheusSource",
     "duration",
+    "namespace_matchers",
     "plan",
     "read_answer",
 ]
@@ -172,12 +175,36 @@ def _quote(value: str) -> str:
     return f'"{escaped}"'
 
 
-def _selector(name: str, match: Iterable[tuple[str, str]]) -> str:
-    matchers = ",".join(f"{k}={_quote(v)}" for k, v in match)
+def _selector(name: str, match: Iterable[tuple[str, str]], extra: Iterable[str] = ()) -> str:
+    matchers = ",".join([*(f"{k}={_quote(v)}" for k, v in match), *extra])
     return f"{name}{{{matchers}}}" if matchers else name
 
 
-def plan(query: TermQuery, *, fresh_within: float | None = None) -> tuple[PlannedQuery, ...]:
+def namespace_matchers(namespaces: Iterable[str]) -> list[tuple[str, ...]]:
+    """Label matchers that keep a series when its workload is in one of ``namespaces``, one alternative each.
+
+    A series' workload is named by the first (pod, namespace) label pair whose pod label is set, in the order
+    attribution reads them (``attribution.POD_LABELS``: ``exported_pod`` wins over ``pod`` …), so each
+    alternative requires the earlier pod labels empty. A series with no pod label at all (Triton scraped
+    without target labels, a router's series) is attributed through its scrape target, which PromQL cannot
+    see: it is always kept.
+    """
+    names = sorted(set(namespaces))
+    # NB: Kubernetes names are DNS labels; anything else is escaped, so a name only ever matches itself.
+    pattern = "|".join(re.sub(r"[^A-Za-z0-9_-]", lambda m: "\\" + m.group(), n) for n in names)
+    wanted = f"=~{_quote(pattern)}" if len(names) > 1 else f"={_quote(names[0])}"
+    out: list[tuple[str, ...]] = []
+    empty: list[str] = []
+    for pod_label, namespace_label in POD_LABELS:
+        out.append((*empty, f'{pod_label}!=""', f"{namespace_label}{wanted}"))
+        empty.append(f'{pod_label}=""')
+    out.append(tuple(empty))
+    return out
+
+
+def plan(
+    query: TermQuery, *, fresh_within: float | None = None, namespaces: frozenset[str] | None = None
+) -> tuple[PlannedQuery, ...]:
     """The PromQL for one term: one query per series it names (module docstring), or its override.
 
     ``fresh_within`` (seconds) drops series whose newest sample is older than that. An instant query's answer
@@ -185,6 +212,10 @@ def plan(query: TermQuery, *, fresh_within: float | None = None) -> tuple[Planne
     Prometheus (or one whose exporter died before a staleness marker) answers old samples as if they were
     taken now. ``X unless time() - timestamp(X) > N`` keeps the answer's size and lets the server judge each
     series' age (set operators match on the labels without ``__name__``). Overrides are sent as written.
+
+    ``namespaces`` (demand-driven refresh, metrics/refresh_scope.py) keeps only the series of workloads in those
+    namespaces: the selector becomes one alternative per ``namespace_matchers`` entry, joined with ``or``
+    (disjoint by construction). None reads every series; overrides are always read whole.
     """
     window = None if query.input == "gauge" else query.window_seconds
     if query.promql is not None:
@@ -192,12 +223,17 @@ def plan(query: TermQuery, *, fresh_within: float | None = None) -> tuple[Planne
         return (PlannedQuery(text, query.series[0], query.input, window, query.match),)
     planned = []
     histogram = query.input == "histogram_quantile"
+    alternatives: list[tuple[str, ...]] = [()] if namespaces is None else namespace_matchers(namespaces)
     for name in query.series:
-        selector = _selector(f"{name}{BUCKET_SUFFIX}" if histogram else name, query.match)
         function = "rate" if histogram else query.input
-        text = selector if window is None else f"{function}({selector}[{duration(window)}])"
-        if fresh_within is not None:
-            text = f"{text} unless time() - timestamp({selector}) > {fresh_within:g}"
+        texts = []
+        for extra in alternatives:
+            selector = _selector(f"{name}{BUCKET_SUFFIX}" if histogram else name, query.match, extra)
+            one = selector if window is None else f"{function}({selector}[{duration(window)}])"
+            if fresh_within is not None:
+                one = f"{one} unless time() - timestamp({selector}) > {fresh_within:g}"
+            texts.append(one)
+        text = texts[0] if len(texts) == 1 else " or ".join(f"({t})" for t in texts)
         if histogram:
             # NB: per series (every label but le), as metrics/histograms.py computes it for the scrape source.
             text = f"histogram_quantile({query.quantile!r}, {text})"
@@ -520,8 +556,10 @@ class PrometheusSource:
         self._own_session = session is None
         self._clock = clock
         self._fresh_within = fresh_within_seconds
+        self._queries = list(queries)
+        self._scope: dict[TermQuery, frozenset[str] | None] | None = None
         self._plans: dict[TermQuery, tuple[PlannedQuery, ...]] = {
-            q: plan(q, fresh_within=fresh_within_seconds) for q in queries
+            q: plan(q, fresh_within=fresh_within_seconds) for q in self._queries
         }
         # NB: terms that plan to the same query (one gauge read over two windows) send it once.
         self._kept: dict[PlannedQuery, list[SeriesValue]] = {p: [] for ps in self._plans.values() for p in ps}
@@ -536,6 +574,12 @@ class PrometheusSource:
     def promql(self) -> list[str]:
         """Every PromQL query one refresh sends, in order (for logs, docs and tests)."""
         return [p.promql for p in self._kept]
+
+    def set_scope(self, scope: Mapping[TermQuery, frozenset[str] | None] | None) -> None:
+        """What the next refreshes fetch (demand-driven refresh, metrics/refresh_scope.py): each term with the
+        namespaces to read it in (None: every namespace); terms left out are not queried and read as empty.
+        ``None`` (the default) queries every term the source was built for, unfiltered."""
+        self._scope = None if scope is None else dict(scope)
 
     async def close(self) -> None:
         if self._own_session and self._session is not None:
@@ -555,7 +599,12 @@ class PrometheusSource:
         # NB: equal label sets share one dict within a refresh; the index itself is dropped when the refresh
         # ends (its ~50,000 key tuples at 10,000 GPUs would otherwise stay for the garbage collector to walk).
         label_sets = LabelSets()
-        planned = list(self._kept)
+        plans = self._plans_for(self._scope)
+        # NB: terms that plan to the same query (one gauge read over two windows) send it once.
+        planned = list(dict.fromkeys(p for ps in plans.values() for p in ps))
+        # A query the last refresh also sent keeps its values until answered; a new one starts empty.
+        self._kept = {p: self._kept.get(p, []) for p in planned}
+        self._plans = plans
         try:
             headers, ssl_context = self._request_options()
         except _FileError as e:
@@ -589,6 +638,15 @@ class PrometheusSource:
             else:
                 self._kept[p] = answer.values
         self._record(started, failed, partial, kind=kinds.pop() if len(kinds) == 1 else "failed")
+
+    def _plans_for(
+        self, scope: Mapping[TermQuery, frozenset[str] | None] | None
+    ) -> dict[TermQuery, tuple[PlannedQuery, ...]]:
+        if scope is None:
+            terms: Iterable[tuple[TermQuery, frozenset[str] | None]] = ((q, None) for q in self._queries)
+        else:
+            terms = scope.items()
+        return {q: plan(q, fresh_within=self._fresh_within, namespaces=ns) for q, ns in terms}
 
     def _request_options(self) -> tuple[dict[str, str], ssl.SSLContext | bool]:
         token = self._token.current()
@@ -728,7 +786,7 @@ class PrometheusSource:
     def read(self, query: TermQuery) -> list[SeriesValue]:
         """Values of ``query`` from the last answers (a term the source was not built for has none)."""
         out: list[SeriesValue] = []
-        for p in self._plans.get(query) or plan(query, fresh_within=self._fresh_within):
+        for p in self._plans.get(query, ()):
             out.extend(self._kept.get(p, ()))
         return out
 

@@ -782,3 +782,46 @@ async def test_answers_are_decoded_off_the_event_loop_one_at_a_time(prom, monkey
     assert stalled_meanwhile and most[0] == 1
     assert [(v.name, v.value) for v in source.read(FB)] == [("DCGM_FI_DEV_FB_USED", 1024), ("DCGM_FI_DEV_FB_FREE", 8e4)]
     await source.close()
+
+
+# --- demand-driven refresh: a scope per term -------------------------------------------------------------------
+
+
+def test_a_namespace_scope_filters_on_the_workload_labels_in_attribution_order():
+    """One alternative per (pod, namespace) label pair, earlier pod labels empty, plus the series with no pod
+    label (attributed through their scrape target, which PromQL cannot see); joined with ``or``."""
+    (planned,) = plan(GAUGE, namespaces=frozenset({"ml"}))
+    assert planned.promql == (
+        '(DCGM_FI_DEV_GPU_UTIL{exported_pod!="",exported_namespace="ml"}) or '
+        '(DCGM_FI_DEV_GPU_UTIL{exported_pod="",pod!="",namespace="ml"}) or '
+        '(DCGM_FI_DEV_GPU_UTIL{exported_pod="",pod="",pod_name!="",pod_namespace="ml"}) or '
+        '(DCGM_FI_DEV_GPU_UTIL{exported_pod="",pod="",pod_name=""})'
+    )
+    (rate,) = plan(RATE, namespaces=frozenset({"b", "a.x"}), fresh_within=60)
+    first = rate.promql.split(" or ")[0]
+    assert first == (
+        '(rate(nv_inference_request_success{exported_pod!="",exported_namespace=~"a\\\\.x|b"}[60s]) unless '
+        'time() - timestamp(nv_inference_request_success{exported_pod!="",exported_namespace=~"a\\\\.x|b"}) > 60)'
+    )
+    override = TermQuery(series=("x",), input="rate", window_seconds=30, promql="sum by (pod) (rate(x[{window}]))")
+    assert [p.promql for p in plan(override, namespaces=frozenset({"ml"}))] == ["sum by (pod) (rate(x[30s]))"]
+
+
+async def test_a_scope_queries_only_its_terms_and_reads_the_rest_as_empty(prom):
+    prom.answers["DCGM_FI_DEV_GPU_UTIL"] = [(dcgm("0", pod="p", namespace="ml"), "50")]
+    prom.answers["rate(nv_inference_request_success[60s])"] = [({"pod": "t", "namespace": "ml"}, "3")]
+    source = source_for(prom.url, GAUGE, RATE)
+    await source.refresh(now=T0)
+    assert len(source.read(GAUGE)) == len(source.read(RATE)) == 1
+    source.set_scope({RATE: None})
+    await source.refresh(now=T0)
+    assert prom.queries()[-1:] == ["rate(nv_inference_request_success[60s])"]
+    assert source.read(GAUGE) == [] and len(source.read(RATE)) == 1
+    assert source.promql == ["rate(nv_inference_request_success[60s])"]
+    source.set_scope({})
+    await source.refresh(now=T0)
+    assert len(prom.seen) == 3 and source.read(RATE) == [] and source.health()[0].healthy
+    source.set_scope(None)  # everything again
+    await source.refresh(now=T0)
+    assert sorted(prom.queries()[3:]) == ["DCGM_FI_DEV_GPU_UTIL", "rate(nv_inference_request_success[60s])"]
+    await source.close()

@@ -1,0 +1,170 @@
+"""Demand-driven refresh on the real control plane with a real Prometheus: cost follows the HPAs.
+
+``gpuscale adapter --prometheus-url`` (in this process, so its refresh can be watched) reads a real Prometheus
+that scrapes a small dcgm-exporter page: GPUs of pods in two namespaces, ``demand-hot`` and ``demand-cold``, one
+with its workload in ``exported_pod`` (a ServiceMonitor without honorLabels), and an idle GPU with no pod label.
+An autoscaling/v2 HPA created through kube-apiserver names ``gpu_utilization`` in ``demand-hot``: from then on
+every refresh fetches that metric for that namespace — and Prometheus, filtering on the workload labels, sends
+no series of ``demand-cold``. ``gpu_sm_active`` in ``demand-cold``, which no HPA names, is fetched on its first
+request and answered by it. Discovery lists every catalogue metric throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import threading
+import time
+
+import aiohttp
+import pytest
+
+from gpuscale.cli.adapter import start_adapter, wait_ready
+from gpuscale.metrics.aggregation import term_query
+from gpuscale.model import POD, ObjectRef
+from gpuscale.settings import AdapterSettings
+from tests.cluster.controlplane import free_port
+from tests.e2e.backends import Backends, static_job
+
+pytestmark = pytest.mark.e2e
+
+HOT, COLD = "demand-hot", "demand-cold"
+C2 = "/apis/custom.metrics.k8s.io/v1beta2"
+
+
+def _page() -> bytes:
+    gpus = [
+        ('gpu="0",UUID="GPU-h0",Hostname="n1",namespace="demand-hot",pod="hot-0"', 61, 0.41),
+        ('gpu="1",UUID="GPU-h1",Hostname="n1",exported_namespace="demand-hot",exported_pod="hot-1",'
+         'namespace="gpu-operator",pod="dcgm-exporter-x"', 63, 0.43),
+        ('gpu="2",UUID="GPU-c0",Hostname="n1",namespace="demand-cold",pod="cold-0"', 17, 0.25),
+        ('gpu="3",UUID="GPU-idle",Hostname="n1"', 0, 0.0),
+    ]  # fmt: skip
+    lines = ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge", "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge"]
+    for labels, util, sm in gpus:
+        lines += [f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {util}", f"DCGM_FI_PROF_SM_ACTIVE{{{labels}}} {sm}"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+class Exporter:
+    def __init__(self) -> None:
+        page = _page()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.target = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def _hpa(namespace: str, metric: str) -> dict:
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "by-gpu", "namespace": namespace},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm"},
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "metrics": [
+                {"type": "Pods", "pods": {"metric": {"name": metric}, "target": {"type": "AverageValue", "averageValue": "50"}}}
+            ],
+        },
+    }  # fmt: skip
+
+
+async def _until(check, *, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        await asyncio.sleep(0.1)
+    return result
+
+
+async def test_an_hpa_makes_its_metric_refreshed_and_an_unreferenced_one_is_served_on_first_request(
+    control_plane, tmp_path, catalogue
+):
+    rest = control_plane.rest()
+    for namespace, pods in ((HOT, ("hot-0", "hot-1")), (COLD, ("cold-0",))):
+        rest.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        for name in pods:
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace,
+                   "labels": {"app": "llm"}}, "spec": {"containers": [{"name": "main", "image": "llm:1"}]}}  # fmt: skip
+            rest.post(f"/api/v1/namespaces/{namespace}/pods", pod).expect(201, 409)
+    exporter = Exporter()
+    async with Backends(tmp_path) as backends:
+        prometheus = await backends.prometheus([static_job("dcgm", [exporter.target])])
+        await prometheus.wait_ready(targets=1, series="DCGM_FI_DEV_GPU_UTIL")
+        settings = AdapterSettings(
+            prometheus_url=prometheus.url,
+            kubeconfig=str(control_plane.admin),
+            insecure_port=0,
+            refresh_interval=1.0,
+            keep_warm=300.0,
+            log_level="warning",
+        )
+        adapter = await start_adapter(settings)
+        try:
+            await wait_ready(adapter)
+            assert adapter.demand is not None
+            demand, source, pipeline = adapter.demand.demand, adapter.demand.source, adapter.pipeline
+            await _until(lambda: adapter.demand.hpas.synced, timeout=30, what="the HPA list")
+            util = catalogue.get("gpu_utilization")
+            util_query = term_query(util.terms[0], window_seconds=catalogue.window(util))
+
+            # No HPA yet: once a refresh has run with the HPA list, nothing is fetched.
+            start = pipeline.refreshes
+            await _until(lambda: pipeline.refreshes >= start + 2, timeout=20, what="two refreshes")
+            assert demand.fetched == frozenset() and source.promql == []
+
+            rest.post(f"/apis/autoscaling/v2/namespaces/{HOT}/horizontalpodautoscalers", _hpa(HOT, "gpu_utilization")).expect(201)  # fmt: skip
+            await _until(
+                lambda: ("gpu_utilization", HOT) in demand.fetched, timeout=20, what="the HPA's metric fetched"
+            )
+            # Refreshed at the full rate: every following refresh fetches it again, with no request asking.
+            taken = []
+            for _ in range(3):
+                before = pipeline.refreshes
+                await _until(lambda b=before: pipeline.refreshes > b, timeout=10, what="the next refresh")
+                assert ("gpu_utilization", HOT) in demand.fetched
+                taken.append(adapter.store.snapshot.taken_at)
+            assert taken == sorted(taken) and len(set(taken)) == 3
+            # Prometheus filtered on the workload labels: the hot pods' GPUs (one of them through exported_pod)
+            # and the idle GPU without a pod label; none of demand-cold's.
+            workloads = {
+                (v.labels.get("exported_pod") or v.labels.get("pod"), v.labels.get("Hostname"))
+                for v in source.read(util_query)
+            }
+            assert workloads == {("hot-0", "n1"), ("hot-1", "n1"), (None, "n1")}
+            assert all(HOT in q for q in source.promql) and len(source.promql) == len(util.terms[0].series)
+            assert adapter.store.point("gpu_utilization", ObjectRef(POD, "hot-0", HOT)).value == 61
+            assert adapter.store.point("gpu_utilization", ObjectRef(POD, "cold-0", COLD)) is None
+
+            # gpu_sm_active in demand-cold: no HPA names it, so it is not fetched — until it is asked for.
+            cold = ObjectRef(POD, "cold-0", COLD)
+            assert not demand.covers("gpu_sm_active", COLD) and adapter.store.point("gpu_sm_active", cold) is None
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{adapter.url}{C2}/namespaces/{COLD}/pods/cold-0/gpu_sm_active") as answer:
+                    assert answer.status == 200, await answer.text()
+                    (item,) = (await answer.json())["items"]
+                assert item["describedObject"]["name"] == "cold-0" and item["value"] in ("25", "25000m")
+                assert demand.covers("gpu_sm_active", COLD)
+                assert ("gpu_sm_active", COLD) in demand.wanted(now=time.time())  # kept warm from now on
+                # Discovery lists every catalogue metric, fetched or not.
+                async with http.get(f"{adapter.url}{C2}") as answer:
+                    listed = {r["name"].split("/", 1)[1] for r in (await answer.json())["resources"]}
+                assert listed >= {m.name for m in catalogue if m.resources} and "gpu_memory_used_bytes" in listed
+        finally:
+            await adapter.stop()
+            exporter.server.shutdown()
+            rest.delete(f"/apis/autoscaling/v2/namespaces/{HOT}/horizontalpodautoscalers/by-gpu")
+            for namespace in (HOT, COLD):
+                rest.delete(f"/api/v1/namespaces/{namespace}")
