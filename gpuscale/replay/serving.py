@@ -265,6 +265,8 @@ class ServingModel:
     def _run(self, r: Replica, now: float) -> None:
         p, req = self.profile, self.requests
         budget = self.step_s
+        if not r.waiting and not r.prefilling and r.n_decoding and self._decode_whole_step(r, budget):
+            return
         busy = sm = 0.0
         self._admit(r, now)
         while budget > 1e-12 and (r.prefilling or r.n_decoding):
@@ -322,6 +324,24 @@ class ServingModel:
         r.busy_s.append((busy, sm, sm * p.tensor_per_sm))
         if len(r.busy_s) > self._samples_kept:
             r.busy_s.popleft()
+
+    def _decode_whole_step(self, r: Replica, step_s: float) -> bool:
+        """The commonest step of a busy replica: nothing to admit, nothing to prefill, and no sequence
+        finishing within the step — the loop of ``_run`` would do exactly this one decode stretch. False
+        (nothing done) when a sequence finishes within the step."""
+        p = self.profile
+        iteration_s = p.decode_iteration_s + p.decode_s_per_kv_token * (r.kv_base + r.n_decoding * r.iterations)
+        possible = step_s / iteration_s if iteration_s > 0 else np.inf
+        if r.iterations + possible >= r.decoding[0][0]:
+            return False
+        fill = min(1.0, r.n_decoding / p.max_batch)
+        activity = p.sm_active_idle_batch + (p.sm_active_full_batch - p.sm_active_idle_batch) * fill
+        r.iterations += possible
+        sm = 0.0 + step_s * activity  # NB: the same float operations as the loop's, so the same bytes out
+        r.busy_s.append((0.0 + step_s, sm, sm * p.tensor_per_sm))
+        if len(r.busy_s) > self._samples_kept:
+            r.busy_s.popleft()
+        return True
 
     def gpu_activity(self, r: Replica) -> tuple[float, float, float]:
         """(GPU util %, SM active %, tensor active %) over the last second, as DCGM samples them."""
