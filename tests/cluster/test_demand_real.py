@@ -20,9 +20,10 @@ import aiohttp
 import pytest
 
 from gpuscale.cli.adapter import start_adapter, wait_ready
-from gpuscale.metrics.aggregation import term_query
+from gpuscale.metrics.aggregation import queries, term_query
 from gpuscale.model import POD, ObjectRef
 from gpuscale.settings import AdapterSettings
+from gpuscale.sources.prometheus import PrometheusSource
 from tests.cluster.controlplane import free_port
 from tests.e2e.backends import Backends, static_job
 
@@ -168,3 +169,61 @@ async def test_an_hpa_makes_its_metric_refreshed_and_an_unreferenced_one_is_serv
             rest.delete(f"/apis/autoscaling/v2/namespaces/{HOT}/horizontalpodautoscalers/by-gpu")
             for namespace in (HOT, COLD):
                 rest.delete(f"/api/v1/namespaces/{namespace}")
+
+
+async def test_without_rights_on_hpas_every_metric_is_refreshed_and_readyz_says_why(control_plane, tmp_path, catalogue):
+    """An adapter whose RBAC predates demand-driven refresh (no list/watch on HPAs) refreshes every metric,
+    as it did, and /readyz names the refused watch."""
+    rest = control_plane.rest()
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "demand-no-hpas"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods", "nodes", "namespaces"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"], "verbs": ["get", "list", "watch"]},
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "demand-no-hpas"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "demand-no-hpas"},
+        "subjects": [{"kind": "User", "name": "demand-no-hpas", "apiGroup": "rbac.authorization.k8s.io"}],
+    }
+    rest.post("/apis/rbac.authorization.k8s.io/v1/clusterroles", role).expect(201, 409)
+    rest.post("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding).expect(201, 409)
+    exporter = Exporter()
+    async with Backends(tmp_path) as backends:
+        prometheus = await backends.prometheus([static_job("dcgm", [exporter.target])])
+        await prometheus.wait_ready(targets=1, series="DCGM_FI_DEV_GPU_UTIL")
+        settings = AdapterSettings(
+            prometheus_url=prometheus.url,
+            kubeconfig=str(control_plane.kubeconfig_for("demand-no-hpas")),
+            insecure_port=0,
+            refresh_interval=1.0,
+            log_level="error",
+        )
+        adapter = await start_adapter(settings)
+        try:
+            await wait_ready(adapter)
+            assert adapter.demand is not None
+            hpas = adapter.demand.hpas
+            await _until(lambda: hpas.last_errors, timeout=20, what="the refusal")
+            before = adapter.pipeline.refreshes
+            await _until(lambda: adapter.pipeline.refreshes > before, timeout=10, what="a refresh after it")
+            assert not hpas.synced and "forbidden" in next(iter(hpas.last_errors.values())).lower()
+            # Every catalogue query, unfiltered: what the adapter did before demand-driven refresh.
+            every = PrometheusSource(prometheus.url, queries=queries(catalogue)).promql
+            sent = adapter.demand.source.promql
+            assert len(sent) == len(every) and not any("namespace" in q for q in sent)
+            assert adapter.demand.demand.covers("gpu_utilization", COLD)
+            async with aiohttp.ClientSession() as http, http.get(f"{adapter.url}/readyz") as answer:
+                text = await answer.text()
+            assert answer.status == 200, text
+            assert "HorizontalPodAutoscaler list/watch failing, refreshing every metric" in text, text
+        finally:
+            await adapter.stop()
+            exporter.server.shutdown()
+            rest.delete("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/demand-no-hpas")
+            rest.delete("/apis/rbac.authorization.k8s.io/v1/clusterroles/demand-no-hpas")
