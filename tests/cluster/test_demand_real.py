@@ -12,6 +12,7 @@ request and answered by it. Discovery lists every catalogue metric throughout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import threading
 import time
@@ -82,6 +83,33 @@ def _hpa(namespace: str, metric: str) -> dict:
     }  # fmt: skip
 
 
+@contextlib.asynccontextmanager
+async def adapter_over_prometheus(tmp_path, kubeconfig: str, **settings: object):
+    """The adapter (in this process, ready) reading a real Prometheus that scrapes the Exporter page."""
+    exporter = Exporter()
+    try:
+        async with Backends(tmp_path) as backends:
+            prometheus = await backends.prometheus([static_job("dcgm", [exporter.target])])
+            await prometheus.wait_ready(targets=1, series="DCGM_FI_DEV_GPU_UTIL")
+            adapter = await start_adapter(
+                AdapterSettings(
+                    prometheus_url=prometheus.url,
+                    kubeconfig=kubeconfig,
+                    insecure_port=0,
+                    refresh_interval=1.0,
+                    **settings,
+                )
+            )
+            try:
+                await wait_ready(adapter)
+                assert adapter.demand is not None
+                yield adapter
+            finally:
+                await adapter.stop()
+    finally:
+        exporter.server.shutdown()
+
+
 async def _until(check, *, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while not (result := check()):
@@ -100,22 +128,10 @@ async def test_an_hpa_makes_its_metric_refreshed_and_an_unreferenced_one_is_serv
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace,
                    "labels": {"app": "llm"}}, "spec": {"containers": [{"name": "main", "image": "llm:1"}]}}  # fmt: skip
             rest.post(f"/api/v1/namespaces/{namespace}/pods", pod).expect(201, 409)
-    exporter = Exporter()
-    async with Backends(tmp_path) as backends:
-        prometheus = await backends.prometheus([static_job("dcgm", [exporter.target])])
-        await prometheus.wait_ready(targets=1, series="DCGM_FI_DEV_GPU_UTIL")
-        settings = AdapterSettings(
-            prometheus_url=prometheus.url,
-            kubeconfig=str(control_plane.admin),
-            insecure_port=0,
-            refresh_interval=1.0,
-            keep_warm=300.0,
-            log_level="warning",
-        )
-        adapter = await start_adapter(settings)
-        try:
-            await wait_ready(adapter)
-            assert adapter.demand is not None
+    try:
+        async with adapter_over_prometheus(
+            tmp_path, str(control_plane.admin), keep_warm=300.0, log_level="warning"
+        ) as adapter:
             demand, source, pipeline = adapter.demand.demand, adapter.demand.source, adapter.pipeline
             await _until(lambda: adapter.demand.hpas.synced, timeout=30, what="the HPA list")
             util = catalogue.get("gpu_utilization")
@@ -163,12 +179,10 @@ async def test_an_hpa_makes_its_metric_refreshed_and_an_unreferenced_one_is_serv
                 async with http.get(f"{adapter.url}{C2}") as answer:
                     listed = {r["name"].split("/", 1)[1] for r in (await answer.json())["resources"]}
                 assert listed >= {m.name for m in catalogue if m.resources} and "gpu_memory_used_bytes" in listed
-        finally:
-            await adapter.stop()
-            exporter.server.shutdown()
-            rest.delete(f"/apis/autoscaling/v2/namespaces/{HOT}/horizontalpodautoscalers/by-gpu")
-            for namespace in (HOT, COLD):
-                rest.delete(f"/api/v1/namespaces/{namespace}")
+    finally:
+        rest.delete(f"/apis/autoscaling/v2/namespaces/{HOT}/horizontalpodautoscalers/by-gpu")
+        for namespace in (HOT, COLD):
+            rest.delete(f"/api/v1/namespaces/{namespace}")
 
 
 async def test_without_rights_on_hpas_every_metric_is_refreshed_and_readyz_says_why(control_plane, tmp_path, catalogue):
@@ -193,28 +207,17 @@ async def test_without_rights_on_hpas_every_metric_is_refreshed_and_readyz_says_
     }
     rest.post("/apis/rbac.authorization.k8s.io/v1/clusterroles", role).expect(201, 409)
     rest.post("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding).expect(201, 409)
-    exporter = Exporter()
-    async with Backends(tmp_path) as backends:
-        prometheus = await backends.prometheus([static_job("dcgm", [exporter.target])])
-        await prometheus.wait_ready(targets=1, series="DCGM_FI_DEV_GPU_UTIL")
-        settings = AdapterSettings(
-            prometheus_url=prometheus.url,
-            kubeconfig=str(control_plane.kubeconfig_for("demand-no-hpas")),
-            insecure_port=0,
-            refresh_interval=1.0,
-            log_level="error",
-        )
-        adapter = await start_adapter(settings)
-        try:
-            await wait_ready(adapter)
-            assert adapter.demand is not None
+    try:
+        async with adapter_over_prometheus(
+            tmp_path, str(control_plane.kubeconfig_for("demand-no-hpas")), log_level="error"
+        ) as adapter:
             hpas = adapter.demand.hpas
             await _until(lambda: hpas.last_errors, timeout=20, what="the refusal")
             before = adapter.pipeline.refreshes
             await _until(lambda: adapter.pipeline.refreshes > before, timeout=10, what="a refresh after it")
             assert not hpas.synced and "forbidden" in next(iter(hpas.last_errors.values())).lower()
             # Every catalogue query, unfiltered: what the adapter did before demand-driven refresh.
-            every = PrometheusSource(prometheus.url, queries=queries(catalogue)).promql
+            every = PrometheusSource("http://prometheus:9090", queries=queries(catalogue)).promql
             sent = adapter.demand.source.promql
             assert len(sent) == len(every) and not any("namespace" in q for q in sent)
             assert adapter.demand.demand.covers("gpu_utilization", COLD)
@@ -222,8 +225,6 @@ async def test_without_rights_on_hpas_every_metric_is_refreshed_and_readyz_says_
                 text = await answer.text()
             assert answer.status == 200, text
             assert "HorizontalPodAutoscaler list/watch failing, refreshing every metric" in text, text
-        finally:
-            await adapter.stop()
-            exporter.server.shutdown()
-            rest.delete("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/demand-no-hpas")
-            rest.delete("/apis/rbac.authorization.k8s.io/v1/clusterroles/demand-no-hpas")
+    finally:
+        rest.delete("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/demand-no-hpas")
+        rest.delete("/apis/rbac.authorization.k8s.io/v1/clusterroles/demand-no-hpas")
