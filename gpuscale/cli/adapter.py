@@ -209,6 +209,9 @@ async def start_adapter(
         wait = 2 * settings.refresh_interval + 5
 
         def note(metric: str, namespace: str | None) -> bool:
+            known = cluster is None or not cluster.synced or namespace is None or namespace in cluster.namespaces()
+            if not known:
+                return True  # NB: the provider answers 404; a namespace that does not exist never joins a query
             return demand.demand.note_request(metric, namespace, now=time.time())
 
         middlewares.append(demand_middleware(note, lambda: pipeline.refresh_soon(timeout=wait)))

@@ -175,6 +175,10 @@ async def test_an_hpa_makes_its_metric_refreshed_and_an_unreferenced_one_is_serv
                 assert item["describedObject"]["name"] == "cold-0" and item["value"] in ("25", "25000m")
                 assert demand.covers("gpu_sm_active", COLD)
                 assert ("gpu_sm_active", COLD) in demand.wanted(now=time.time())  # kept warm from now on
+                # A namespace that does not exist is answered 404 at once and never joins a query.
+                async with http.get(f"{adapter.url}{C2}/namespaces/no-such-ns/pods/*/gpu_sm_active") as answer:
+                    assert answer.status == 404
+                assert not any(ns == "no-such-ns" for _, ns in demand.wanted(now=time.time()))
                 # Discovery lists every catalogue metric, fetched or not.
                 async with http.get(f"{adapter.url}{C2}") as answer:
                     listed = {r["name"].split("/", 1)[1] for r in (await answer.json())["resources"]}
