@@ -5,12 +5,13 @@ For each trace this script writes (in a temporary directory):
     LLM traces (Azure code and conv, Mooncake) get one per request from its tokens — 0.1 s + 50 µs per prompt
     token + 25 ms per generated token (a decode step shared in a batch) — and a replica serves 8 at once;
     the synthetic diurnal days are Poisson arrivals from benchmarks/diurnal.py with lognormal service times;
-  * the forecast the adapter would have served, walking forward through the trace: every 5 s refresh the rate
-    over the last 60 s into gpuscale/metrics/demand.py (the adapter's model and settings; the horizon the median
-    start-up, as the adapter measures it):
+  * the forecast the adapter would have served, walking forward through the trace (gpuscale/replay/forecast.py:
+    every 5 s refresh the rate over the last 60 s into the adapter's demand book, model and settings; the
+    horizon the median start-up, as the adapter measures it):
     ``forecast_desired_replicas`` = p90 ÷ capacity per replica, capacity = 75 % of concurrency ÷ mean
     service time; only the steps where the forecast exists (absent during the first 10 minutes);
-  * reactive HPAs on the Pods queue depth (targets 1, 2, 4 per pod) and on the Pods request rate (AverageValue =
+  * reactive HPAs on the Pods queue depth (targets 1, 2, 4 per pod; 1 and 2 also with a slow scale-down, one pod
+    per 2 minutes; 2 also with scale-ups limited to doubling per minute) and on the Pods request rate (AverageValue =
     the capacity per replica: the forecast's arithmetic on the rate now) and, for the best of them, the same HPA
     plus the External forecast metric (AverageValue 1) — the recommended two-metric form;
 then runs `gpuscale simulate --trace … --hpa … --external forecast_desired_replicas=@… --startup DIST --output
@@ -37,15 +38,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import diurnal
 
-from gpuscale.metrics.demand import DemandBook, DemandSettings
 from gpuscale.replay.distributions import parse_distribution
+from gpuscale.replay.forecast import series_csv, served_forecast
 from gpuscale.replay.traces import Trace, read_trace
 
 ROOT = Path(__file__).parents[1]
 TRACES = ROOT / "tests" / "fixtures" / "traces"
 ORIGIN = 1_764_806_400.0  # the written traces' clock: 2025-12-04T00:00:00Z
 STEP_S = 15.0
-REFRESH_S = 5.0
 CONCURRENCY = 8
 UTILISATION = 0.75
 LLM_STARTUP = "lognormal:p50=90s,p95=180s"  # a large model's load: minutes at the tail
@@ -77,25 +77,6 @@ def cases(days: float) -> dict[str, tuple[np.ndarray, np.ndarray, str, float]]:
     return out
 
 
-def forecast_csv(arrival_s: np.ndarray, *, horizon_s: float, capacity: float) -> str:
-    """The adapter's forecast_desired_replicas at each 5 s refresh, on the trace's clock (CSV text).
-
-    As the adapter reads it: at each refresh the rate over the last 60 s (the catalogue's window for
-    inference_requests_per_second), into the DemandBook. NB: arrivals stand in for finished requests, which is
-    what the adapter reads; the two differ while replicas are saturated."""
-    book = DemandBook(DemandSettings(step_s=STEP_S))
-    rows = ["timestamp,value"]
-    window = 60.0
-    for t in np.arange(REFRESH_S, float(arrival_s[-1]) + REFRESH_S, REFRESH_S):
-        seen = np.searchsorted(arrival_s, [t - window, t], side="right")
-        rate = float(seen[1] - seen[0]) / min(window, t)
-        book.observe(t, {"w": rate}, {"w": horizon_s}, {"w": capacity})
-        f = book.forecast("w")
-        if f is not None and f.desired_replicas is not None:
-            rows.append(f"{ORIGIN + t:.3f},{f.desired_replicas:.4f}")
-    return "\n".join(rows) + "\n"
-
-
 def reactive_metrics(capacity: float) -> dict[str, str]:
     """The reactive candidates: HPA name → its metrics (YAML list items)."""
     out = {
@@ -106,6 +87,9 @@ def reactive_metrics(capacity: float) -> dict[str, str]:
         target: {{type: AverageValue, averageValue: "{target}"}}"""
         for target in QUEUE_TARGETS
     }
+    out["queue-1-slow"] = out["queue-1"]
+    out["queue-2-slow"] = out["queue-2"]
+    out["queue-2-damped"] = out["queue-2"]
     # the forecast's own arithmetic on the rate now: requests/s per pod at the capacity per replica
     out["rate"] = f"""
     - type: Pods
@@ -122,7 +106,20 @@ FORECAST_METRIC = """
         target: {type: AverageValue, averageValue: "1"}"""
 
 
+# NB: a queue metric with a long start-up overshoots (the queue keeps growing until the first new replica is
+# ready, and every sync asks for more); limiting scale-ups to doubling per minute is the usual tuning for it.
+DAMPED = """
+    scaleUp:
+      policies: [{type: Percent, value: 100, periodSeconds: 60}]"""
+# NB: a queue-only HPA scales to minReplicas once its replicas drain the queue (the queue reads 0), then starts
+# over a start-up late; removing one pod per 2 minutes is the usual tuning for it (deploy/examples/llm-hpa.yaml).
+SLOW_DOWN = """
+      policies: [{type: Pods, value: 1, periodSeconds: 120}]"""
+
+
 def hpa(name: str, metrics: str) -> str:
+    behavior = DAMPED if "damped" in name else ""
+    slow = SLOW_DOWN if "slow" in name else ""
     return f"""apiVersion: autoscaling/v2
 kind: HorizontalPodAutoscaler
 metadata: {{name: {name}}}
@@ -132,7 +129,8 @@ spec:
   maxReplicas: 40
   metrics:{metrics}
   behavior:
-    scaleDown: {{stabilizationWindowSeconds: 300}}
+    scaleDown:
+      stabilizationWindowSeconds: 300{slow}{behavior}
 """
 
 
@@ -187,7 +185,8 @@ def main() -> None:
             # the adapter's measured horizon: the median start-up of the pods it has seen
             draws = parse_distribution(startup, flag="--startup").draw(np.random.default_rng(0), 1000)
             horizon = float(np.median(draws))
-            text = forecast_csv(arrivals, horizon_s=horizon, capacity=capacity)
+            times, values = served_forecast(arrivals, horizon_s=horizon, capacity=capacity)
+            text = series_csv(times, values, origin=ORIGIN)
             external = d / "forecast.csv"
             external.write_text(text)
             candidates = reactive_metrics(capacity)
