@@ -12,12 +12,13 @@ For each trace this script writes (in a temporary directory):
     service time; only the steps where the forecast exists (absent during the first 10 minutes);
   * reactive HPAs on the Pods queue depth (targets 1, 2, 4 per pod; 1 and 2 also with a slow scale-down, one pod
     per 2 minutes; 2 also with scale-ups limited to doubling per minute) and on the Pods request rate (AverageValue =
-    the capacity per replica: the forecast's arithmetic on the rate now) and, for the best of them, the same HPA
-    plus the External forecast metric (AverageValue 1) — the recommended two-metric form;
+    the capacity per replica: the forecast's arithmetic on the rate now), and each of them again with the External
+    forecast metric added (AverageValue 1) — the recommended two-metric form;
 then runs `gpuscale simulate --trace … --hpa … --external forecast_desired_replicas=@… --startup DIST --output
-json` once per trace with a start-up drawn from a lognormal distribution, and prints one Markdown table:
-queue-wait p95, SLO-violation minutes (p95 queue wait > 2 s in a minute) and GPU-hours for each HPA.
-"Best reactive" = fewest SLO-violation minutes, then fewest GPU-hours.
+json` twice per trace (without and with the forecast) with start-ups drawn from a lognormal distribution, and
+prints one Markdown table per trace — queue-wait p95, SLO-violation minutes (p95 queue wait > 2 s in a minute),
+GPU-hours and max pods of each HPA without and with the forecast — and a summary: the best reactive and the best
+predictive HPA per trace (fewest SLO-violation minutes, then fewest GPU-hours).
 
 Usage: .venv/bin/python benchmarks/forecast_replay.py [--days 2] [--traces code,conv,mooncake,image,diurnal]
 """
@@ -147,11 +148,13 @@ def simulate(directory: Path, trace: Path, hpas: list[Path], startup: str, exter
     return json.loads(done.stdout)["results"]
 
 
-def row(label: str, r: dict) -> str:
-    return (
-        f"| {label} | {r['queue_wait_s']['p95']:.1f} | {r['slo_violation_minutes']} of {r['slo']['minutes']} | "
-        f"{r['gpu_hours']:.2f} | {r['max_replicas']} |"
-    )
+def cells(r: dict) -> str:
+    return f"{r['queue_wait_s']['p95']:.1f} | {r['slo_violation_minutes']} | {r['gpu_hours']:.2f} | {r['max_replicas']}"
+
+
+def best(results: list[dict]) -> dict:
+    """Fewest SLO-violation minutes, then fewest GPU-hours."""
+    return min(results, key=lambda r: (r["slo_violation_minutes"], r["gpu_hours"]))
 
 
 def main() -> None:
@@ -168,8 +171,7 @@ def main() -> None:
         "diurnal": "Diurnal",
     }
     started = time.process_time()
-    print("| trace | HPA | queue wait p95 s | SLO-violation minutes | GPU-hours | max replicas |")
-    print("|---|---|---|---|---|---|")
+    summary = []
     with tempfile.TemporaryDirectory() as tmp:
         for n, (name, (arrivals, service, startup, _)) in enumerate(cases(args.days).items()):
             if not any(name.startswith(keys[w]) for w in wanted):
@@ -186,25 +188,45 @@ def main() -> None:
             draws = parse_distribution(startup, flag="--startup").draw(np.random.default_rng(0), 1000)
             horizon = float(np.median(draws))
             times, values = served_forecast(arrivals, horizon_s=horizon, capacity=capacity)
-            text = series_csv(times, values, origin=ORIGIN)
             external = d / "forecast.csv"
-            external.write_text(text)
+            external.write_text(series_csv(times, values, origin=ORIGIN))
             candidates = reactive_metrics(capacity)
-            reactive = []
-            for name_, metrics in candidates.items():
-                path = d / f"{name_}.yaml"
-                path.write_text(hpa(name_, metrics))
-                reactive.append(path)
-            results = simulate(d, trace, reactive, startup, None)
-            best = min(results, key=lambda r: (r["slo_violation_minutes"], r["gpu_hours"]))
-            predictive = d / "predictive.yaml"
-            predictive.write_text(hpa(f"{best['hpa']}+forecast", candidates[best["hpa"]] + FORECAST_METRIC))
-            (forecasted,) = simulate(d, trace, [predictive], startup, external)
-            label = f"{name} ({len(arrivals):,} req, start-up {startup.split(':')[1]}, capacity {capacity:.2f} req/s)"
-            for r in results:
-                print(row(f"{label} | {r['hpa']}" + (" (best reactive)" if r is best else ""), r))
-            print(row(f"{label} | {forecasted['hpa']} (predictive)", forecasted))
+            reactive, predictive = [], []
+            for hpa_name, metrics in candidates.items():
+                for suffix, extra, paths in (("", "", reactive), ("+forecast", FORECAST_METRIC, predictive)):
+                    path = d / f"{hpa_name}{suffix}.yaml"
+                    path.write_text(hpa(hpa_name + suffix, metrics + extra))
+                    paths.append(path)
+            plain = simulate(d, trace, reactive, startup, None)
+            forecast = simulate(d, trace, predictive, startup, external)
+            minutes = plain[0]["slo"]["minutes"]
+            print(
+                f"**{name}** — {len(arrivals):,} requests over {minutes} minutes, start-up {startup}, "
+                f"{CONCURRENCY} at once per replica, capacity {capacity:.2f} req/s per replica, "
+                f"horizon {horizon:.0f} s\n"
+            )
+            print(
+                "| HPA | queue wait p95 s | SLO-violation min | GPU-hours | max pods "
+                "| + forecast: queue wait p95 s | SLO-violation min | GPU-hours | max pods |"
+            )
+            print("|---|---|---|---|---|---|---|---|---|")
+            for r, f in zip(plain, forecast, strict=True):
+                print(f"| {r['hpa']} | {cells(r)} | {cells(f)} |")
+            b_r, b_p = best(plain), best(forecast)
+            summary.append(
+                f"| {name} | {b_r['hpa']} | {b_r['slo_violation_minutes']} | {b_r['gpu_hours']:.2f} | "
+                f"{b_p['hpa']} | {b_p['slo_violation_minutes']} | {b_p['gpu_hours']:.2f} | "
+                f"{(b_p['gpu_hours'] / b_r['gpu_hours'] - 1) * 100:+.0f} % |"
+            )
+            print()
             sys.stdout.flush()
+    print("**Best of each** (fewest SLO-violation minutes, then fewest GPU-hours)\n")
+    print(
+        "| trace | best reactive | SLO-violation min | GPU-hours | best predictive | SLO-violation min | GPU-hours "
+        "| GPU-hours Δ |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(summary))
     print(f"\n({time.process_time() - started:.1f} s of CPU in this process; simulate runs in child processes)")
 
 

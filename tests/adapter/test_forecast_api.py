@@ -201,3 +201,20 @@ async def test_forecast_answers_are_not_prepared_ahead_of_the_forecasts(adapter)
     install = answers.prepare(adapter.provider, Snapshot(T0 + 9999, values={}))
     install()
     assert len(answers) == 0  # nothing prepared for them: the next request computes from the new forecasts
+
+
+def test_an_unknown_forecast_model_is_a_one_line_error(capsys):
+    from gpuscale.cli.main import main
+
+    args = [
+        "adapter",
+        "--insecure-port",
+        "0",
+        "--scrape-url",
+        "http://127.0.0.1:1/metrics",
+        "--forecast-model",
+        "arima",
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--forecast-model: unknown model 'arima'; valid: naive, seasonal_naive" in err
