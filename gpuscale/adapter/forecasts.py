@@ -11,6 +11,7 @@ Served metrics (Object: deployments.apps / statefulsets.apps; External: one item
     forecast_requests_per_second_p90   its upper quantile (the empirical p90 of past errors at this horizon)
     forecast_desired_replicas          p90 ÷ capacity per replica — for an AverageValue 1 target; absent
                                        without the capacity annotation
+    workload_requests_per_second       the forecast's input now: the workload's rate in the last 15 s step
 
 A workload with too little history has no value (404 naming what it lacks), never a guess; /metrics shows
 every workload's state (gpuscale_forecast_available, _history_seconds). The forecast timestamps its last step,
@@ -35,11 +36,14 @@ RESOURCES = ("deployments.apps", "statefulsets.apps")
 KINDS = {"deployments.apps": DEPLOYMENT, "statefulsets.apps": STATEFULSET}
 
 # metric name → what of a WorkloadForecast it serves
-METRICS: dict[str, Callable[[WorkloadForecast], float | None]] = {
+FORECASTS: dict[str, Callable[[WorkloadForecast], float | None]] = {
     "forecast_requests_per_second": lambda f: f.mean,
     "forecast_requests_per_second_p90": lambda f: f.upper,
     "forecast_desired_replicas": lambda f: f.desired_replicas,
 }
+# the forecast's input, served from the first finished step (before the forecast is): "now" beside the forecast
+NOW = "workload_requests_per_second"
+METRICS: tuple[str, ...] = (NOW, *FORECASTS)
 
 
 class WorkloadForecasts:
@@ -65,17 +69,25 @@ class WorkloadForecasts:
     def _point(self, metric: str, key: ObjectRef) -> MetricPoint:
         """The fresh value, or MetricNotFound / MetricStale saying why there is none."""
         what = f"{key.kind.lower()} {key.namespace}/{key.name}"
+        if metric == NOW:
+            current = self.book.current(key)
+            if current is None:
+                raise MetricNotFound(f"no {metric} for {what} yet: no request rate read for it")
+            return self._fresh(metric, what, current[0], current[1], None)
         forecast = self.book.forecast(key)
         if forecast is None:
             status = self.book.status(key)
             why = status.reason if status is not None else "no request-rate history"
             raise MetricNotFound(f"no {metric} for {what} yet: {why} (a forecast is never guessed)")
-        value = METRICS[metric](forecast)
+        value = FORECASTS[metric](forecast)
         if value is None:
             raise MetricNotFound(
                 f"no {metric} for {what}: annotate it {CAPACITY_ANNOTATION} (requests/s one replica serves)"
             )
-        if forecast.timestamp < self.clock() - self.max_age_s:
+        return self._fresh(metric, what, value, forecast.timestamp, forecast.horizon_s)
+
+    def _fresh(self, metric: str, what: str, value: float, timestamp: float, horizon_s: float | None) -> MetricPoint:
+        if timestamp < self.clock() - self.max_age_s:
             raise MetricStale(
                 f"the {metric} of {what} is older than {self.max_age_s:g}s (its request rate is not being read); "
                 "not serving a stale forecast",
@@ -83,7 +95,8 @@ class WorkloadForecasts:
             )
         # NB: smoothing a steady 3 req/s gives 3.0000000000004, which a quantity ceils to 3001m; 9 significant
         # digits are far finer than any forecast is good for.
-        return MetricPoint(float(f"{value:.9g}"), forecast.timestamp, forecast.horizon_s)
+        # The window of a forecast is its horizon (what `gpuscale top workloads` shows as HORIZON).
+        return MetricPoint(float(f"{value:.9g}"), timestamp, horizon_s)
 
     def object_point(self, resource: str, namespace: str, name: str, metric: str) -> tuple[ObjectRef, MetricPoint]:
         key = ObjectRef(KINDS[resource], name, namespace)

@@ -40,12 +40,13 @@ __all__ = [
     "Scope",
     "SourceStatus",
     "View",
+    "WorkloadStatus",
     "render",
     "sort_items",
 ]
 
-View = Literal["gpus", "pods", "nodes"]
-VIEWS: tuple[View, ...] = ("gpus", "pods", "nodes")
+View = Literal["gpus", "pods", "nodes", "workloads"]
+VIEWS: tuple[View, ...] = ("gpus", "pods", "nodes", "workloads")
 
 # --- the document ----------------------------------------------------------------------------------
 
@@ -72,6 +73,20 @@ class Scope(_Doc):
     selector: str | None = None
 
 
+class WorkloadStatus(_Doc):
+    """A Deployment or StatefulSet: its request rate now and forecast one start-up ahead, as the adapter serves
+    them (docs/forecast.md). None = not served (yet): a forecast needs 10 minutes of history."""
+
+    namespace: str
+    kind: str  # Deployment | StatefulSet
+    name: str
+    requests_per_second: float | None = None  # now: the last 15 s step (workload_requests_per_second)
+    forecast_requests_per_second: float | None = None  # mean, at the horizon
+    forecast_p90_requests_per_second: float | None = None
+    horizon_seconds: float | None = None  # the start-up the forecast looks ahead by
+    forecast_replicas: float | None = None  # p90 ÷ capacity per replica (needs the capacity annotation)
+
+
 class GpuTopList(_Doc):
     """The ``-o json`` / ``-o yaml`` document (docs/top.md documents every field). ``version`` changes only
     when a field changes meaning or disappears; new fields may be added within a version."""
@@ -83,13 +98,13 @@ class GpuTopList(_Doc):
     scope: Scope = Field(default_factory=Scope)
     sources: list[SourceStatus] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
-    items: list[GpuStatus] | list[PodStatus] | list[NodeStatus] = Field(default_factory=list)
+    items: list[GpuStatus] | list[PodStatus] | list[NodeStatus] | list[WorkloadStatus] = Field(default_factory=list)
 
 
 # --- sorting ---------------------------------------------------------------------------------------
 
-Item = GpuStatus | PodStatus | NodeStatus
-_I = TypeVar("_I", GpuStatus, PodStatus, NodeStatus)
+Item = GpuStatus | PodStatus | NodeStatus | WorkloadStatus
+_I = TypeVar("_I", GpuStatus, PodStatus, NodeStatus, WorkloadStatus)
 SortKey = Callable[[Any], Any]
 
 
@@ -146,6 +161,13 @@ SORT_KEYS: dict[View, dict[str, SortKey]] = {
         "pods": lambda n: _desc(n.pods),
         **_COMMON_KEYS,
         "verdict": lambda n: verdict_rank(n.worst) if n.worst else (1, 0),
+    },
+    "workloads": {
+        "name": lambda w: (w.namespace, w.name, w.kind),
+        "rps": lambda w: _desc(w.requests_per_second),
+        "forecast": lambda w: _desc(w.forecast_requests_per_second),
+        "p90": lambda w: _desc(w.forecast_p90_requests_per_second),
+        "replicas": lambda w: _desc(w.forecast_replicas),
     },
 }
 
@@ -606,11 +628,25 @@ def formatter(name: str) -> Callable[[Formatter], Formatter]:
     return register
 
 
+def _workload_columns() -> list[Column[WorkloadStatus]]:
+    return [
+        Column("NAMESPACE", lambda w: w.namespace, cut="end"),
+        Column("WORKLOAD", lambda w: f"{w.kind.lower()}/{w.name}", cut="middle", min_width=16),
+        Column("REQ/S NOW", lambda w: _number(w.requests_per_second, 2), right=True),
+        Column("FORECAST", lambda w: _number(w.forecast_requests_per_second, 2), right=True),
+        Column("P90", lambda w: _number(w.forecast_p90_requests_per_second, 2), right=True),
+        Column("AHEAD", lambda w: NONE if w.horizon_seconds is None else f"{w.horizon_seconds:.0f}s", right=True),
+        Column("REPLICAS", lambda w: _number(w.forecast_replicas, 1), right=True),
+    ]
+
+
 def _columns(view: View, options: RenderOptions, items: Sequence[Any] = ()) -> list[Column[Any]]:
     if view == "gpus":
         return _gpu_columns(options)
     if view == "pods":
         return _pod_columns(options, serving=_serves_llm(items))
+    if view == "workloads":
+        return _workload_columns()
     return _node_columns(options)
 
 

@@ -1,4 +1,5 @@
-"""`gpuscale top nodes | pods | gpus`: kubectl-top for GPUs, with a verdict that says what the GPU really does.
+"""`gpuscale top nodes | pods | gpus | workloads`: kubectl-top for GPUs, with a verdict that says what the GPU
+really does; ``workloads`` shows each Deployment's request rate now beside the adapter's forecast of it.
 
 The composition root of the command (the only place that wires sources, the Kubernetes cache and the
 pure layers together)::
@@ -8,6 +9,7 @@ pure layers together)::
                                                       │               └─ pod_statuses_of_readings ───── pods
     --kubeconfig ─▶ KubeCache (pod → node, labels) ───┘     build_snapshot (Triton terms) ─┘ (pods)
     --adapter-url ─▶ custom.metrics.k8s.io (pods, nodes; no per-GPU view) ─────────────── pods / nodes
+                   └─ deployments/statefulsets: rate now + forecast (adapter/forecasts.py) ── workloads
                                      │
                           filter (-n/-A/-l) → sort (--sort-by) → render_top (table|wide|json|yaml)
 
@@ -43,6 +45,7 @@ from gpuscale.cli.render_top import (
     Scope,
     SourceStatus,
     View,
+    WorkloadStatus,
     render,
     sort_items,
 )
@@ -78,6 +81,7 @@ __all__ = ["TopSettings", "add_top_arguments", "run_top"]
 
 _VIEW_ALIASES = {"gpu": "gpus", "gpus": "gpus", "pod": "pods", "pods": "pods", "po": "pods"}
 _VIEW_ALIASES |= {"node": "nodes", "nodes": "nodes", "no": "nodes"}
+_VIEW_ALIASES |= {"workloads": "workloads", "workload": "workloads", "wl": "workloads"}
 
 
 # --- settings ----------------------------------------------------------------------------------------
@@ -150,13 +154,15 @@ class TopOptions(BaseModel):
 
 
 class TopSettings(TopOptions):
-    view: View = Field(description="nodes, pods or gpus", json_schema_extra={"metavar": "VIEW"})
+    view: View = Field(description="nodes, pods, gpus or workloads", json_schema_extra={"metavar": "VIEW"})
 
     @field_validator("view", mode="before")
     @classmethod
     def _alias(cls, value: Any) -> Any:
         if isinstance(value, str) and value not in _VIEW_ALIASES:
-            raise ValueError(f"{value!r} is not a view; valid: nodes, pods, gpus (also node, no, pod, po, gpu)")
+            raise ValueError(
+                f"{value!r} is not a view; valid: nodes, pods, gpus, workloads (also node, no, pod, po, gpu, wl)"
+            )
         return _VIEW_ALIASES.get(value, value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
@@ -179,6 +185,11 @@ class TopSettings(TopOptions):
             raise ValueError(
                 "adapter-url: the per-GPU view is not available from the custom metrics API (it serves values per "
                 "pod and node, not per GPU); read the exporters with --scrape-url or --prometheus-url"
+            )
+        if self.view == "workloads" and not self.adapter_url:
+            raise ValueError(
+                "adapter-url: the workloads view shows the request rate now and the adapter's forecast of it "
+                "(docs/forecast.md), which needs the history a running adapter keeps: give --adapter-url"
             )
         if self.namespace and self.all_namespaces:
             raise ValueError("all-namespaces: give -A or -n NAMESPACE, not both")
@@ -212,7 +223,7 @@ _SHORT_FLAGS: dict[str, dict[str, Any]] = {
 
 def add_top_arguments(parser: argparse.ArgumentParser) -> None:
     """The positional view, every ``TopOptions`` flag, and the kubectl short forms (-n, -A, -l, -o, -w)."""
-    parser.add_argument("view", metavar="VIEW", help="nodes, pods or gpus (also node, no, pod, po, gpu)")
+    parser.add_argument("view", metavar="VIEW", help="nodes, pods, gpus or workloads (also node, no, pod, po, gpu, wl)")
     add_arguments(parser, TopOptions)
     for flag, spec in _SHORT_FLAGS.items():
         parser.add_argument(flag, default=None, help=argparse.SUPPRESS, **spec)
@@ -265,20 +276,21 @@ class Selection:
             raise ObjectNotFound(f'namespaces "{self.namespace}" not found')
 
     def nothing_found(self) -> MetricNotFound:
-        what = {"gpus": "GPUs", "pods": "GPU pods", "nodes": "GPU nodes"}[self.view]
+        what = {"gpus": "GPUs", "pods": "GPU pods", "nodes": "GPU nodes", "workloads": "workloads with a request rate"}
         where = ""
+        namespaced = self.view in ("pods", "workloads")
         if self.namespace is not None:
             where = f' in namespace "{self.namespace}"'
-        elif self.view == "pods":
+        elif namespaced:
             where = " in any namespace"
         matching = f" matching -l {self.scope.selector}" if self.scope.selector else ""
-        hint = " (use -A for every namespace)" if self.view == "pods" and self.namespace is not None else ""
-        return MetricNotFound(f"no {what} found{where}{matching}{hint}")
+        hint = " (use -A for every namespace)" if namespaced and self.namespace is not None else ""
+        return MetricNotFound(f"no {what[self.view]} found{where}{matching}{hint}")
 
 
 def _resolve_selection(settings: TopSettings, cluster: ClusterObjects | None) -> Selection:
     namespace = settings.namespace
-    if namespace is None and not settings.all_namespaces and settings.view == "pods":
+    if namespace is None and not settings.all_namespaces and settings.view in ("pods", "workloads"):
         namespace = _context_namespace(settings.kubeconfig) if settings.kubeconfig else "default"
     if settings.view == "nodes":
         namespace = None  # NB: nodes are cluster-scoped; -n is accepted and ignored, as by kubectl top node
@@ -460,6 +472,13 @@ ADAPTER_NOTE = (
 
 
 Values = dict[str, dict[str, float]]  # object name → metric → value
+# the adapter's workload metrics (adapter/forecasts.py) → WorkloadStatus fields
+WORKLOAD_METRICS = {
+    "workload_requests_per_second": "requests_per_second",
+    "forecast_requests_per_second": "forecast_requests_per_second",
+    "forecast_requests_per_second_p90": "forecast_p90_requests_per_second",
+    "forecast_desired_replicas": "forecast_replicas",
+}
 
 
 class AdapterCollector:
@@ -539,10 +558,10 @@ class AdapterCollector:
                     out.setdefault(name, {})[metric] = value
         return out
 
-    async def _namespaces(self) -> list[str]:
+    async def _namespaces(self, *extra: str) -> list[str]:
         if self.selection.namespace is not None:
             return [self.selection.namespace]
-        metrics = ("gpu_memory_used_bytes", "gpu_utilization", "inference_queue_depth")
+        metrics = ("gpu_memory_used_bytes", "gpu_utilization", "inference_queue_depth", *extra)
         found = await self._values(((m, f"{CUSTOM_API}/namespaces/*/metrics/{m}") for m in metrics), None)
         return sorted(found)
 
@@ -561,7 +580,9 @@ class AdapterCollector:
         selector = selection.scope.selector
         metrics = [*ADAPTER_SIGNALS, MEMORY_SHARE]
         items: list[Any]
-        if selection.view == "nodes":
+        if selection.view == "workloads":
+            items = await self._workloads(selector)
+        elif selection.view == "nodes":
             values = await self._values(((m, f"{CUSTOM_API}/nodes/*/{m}") for m in metrics), selector)
             items = [self._node(name, v) for name, v in sorted(values.items())]
         else:
@@ -588,6 +609,34 @@ class AdapterCollector:
         return GpuTopList(
             view=selection.view, generated_at=now, scope=selection.scope, sources=[status], notes=notes, items=items
         )
+
+    async def _workloads(self, selector: str | None) -> list[WorkloadStatus]:
+        """Each Deployment/StatefulSet's rate now and forecast (adapter/forecasts.py), -l on workload labels."""
+        namespaces = await self._namespaces("inference_requests_per_second")
+        asks = [
+            (ns, kind, field, f"{CUSTOM_API}/namespaces/{ns}/{resource}/*/{metric}")
+            for ns in namespaces
+            for resource, kind in (("deployments.apps", "Deployment"), ("statefulsets.apps", "StatefulSet"))
+            for metric, field in WORKLOAD_METRICS.items()
+        ]
+        bodies = await asyncio.gather(*(self._get(path, label_selector=selector) for *_, path in asks))
+        found: dict[tuple[str, str, str], dict[str, float]] = {}
+        for (ns, kind, field, _), body in zip(asks, bodies, strict=True):
+            for item in (body or {}).get("items") or []:
+                name = (item.get("describedObject") or {}).get("name")
+                try:
+                    value = parse_quantity(str(item.get("value", "")))
+                except ValueError:
+                    continue
+                if not name:
+                    continue
+                values = found.setdefault((ns, kind, name), {})
+                values[field] = value
+                if field == "forecast_requests_per_second" and isinstance(item.get("windowSeconds"), int | float):
+                    values["horizon_seconds"] = float(item["windowSeconds"])  # a forecast's window is its horizon
+        return [
+            WorkloadStatus(namespace=ns, kind=kind, name=name, **v) for (ns, kind, name), v in sorted(found.items())
+        ]
 
     def _pod(self, namespace: str, name: str, values: dict[str, float]) -> PodStatus:
         signals = self._signals(values)

@@ -181,6 +181,14 @@ class DemandBook:
             w.served = WorkloadForecast(w.last, f.mean, f.upper, w.horizon_s, w.capacity, w.last_step_end)
         return w.served
 
+    def current(self, key: Hashable) -> tuple[float, float] | None:
+        """(requests/s in the last finished step, the end of that step): the forecast's input, from the first
+        finished step on, whether or not the forecast is served yet."""
+        w = self._workloads.get(key)
+        if w is None or w.last is None:
+            return None
+        return w.last, w.last_step_end
+
     def status(self, key: Hashable) -> DemandStatus | None:
         w = self._workloads.get(key)
         if w is None:

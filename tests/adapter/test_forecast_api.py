@@ -113,11 +113,14 @@ async def test_absent_until_enough_history_then_served_as_object_and_external(ad
     adapter.refresh(120)
     body = await _get(adapter, f"{CUSTOM}/deployments.apps/llm/forecast_requests_per_second", 404)
     assert "s of request-rate history, needs 300 s" in body["message"] and "never guessed" in body["message"]
+    body = await _get(adapter, f"{CUSTOM}/deployments.apps/llm/workload_requests_per_second")  # "now": served
+    assert hpa.object_metric(body) == 10_000 and "windowSeconds" not in body["items"][0]
     adapter.refresh(600)
     body = await _get(adapter, f"{CUSTOM}/deployments.apps/llm/forecast_requests_per_second")
     assert hpa.object_metric(body) == 10_000  # 10 req/s in milli-units
     body = await _get(adapter, f"{CUSTOM}/deployments.apps/llm/forecast_requests_per_second_p90")
     assert hpa.object_metric(body) == 10_000  # a steady rate: no residual above the mean
+    assert body["items"][0]["windowSeconds"] == 90  # the horizon: llm's measured start-up
     body = await _get(adapter, f"{EXTERNAL}/forecast_requests_per_second?labelSelector=workload%3Dimg")
     assert hpa.external_metric(body) == 3_000
     assert body["items"][0]["metricLabels"] == {"workload": "img", "kind": "deployment"}
@@ -218,3 +221,26 @@ def test_an_unknown_forecast_model_is_a_one_line_error(capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--forecast-model: unknown model 'arima'; valid: naive, seasonal_naive" in err
+
+
+async def test_top_workloads_shows_the_rate_now_beside_the_forecast(adapter):
+    from tests.cli.test_top import top
+
+    url = str(adapter.make_url("")).rstrip("/")
+    adapter.refresh(120)  # rates read, forecasts not served yet
+    early = await top("workloads", "-n", "serving", "--adapter-url", url, "-o", "json")
+    assert early.code == 0, early.err
+    got = {w.name: w for w in early.doc().items}
+    assert set(got) == {"img", "llm"}  # "new" has no rate at all
+    assert got["llm"].requests_per_second == 10.0 and got["llm"].forecast_requests_per_second is None
+    adapter.refresh(600)
+    table = await top("workloads", "-n", "serving", "--adapter-url", url, "--sort-by", "rps")
+    assert table.code == 0, table.err
+    assert table.table() == [
+        {"NAMESPACE": "serving", "WORKLOAD": "deployment/llm", "REQ/S NOW": "10.00", "FORECAST": "10.00",
+         "P90": "10.00", "AHEAD": "90s", "REPLICAS": "2.5"},
+        {"NAMESPACE": "serving", "WORKLOAD": "deployment/img", "REQ/S NOW": "3.00", "FORECAST": "3.00",
+         "P90": "3.00", "AHEAD": "45s", "REPLICAS": "-"},
+    ]  # fmt: skip
+    needs = await top("workloads", "--scrape-url", "http://127.0.0.1:1/metrics")
+    assert needs.code == 2 and "the workloads view shows the request rate now and the adapter's forecast" in needs.err

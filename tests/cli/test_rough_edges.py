@@ -196,7 +196,9 @@ async def test_the_unauthenticated_port_binds_loopback_and_the_log_says_what_was
 def test_top_with_an_unknown_view_names_the_view_not_a_flag(capsys):
     assert main(["top", "foo", "--scrape-url", "http://127.0.0.1:1/metrics"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line == "gpuscale top: VIEW: 'foo' is not a view; valid: nodes, pods, gpus (also node, no, pod, po, gpu)"
+    assert line == (
+        "gpuscale top: VIEW: 'foo' is not a view; valid: nodes, pods, gpus, workloads (also node, no, pod, po, gpu, wl)"
+    )
 
 
 @pytest.mark.parametrize("command", ["adapter", "demo", "top", "controller", "report", "simulate"])
