@@ -93,11 +93,14 @@ class DemandDriven:
     demand: Demand
     hpas: HpaCache
     source: PrometheusSource
+    # Fetched whatever the HPAs name: the forecasts' rate metric in every namespace (a forecast needs its history
+    # before any HPA asks for it; an HPA names forecast_*, which is not a catalogue metric, not the rate).
+    always: tuple[tuple[str, str | None], ...] = ()
 
     def before_refresh(self) -> None:
         now = time.time()
         if self.hpas.synced:
-            self.demand.set_referenced(self.hpas.references(), now=now)
+            self.demand.set_referenced([*self.hpas.references(), *self.always], now=now)
             self.source.set_scope(self.demand.begin(now=now))
         else:
             # NB: no HPA list yet (starting, or list/watch refused): fetch everything rather than less than asked.
@@ -142,7 +145,10 @@ async def start_adapter(
     if settings.prometheus_url:
         source = _prometheus_source(settings, catalogue)
         if settings.demand_driven and api is not None:
-            demand = DemandDriven(Demand(catalogue, keep_warm_seconds=settings.keep_warm), HpaCache(api), source)
+            always = ((settings.forecast_rate_metric, None),) if settings.forecast and cluster is not None else ()
+            demand = DemandDriven(
+                Demand(catalogue, keep_warm_seconds=settings.keep_warm), HpaCache(api), source, always=always
+            )
             await demand.hpas.start()
             before_refresh = demand.before_refresh
     else:

@@ -244,3 +244,23 @@ async def test_top_workloads_shows_the_rate_now_beside_the_forecast(adapter):
     ]  # fmt: skip
     needs = await top("workloads", "--scrape-url", "http://127.0.0.1:1/metrics")
     assert needs.code == 2 and "the workloads view shows the request rate now and the adapter's forecast" in needs.err
+
+
+def test_demand_driven_refresh_always_fetches_the_forecasts_rate_metric():
+    """With --prometheus-url only what HPAs name is fetched; a forecast needs its rate's history before any HPA
+    asks (and an HPA names forecast_*, not the rate), so the rate is fetched in every namespace."""
+    from types import SimpleNamespace
+
+    from gpuscale.cli.adapter import DemandDriven
+    from gpuscale.metrics.refresh_scope import Demand
+
+    scopes = []
+    source = SimpleNamespace(set_scope=scopes.append)
+    hpas = SimpleNamespace(synced=True, references=lambda: [("forecast_desired_replicas", "serving")])
+    catalogue = load_catalogue()
+    for always in ((), ((RATE, None),)):
+        DemandDriven(Demand(catalogue), hpas, source, always=always).before_refresh()
+    without, with_forecasts = scopes
+    assert without == {}
+    ((term, namespaces),) = with_forecasts.items()
+    assert "vllm:request_success_total" in term.series and namespaces is None  # every namespace
