@@ -171,3 +171,38 @@ async def test_discover_exporters_needs_the_api_and_says_when_it_finds_nothing(c
     assert nothing.code == 2 and nothing.out == ""
     (line,) = nothing.err.strip().splitlines()
     assert line.startswith(f"gpuscale top: {cluster.api.url}: no exporter pods found through the Kubernetes API"), line
+
+
+async def test_workloads_rate_now_from_a_running_adapter_before_any_forecast(cluster):
+    """The forecast wiring on the watch cache: Deployments' pods found by their ReplicaSet and template hash, the
+    rate summed per workload, its horizon measured from the pods (Ready − startTime); the forecast itself absent
+    (10 minutes of history needed) and /metrics saying so."""
+    settings = AdapterSettings(
+        scrape_url=cluster.scrape_urls,
+        kubeconfig=cluster.kubeconfig,
+        insecure_port=0,
+        bind_address="127.0.0.1",
+        refresh_interval=0.5,
+        log_level="warning",
+    )
+    adapter = await start_adapter(settings)
+    try:
+        now = "/apis/custom.metrics.k8s.io/v1beta2/namespaces/inference/deployments.apps/*/workload_requests_per_second"
+        await wait_until_served(adapter.url, now, timeout=40.0)  # the first finished 15 s step
+        listed = await top("workloads", "-A", "--adapter-url", adapter.url, "-o", "json")
+        async with aiohttp.ClientSession() as session, session.get(adapter.url + "/metrics") as resp:
+            exposition = await resp.text()
+    finally:
+        await adapter.stop()
+    assert listed.code == 0, listed.err
+    items = {(w.namespace, w.kind, w.name): w for w in listed.doc().items}
+    triton = [w for (ns, kind, _), w in items.items() if ns == "inference" and kind == "Deployment"]
+    assert triton and all(w.requests_per_second is not None and w.requests_per_second >= 0 for w in triton)
+    assert all(w.forecast_requests_per_second is None for w in items.values())
+    name = triton[0].name
+    assert f'gpuscale_forecast_available{{kind="Deployment",name="{name}",namespace="inference"}} 0.0' in exposition
+    # the simulated pods start and turn Ready at the same instant: a measured start-up of 0 s
+    assert (
+        f'gpuscale_forecast_horizon_seconds{{kind="Deployment",name="{name}",namespace="inference",source="measured"}} 0.0'
+        in exposition
+    )
