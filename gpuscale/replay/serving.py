@@ -237,15 +237,18 @@ class ServingModel:
 
     @staticmethod
     def _route(i: int, ready: list[Replica]) -> None:
+        # NB: Replica.outstanding spelled out: this runs for every ready replica on every arrival
         best = ready[0]
+        fewest = len(best.waiting) + len(best.prefilling) + best.n_decoding
         for r in ready[1:]:
-            if r.outstanding < best.outstanding:
-                best = r
+            outstanding = len(r.waiting) + len(r.prefilling) + r.n_decoding
+            if outstanding < fewest:
+                best, fewest = r, outstanding
         best.waiting.append(i)
 
     def _admit(self, r: Replica, now: float) -> None:
         req, p = self.requests, self.profile
-        while r.waiting and r.running < p.max_batch:
+        while r.waiting and len(r.prefilling) + r.n_decoding < p.max_batch:  # NB: r.running, spelled out
             i = r.waiting[0]
             need = int(req.input[i] + req.output[i])
             if need > p.kv_capacity_tokens:
