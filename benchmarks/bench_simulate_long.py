@@ -11,7 +11,10 @@ With ``--model llm`` the same arrivals carry token counts instead (prompts logno
 p50 200, Azure-conversation-like) and go through the LLM token model with the same HPA; the peer is then
 the first 2 hours of that trace.
 
-Usage: .venv/bin/python benchmarks/bench_simulate_long.py [--days 23] [--model general|llm]
+``--rate-scale X`` offers X times the requests (as the CLI's flag: same arrival pattern), for a load that
+keeps several replicas busy.
+
+Usage: .venv/bin/python benchmarks/bench_simulate_long.py [--days 23] [--model general|llm] [--rate-scale 1]
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--days", type=float, default=23.0)
     parser.add_argument("--model", choices=("general", "llm"), default="general")
+    parser.add_argument("--rate-scale", type=float, default=1.0)
     args = parser.parse_args()
     llm = args.model == "llm"
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,12 +92,17 @@ def main() -> None:
         n = write_trace(trace_path, args.days, tokens=llm)
         hpa_path.write_text(HPA)
         _, parse_cpu, parse_wall = timed(lambda: read_trace(trace_path))
-        print(f"trace: {args.days:g} days, {n} requests; parse {parse_cpu:.1f} s CPU ({parse_wall:.1f} s wall)")
+        print(
+            f"trace: {args.days:g} days, {n} requests (×{args.rate_scale:g} offered); "
+            f"parse {parse_cpu:.1f} s CPU ({parse_wall:.1f} s wall)"
+        )
         startup = "lognormal:p50=22.7s,p95=45.4s"
         settings = (
-            SimulateSettings(trace=str(trace_path), hpa=[str(hpa_path)], startup=startup)
+            SimulateSettings(trace=str(trace_path), hpa=[str(hpa_path)], startup=startup, rate_scale=args.rate_scale)
             if llm
-            else SimulateSettings(trace=str(trace_path), hpa=[str(hpa_path)], concurrency=2, startup=startup)
+            else SimulateSettings(
+                trace=str(trace_path), hpa=[str(hpa_path)], concurrency=2, startup=startup, rate_scale=args.rate_scale
+            )
         )
         doc, cpu, wall = timed(lambda: run_simulate(settings))
         r = doc["results"][0]
@@ -104,7 +113,7 @@ def main() -> None:
         )
         if llm:
             hours = min(2.0, args.days * 24)
-            trace = read_trace(trace_path).window(duration_s=hours * 3600)
+            trace = read_trace(trace_path).window(duration_s=hours * 3600).scaled(args.rate_scale)
             hpa = parse_manifests(HPA, source="hpa.yaml")[0]
             peer = ReplaySettings(startup=parse_distribution(startup, flag="--startup"))
             _, cpu1, wall1 = timed(
@@ -113,7 +122,7 @@ def main() -> None:
             print(f"peer: the first {hours:g} hours: {cpu1:.1f} s CPU ({wall1:.1f} s wall)")
             return
         peer_days = min(2.0, args.days)
-        trace = read_trace(trace_path).window(duration_s=peer_days * 86400)
+        trace = read_trace(trace_path).window(duration_s=peer_days * 86400).scaled(args.rate_scale)
         hpa = parse_manifests(HPA, source="hpa.yaml")[0]
         peer = ReplaySettings(
             startup=parse_distribution("lognormal:p50=22.7s,p95=45.4s", flag="--startup"), general_step_s=1.0
