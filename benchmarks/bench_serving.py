@@ -99,7 +99,9 @@ def _serve(port_queue: mp.Queue) -> None:  # the child process
 
 
 async def closed_loop(url: str, seconds: float, connections: int, *, cold: bool = False) -> float:
-    """Requests/s; ``cold`` makes every URL unique so no response cache can answer (worst case)."""
+    """Requests/s; ``cold`` gives every request its own label selector (``app=triton,nocache!=N``: the same pods)
+    so no answer cache can serve it (worst case). NB: a bare unknown query parameter would not do: answers are
+    cached by what a request means (adapter/answers.py), not by its URL text."""
     done = 0
     deadline = time.perf_counter() + seconds
     conn = aiohttp.TCPConnector(limit=connections)
@@ -108,7 +110,7 @@ async def closed_loop(url: str, seconds: float, connections: int, *, cold: bool 
         async def worker() -> None:
             nonlocal done
             while time.perf_counter() < deadline:
-                async with session.get(f"{url}&nocache={done}" if cold else url) as resp:
+                async with session.get(f"{url}%2Cnocache%21%3D{done}" if cold else url) as resp:
                     await resp.read()
                 done += 1
 

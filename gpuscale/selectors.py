@@ -371,11 +371,13 @@ class LabelSelector:
     serializing one.
     """
 
-    __slots__ = ("_nothing", "_requirements")
+    __slots__ = ("_hash", "_nothing", "_requirements")
 
     def __init__(self, requirements: Iterable[Requirement] = (), *, nothing: bool = False) -> None:
         self._requirements: tuple[Requirement, ...] = tuple(sorted(requirements))
         self._nothing = nothing
+        # NB: once: selectors are dictionary keys on every metrics request (adapter/answers.py)
+        self._hash = hash((LabelSelector, nothing, self._requirements))
 
     # -- construction
 
@@ -501,7 +503,7 @@ class LabelSelector:
         return self._nothing == other._nothing and self._requirements == other._requirements
 
     def __hash__(self) -> int:
-        return hash((LabelSelector, self._nothing, self._requirements))
+        return self._hash
 
 
 # --- FieldSelector ----------------------------------------------------------------------------------

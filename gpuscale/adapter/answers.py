@@ -104,7 +104,7 @@ class AnswerCache:
         self._keep_warm = keep_warm_seconds
         self._count = count or (lambda how: None)
         self._monotonic = monotonic
-        self._encoder = ItemEncoder()
+        self._encoder = ItemEncoder()  # NB: shared by the event loop and the refresh thread (wire.py says why)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -123,9 +123,6 @@ class AnswerCache:
             self._count("prepared" if entry.prepared else "cached")
             entry.prepared = False
             return entry.body
-        if self._encoder.token != token[0]:
-            self._encoder.reset()  # NB: its memo holds points of an older snapshot
-            self._encoder.token = token[0]
         body, items = answer(provider, query, self._encoder)
         self._put(query, _Entry(token, provider.expiry(query.metric, items), body, prepared=False))
         self._count("computed")
@@ -159,13 +156,12 @@ class AnswerCache:
         store.update(snapshot)
         view = provider.reading(store)
         cluster_state = provider.cluster_state()  # NB: before reading the watch cache: a later change misses
-        encoder = ItemEncoder()
         prepared: list[tuple[MetricQuery, float, bytes]] = []
         size = 0
         failed = 0
         for query in wanted:
             try:
-                body, items = answer(view, query, encoder)
+                body, items = answer(view, query, self._encoder)
             except (GpuscaleError, SelectorError):
                 continue  # an error answer: raised again, as the same Status, by the request that asks
             except Exception:
@@ -185,7 +181,5 @@ class AnswerCache:
             self._entries, self._bytes = {}, 0
             for query, expires, body in prepared:
                 self._put(query, _Entry(token, expires, body, prepared=True))
-            self._encoder = encoder
-            self._encoder.token = token[0]
 
         return install

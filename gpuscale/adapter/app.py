@@ -12,6 +12,7 @@ objects (for external metrics: metric labels); ``metricLabelSelector`` selects s
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -54,8 +55,12 @@ def _answer(request: web.Request, query: MetricQuery) -> web.Response:
     return web.Response(body=body, content_type="application/json")
 
 
+# NB: selectors are immutable and an HPA sends the same text on every poll: parse each text once.
+_parse_selector = functools.lru_cache(maxsize=4096)(LabelSelector.parse)
+
+
 def _selector(request: web.Request, param: str) -> LabelSelector:
-    return LabelSelector.parse(request.query.get(param, ""))
+    return _parse_selector(request.query.get(param, ""))
 
 
 # --- discovery ------------------------------------------------------------------------------------------
@@ -166,9 +171,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     except Exception as e:  # NB: the HPA must get a Status, never a traceback
         response = error_response(e)
     if group:
-        metrics = request.app[SELFMETRICS]
-        metrics.requests.labels(group, request.get(RESOURCE, ""), str(response.status)).inc()
-        metrics.request_seconds.labels(group).observe(time.perf_counter() - started)
+        request.app[SELFMETRICS].observe_request(group, request.get(RESOURCE, ""), response.status, started)
     return response
 
 

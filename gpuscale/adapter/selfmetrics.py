@@ -73,6 +73,7 @@ class _SourceCollector(Collector):
 class AdapterMetrics:
     def __init__(self, sources: Callable[[], Iterable[HealthReporter]], *, clock: Callable[[], float] = time.time):
         self.registry = CollectorRegistry()
+        self._children: dict[tuple, object] = {}
         register_build_info(self.registry)
         self.requests = Counter(
             "gpuscale_adapter_requests",
@@ -116,7 +117,22 @@ class AdapterMetrics:
         self.registry.register(_SourceCollector(sources, clock))
 
     def count_answer(self, how: str) -> None:
-        self.answers.labels(how).inc()
+        self._child(self.answers, how).inc()
+
+    def observe_request(self, group: str, resource: str, status: int, started: float) -> None:
+        """Count and time one metrics API request (``started``: its ``time.perf_counter()``)."""
+        self._child(self.requests, group, resource, str(status)).inc()
+        self._child(self.request_seconds, group).observe(time.perf_counter() - started)
+
+    def _child(self, family: Counter | Histogram, *labels: str):  # type: ignore[no-untyped-def]
+        # NB: ``labels()`` takes a lock and validates on every call; a few µs of each request, saved here.
+        key = (id(family), labels)
+        child = self._children.get(key)
+        if child is None:
+            if len(self._children) > 10_000:  # resource names come from URLs: bound it
+                self._children.clear()
+            child = self._children[key] = family.labels(*labels)
+        return child
 
     def observe_refresh(self, snapshot: Snapshot, seconds: float) -> None:
         self.refresh_seconds.observe(seconds)

@@ -288,3 +288,32 @@ async def test_the_cache_stays_within_its_bounds(aiohttp_client, max_entries, ma
     for path in paths:  # whatever was evicted is computed again, the same as ever
         status, body = await _read(client, path)
         assert status == 200 and _values(body)[0] in ("20", "23")
+
+
+@pytest.mark.parametrize("version", ["v1beta1", "v1beta2"])
+@pytest.mark.parametrize(
+    "selector", [None, {"matchLabels": {"model": "bert"}}, {"matchExpressions": [{"key": "a", "operator": "Exists"}]}]
+)
+def test_the_item_encoder_writes_exactly_what_json_dumps_of_the_item_shape_gives(version, selector):
+    from gpuscale.adapter.provider import Item
+    from gpuscale.adapter.wire import CUSTOM_GROUP, ItemEncoder, custom_item
+    from gpuscale.metrics.store import MetricPoint
+    from gpuscale.model import DEPLOYMENT, NODE, POD, ObjectRef
+
+    objects = [ObjectRef(POD, "p-0", "ns"), ObjectRef(DEPLOYMENT, "web", "ns"), ObjectRef(NODE, "nöde-ü")]
+    points = [
+        MetricPoint(87.5, 1_790_000_000.4),
+        MetricPoint(0.0012, 1_790_000_001.0, 60.0),
+        MetricPoint(3e9, 1.0, 0.5),
+    ]
+    items = [Item(o, p) for o in objects for p in points]
+    encoder = ItemEncoder()
+    for _ in range(2):  # the second time from the kept parts
+        body = encoder.custom(version, "gpu_utilization", items, selector)
+        expected = {
+            "kind": "MetricValueList",
+            "apiVersion": f"{CUSTOM_GROUP}/{version}",
+            "metadata": {},
+            "items": [custom_item(version, "gpu_utilization", i.obj, i.point, selector) for i in items],
+        }
+        assert body == json.dumps(expected, separators=(",", ":")).encode()
