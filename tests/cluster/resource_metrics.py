@@ -4,7 +4,7 @@ What metrics-server does in a cluster, minus the kubelets it would read: an HTTP
 (loopback) ClusterIP registered as the APIService ``v1beta1.metrics.k8s.io`` behind the real kube-aggregator,
 answering ``PodMetrics`` lists by namespace and label selector, so kube-controller-manager's HPA reads a
 Resource metric exactly as it would from metrics-server. Each pod's usage is one container's cpu, stamped with
-the time of the request over a ``window_s`` window (metrics-server's shape).
+the time of the request (or a time the test fixes) over a ``window_s`` window (metrics-server's shape).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import http.server
 import json
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ SERVICE = ("kube-system", "metrics-server-test")
 class PodUsage:
     labels: dict[str, str]
     cpu_milli: int
+    timestamp: float | None = None  # when the sample was taken (seconds since the epoch); None: when read
 
 
 @dataclass
@@ -57,11 +59,13 @@ class ResourceMetrics:
             wanted = dict(
                 pair.split("=", 1) for pair in (query.get("labelSelector") or [""])[0].split(",") if "=" in pair
             )
-            now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            now = time.time()
             items = [
                 {
                     "metadata": {"name": name, "namespace": parts[4], "labels": usage.labels},
-                    "timestamp": now,
+                    "timestamp": dt.datetime.fromtimestamp(usage.timestamp or now, dt.UTC).strftime(
+                        "%Y-%m-%dT%H:%M:%SZ"
+                    ),
                     "window": f"{self.window_s}s",
                     "containers": [{"name": "server", "usage": {"cpu": f"{usage.cpu_milli}m", "memory": "1Gi"}}],
                 }

@@ -243,17 +243,23 @@ def test_gpuscale_hpa_makes_the_real_controllers_decisions(metrics_stack):
     assert len({tuple(real) for _, real, _ in results}) == len(CASES), results
 
 
-# --- cpu readiness: kube-controller-manager's --horizontal-pod-autoscaler-initial-readiness-delay ------------
-# Two pods started 10 minutes ago (past the 5-minute cpu initialization period), each requesting 1 cpu: one
-# Ready at 600 m, one not Ready at 1000 m. Whether the second one's cpu counts depends only on when its Ready
-# condition last changed: within the initial readiness delay (30 s) of its start it has never been ready and is
-# left out (60 % over a 50 % target: a scale-up that, with the unready pod counted as 0, would be a scale-down:
-# no change); a minute after its start it was ready once, so it counts (80 %: 2 → 4). The metrics come from
-# metrics.k8s.io (tests/cluster/resource_metrics.py); new pods stay Pending (no kubelet in this namespace).
+# --- cpu readiness: kube-controller-manager's --horizontal-pod-autoscaler-initial-readiness-delay and
+# --horizontal-pod-autoscaler-cpu-initialization-period ------------------------------------------------------
+# Two pods each requesting 1 cpu: the first started 10 minutes ago and Ready at 600 m, the second at 1000 m.
+# Whether the second one's cpu counts decides the outcome: left out, 60 % over a 50 % target is a scale-up
+# that, with the unready pod counted as 0, would be a scale-down: no change; counted, 80 %: 2 → 4.
+# - started 10 minutes ago (past the 5-minute initialization period) and not Ready: it counts only if it was
+#   ready once, i.e. its Ready condition changed more than the initial readiness delay (30 s) after its start;
+# - started 1 minute ago (inside the period) and Ready: its sample counts only if it was taken at least one
+#   metric window (30 s) after Ready changed (the test's metrics.k8s.io stamps it at set-up time).
+# The metrics come from metrics.k8s.io (tests/cluster/resource_metrics.py); new pods stay Pending (no kubelet).
 CPU_NS = "parity-cpu"
-CPU_CASES = [  # (case, seconds from the second pod's start to its Ready condition's last change)
-    ("never-ready-within-delay", 10),
-    ("was-ready-once", 60),
+# (case, second pod: seconds since its start, Ready, seconds since its Ready condition changed), both at set-up
+CPU_CASES = [
+    ("never-ready-within-delay", 600, False, 590),
+    ("was-ready-once", 600, False, 540),
+    ("initializing-sample-within-window-of-ready", 60, True, 10),
+    ("initializing-sample-a-window-after-ready", 60, True, 45),
 ]
 
 
@@ -275,7 +281,9 @@ def _rfc3339(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def _start_cpu_pods(rest, app: str, *, ready_after_s: int) -> tuple[list[hpa.PodInfo], float]:
+def _start_cpu_pods(
+    rest, app: str, *, started_ago: int, ready: bool, changed_ago: int
+) -> tuple[list[hpa.PodInfo], float]:
     """The Deployment's two pods, bound and given a status as a kubelet would; (their PodInfo, the status' now)."""
     deployment = llm_deployment()
     deployment["metadata"].update(name=app, namespace=CPU_NS)
@@ -296,9 +304,9 @@ def _start_cpu_pods(rest, app: str, *, ready_after_s: int) -> tuple[list[hpa.Pod
         what=f"{app}: the ReplicaSet's 2 pods",
     )
     now = float(int(time.time()))
-    started = now - 600
     infos = []
-    for name, ready, changed in ((names[0], True, started + 60), (names[1], False, started + ready_after_s)):
+    second = (names[1], now - started_ago, ready, now - changed_ago)
+    for name, started, is_ready, changed in ((names[0], now - 600, True, now - 540), second):
         base = f"/api/v1/namespaces/{CPU_NS}/pods/{name}"
         binding = {
             "apiVersion": "v1",
@@ -310,11 +318,11 @@ def _start_cpu_pods(rest, app: str, *, ready_after_s: int) -> tuple[list[hpa.Pod
         status = {
             "phase": "Running",
             "startTime": _rfc3339(started),
-            "conditions": [{"type": "Ready", "status": str(ready), "lastTransitionTime": _rfc3339(changed)}],
+            "conditions": [{"type": "Ready", "status": str(is_ready), "lastTransitionTime": _rfc3339(changed)}],
         }
         rest.patch(f"{base}/status", {"status": status}).expect(200)
         infos.append(
-            hpa.PodInfo(name, ready=ready, started=started, ready_changed=changed, requests_milli={"cpu": 1000})
+            hpa.PodInfo(name, ready=is_ready, started=started, ready_changed=changed, requests_milli={"cpu": 1000})
         )
     return infos, now
 
@@ -331,16 +339,18 @@ def _cpu_utilization(rest, url: str) -> int | None:
 
 
 class _CpuReadings(_Readings):
-    def __init__(self, usage: dict[str, int], now: float) -> None:
+    def __init__(self, usage: dict[str, int], stamps: dict[str, float]) -> None:
         super().__init__([], 0)
-        self._samples = {pod: hpa.ResourceSample(milli, timestamp=now, window_s=30) for pod, milli in usage.items()}
+        self._samples = {
+            pod: hpa.ResourceSample(milli, timestamp=stamps[pod], window_s=30) for pod, milli in usage.items()
+        }
 
     def resource(self, name):
         return self._samples
 
 
-def test_initial_readiness_delay_matches_the_real_controller(control_plane):
-    """The two cases through kube-controller-manager (defaults: 5 min cpu initialization, 30 s readiness delay)
+def test_cpu_readiness_matches_the_real_controller(control_plane):
+    """The four cases through kube-controller-manager (defaults: 5 min cpu initialization, 30 s readiness delay)
     and through gpuscale/hpa: the same replica paths and the same utilization in the HPA's status."""
     from tests.cluster.kubelet import make_node
     from tests.cluster.resource_metrics import PodUsage, resource_metrics_api
@@ -352,12 +362,14 @@ def test_initial_readiness_delay_matches_the_real_controller(control_plane):
     make_node(rest, "cpu-node-1")
     results = {}
     with resource_metrics_api(control_plane) as metrics:
-        for case, ready_after_s in CPU_CASES:
-            app = f"cpu-{case}"
-            infos, now = _start_cpu_pods(rest, app, ready_after_s=ready_after_s)
+        for case, started_ago, ready, changed_ago in CPU_CASES:
+            app = f"cpu-{case}"[:63]
+            infos, now = _start_cpu_pods(rest, app, started_ago=started_ago, ready=ready, changed_ago=changed_ago)
             usage = {infos[0].name: 600, infos[1].name: 1000}
+            # the first pod's samples are stamped when read; an initializing pod's once, at set-up
+            fixed = {infos[1].name: now} if started_ago < 300 else {}
             metrics.pods.setdefault(CPU_NS, {}).update(
-                {name: PodUsage({"app": app}, milli) for name, milli in usage.items()}
+                {name: PodUsage({"app": app}, milli, fixed.get(name)) for name, milli in usage.items()}
             )
             manifest = _cpu_hpa(app)
             path_ = f"/apis/autoscaling/v2/namespaces/{CPU_NS}/horizontalpodautoscalers"
@@ -385,8 +397,9 @@ def test_initial_readiness_delay_matches_the_real_controller(control_plane):
             current, ours, ours_utilization = 2, [2], None
             for tick in range(int(seconds) + 2):
                 pending = [hpa.PodInfo(f"new-{i}", phase="Pending", ready=False) for i in range(current - 2)]
+                stamps = {pod: fixed.get(pod, now + tick) for pod in usage}
                 decision = autoscaler.reconcile(
-                    now + tick, spec_replicas=current, pods=[*infos, *pending], readings=_CpuReadings(usage, now + tick)
+                    now + tick, spec_replicas=current, pods=[*infos, *pending], readings=_CpuReadings(usage, stamps)
                 )
                 ours_utilization = ours_utilization or decision.proposals[0].usage_milli
                 if decision.desired_replicas != current:
@@ -399,6 +412,8 @@ def test_initial_readiness_delay_matches_the_real_controller(control_plane):
         if (real, u) != (ours, our_u)
     ]
     assert not differences, "\n".join(differences)
-    # the delay is what tells the cases apart: the never-ready pod is left out, the once-ready one counts
+    # the flags are what tell the cases apart: the never-ready pod and the sample too close to Ready are left out
     assert results["never-ready-within-delay"][:2] == ([2], 60), results
     assert results["was-ready-once"][:2] == ([2, 4], 80), results
+    assert results["initializing-sample-within-window-of-ready"][:2] == ([2], 60), results
+    assert results["initializing-sample-a-window-after-ready"][:2] == ([2, 4], 80), results
