@@ -153,7 +153,7 @@ def _why(decision: Decision, hpa: HorizontalPodAutoscaler) -> str:
         f"{p.metric}={p.usage_milli}%→{p.replicas}"
         if m.resource is not None and m.resource.target.average_utilization is not None
         else f"{p.metric}={p.usage_milli / 1000:g}→{p.replicas}"
-        for p, m in zip(decision.proposals, hpa.spec.metrics, strict=True)
+        for p, m in zip(decision.proposals, hpa.spec.metrics, strict=False)  # NB: none when out of bounds
         if p.replicas is not None and p.usage_milli is not None
     ]
     parts += [p.error for p in decision.proposals if p.replicas is None]

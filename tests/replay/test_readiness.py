@@ -111,3 +111,14 @@ def test_history_mode_refuses_a_resource_metric(tmp_path, capsys):
     assert main(["simulate", "--history", str(history), "--hpa", str(manifest)]) == 2
     err = capsys.readouterr().err
     assert "spec.metrics[0].resource" in err and "replay it with --trace" in err
+
+
+def test_event_reasons_name_a_utilization_in_percent_and_survive_no_proposals():
+    from gpuscale.hpa import Decision
+    from gpuscale.hpa.controller import Proposal
+    from gpuscale.replay.simulate import _why
+
+    hpa = parse_manifests(CPU_HPA, source="hpa.yaml")[0]
+    assert _why(Decision(0.0, 2, 4, (Proposal("cpu", 4, 80),), "ReadyForNewScale"), hpa) == "cpu=80%→4"
+    # out of [min, max] the controller clamps without asking the metrics: no proposals to explain
+    assert _why(Decision(0.0, 12, 10, (), "Current number of replicas above Spec.MaxReplicas"), hpa) == ""
