@@ -38,7 +38,7 @@ import yaml
 from kubernetes_asyncio import client, config
 
 from gpuscale.errors import SelectorError, SourceUnavailable
-from gpuscale.selectors import LabelSelector
+from gpuscale.selectors import DOUBLE_EQUALS, EQUALS, IN, LabelSelector
 from gpuscale.sources.base import TargetHealth
 
 __all__ = [
@@ -235,6 +235,8 @@ class _Index:
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], PodInfo] = {}
         self.pods_by_namespace: dict[str, dict[str, PodInfo]] = {}
+        # (namespace, label key, value) → pod names: a selector's equality terms find their pods without a scan
+        self.pods_by_label: dict[tuple[str, str, str], set[str]] = {}
         self.endpoints: dict[tuple[str, int], set[tuple[str, str]]] = {}
         self.workloads: dict[tuple[str, str, str], WorkloadInfo] = {}
         self.workloads_by_namespace: dict[tuple[str, str], dict[str, WorkloadInfo]] = {}
@@ -254,6 +256,8 @@ class _Index:
         key = (pod.namespace, pod.name)
         self.pods[key] = pod
         self.pods_by_namespace.setdefault(pod.namespace, {})[pod.name] = pod
+        for label in pod.labels.items():
+            self.pods_by_label.setdefault((pod.namespace, *label), set()).add(pod.name)
         if pod.pod_ip:
             for port in pod.container_ports:
                 self.endpoints.setdefault((pod.pod_ip, port), set()).add(key)
@@ -268,6 +272,12 @@ class _Index:
             in_namespace.pop(name, None)
             if not in_namespace:
                 del self.pods_by_namespace[namespace]
+        for label in old.labels.items():
+            names = self.pods_by_label.get((namespace, *label))
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self.pods_by_label[(namespace, *label)]
         if old.pod_ip:
             for port in old.container_ports:
                 holders = self.endpoints.get((old.pod_ip, port))
@@ -278,7 +288,7 @@ class _Index:
 
     def set_pods(self, pods: Iterable[PodInfo]) -> None:
         self.generation += 1
-        self.pods, self.pods_by_namespace, self.endpoints = {}, {}, {}
+        self.pods, self.pods_by_namespace, self.endpoints, self.pods_by_label = {}, {}, {}, {}
         for pod in pods:
             self.put_pod(pod)
 
@@ -363,8 +373,19 @@ class _IndexedClusterObjects:
         return self._index.pods.get((namespace, name))
 
     def select_pods(self, namespace: str, selector: LabelSelector) -> list[PodInfo]:
-        in_namespace = self._index.pods_by_namespace.get(namespace, {})
-        return [in_namespace[n] for n in sorted(in_namespace) if selector.matches(in_namespace[n].labels)]
+        """The namespace's pods the selector matches, by name. Equality and ``in`` terms (every HPA's
+        ``matchLabels``) narrow the candidates through the label index first: O(pods selected), not O(namespace)
+        — the adapter selects again for every HPA query whenever any pod changes."""
+        index = self._index
+        in_namespace = index.pods_by_namespace.get(namespace, {})
+        candidates: set[str] | None = None
+        for r in selector.requirements:
+            if r.operator in (EQUALS, DOUBLE_EQUALS, IN):
+                # NB: set() of one C-level copy: the refresh thread may read while the loop changes the index
+                names = set().union(*(index.pods_by_label.get((namespace, r.key, v), ()) for v in r.values))
+                candidates = names if candidates is None else candidates & names
+        names = sorted(in_namespace) if candidates is None else sorted(candidates)
+        return [p for n in names if (p := in_namespace.get(n)) is not None and selector.matches(p.labels)]
 
     def workload(self, kind: str, namespace: str, name: str) -> WorkloadInfo | None:
         return self._index.workloads.get((kind, namespace, name))

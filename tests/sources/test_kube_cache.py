@@ -417,3 +417,33 @@ def test_pod_start_and_ready_times_and_workload_annotations_are_kept():
         {"metadata": {"name": "d", "namespace": "n", "annotations": {"gpuscale.io/startup-seconds": "60"}}},
     )
     assert workload.annotations == {"gpuscale.io/startup-seconds": "60"}
+
+
+def test_select_pods_through_the_label_index_equals_a_scan_as_pods_come_go_and_change():
+    """The label index answers exactly what checking every pod of the namespace does, through any changes."""
+    import random
+
+    from gpuscale.sources.kube import StaticClusterObjects
+
+    rng = random.Random(21)
+    cluster = StaticClusterObjects(pods=[], namespaces=["a", "b"])
+    index = cluster._index
+    values = ["x", "y", "z"]
+    selectors = [
+        LabelSelector.parse(text)
+        for text in [
+            "", "app=x", "app==y", "app in (x,z)", "app=x,tier=y", "app=x,tier!=y", "app in (x,y),tier in (y)",
+            "app", "!tier", "app notin (x)", "app=x,app=y", "tier=z,app",
+        ]
+    ]  # fmt: skip
+    for step in range(400):
+        namespace, name = rng.choice("ab"), f"p{rng.randrange(30)}"
+        if rng.random() < 0.25:
+            index.remove_pod(namespace, name)
+        else:
+            labels = {k: rng.choice(values) for k in ("app", "tier") if rng.random() < 0.7}
+            index.put_pod(PodInfo(namespace, name, labels, None, None, (), "Running", None))
+        for selector in selectors:
+            for ns in "ab":
+                scan = [p for p in cluster.pods(ns) if selector.matches(p.labels)]
+                assert cluster.select_pods(ns, selector) == scan, (step, str(selector), ns)
