@@ -110,7 +110,9 @@ async def custom_metrics(request: web.Request) -> web.Response:
         namespace = None
     else:
         return status_response(404, "the server could not find the requested resource")
-    request[RESOURCE] = resource
+    # NB: the label of gpuscale_adapter_requests_total: only names we serve, never what a URL made up (a
+    # client could otherwise grow /metrics without bound)
+    request[RESOURCE] = resource if resource in NAMESPACED else "unknown"
     if resource not in NAMESPACED or ((namespace is None) == NAMESPACED[resource] and resource != "namespaces"):
         where = "namespaced" if namespace else "cluster-scoped"
         return status_response(404, f"the server could not find the metric {metric} for {where} {resource}")
@@ -123,7 +125,7 @@ async def custom_metrics(request: web.Request) -> web.Response:
 
 async def external_metrics(request: web.Request) -> web.Response:
     namespace, metric = request.match_info["namespace"], request.match_info["metric"]
-    request[RESOURCE] = metric
+    request[RESOURCE] = metric if metric in request.app[DISCOVERY].external_names else "unknown"
     selector = _selector(request, "labelSelector")
     everything = LabelSelector.everything()
     return _answer(request, MetricQuery(EXTERNAL_GROUP, "v1beta1", metric, namespace, "", metric, selector, everything))

@@ -90,6 +90,7 @@ class Discovery:
                 }
             ]
         self._resources = {CUSTOM_GROUP: custom, EXTERNAL_GROUP: external}
+        self.external_names = frozenset(r["name"] for r in external)
 
     def api_group_list(self) -> dict:
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": list(self.groups.values())}

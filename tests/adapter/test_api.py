@@ -327,6 +327,17 @@ async def test_own_metrics_count_requests(client):
     assert "gpuscale_adapter_request_duration_seconds_bucket" in text
 
 
+async def test_made_up_names_in_urls_do_not_grow_the_request_counter(client):
+    """A client choosing resource types or external metric names must not add a series per name to /metrics."""
+    for i in range(50):
+        await get(client, f"{CUSTOM}/v1beta1/namespaces/ml/made-up-{i}/*/gpu_utilization", 404)
+        await get(client, f"/apis/external.metrics.k8s.io/v1beta1/namespaces/ml/made-up-{i}", 404)
+    text = await (await client.get("/metrics")).text()
+    assert "made-up" not in text
+    assert 'gpuscale_adapter_requests_total{code="404",group="custom.metrics.k8s.io",resource="unknown"} 50.0' in text
+    assert 'gpuscale_adapter_requests_total{code="404",group="external.metrics.k8s.io",resource="unknown"} 50.0' in text
+
+
 async def test_a_cached_answer_never_outlives_its_values(client):
     path = f"{CUSTOM}/v1beta1/namespaces/ml-training/pods/*/gpu_utilization"
     first = await get(client, path)
