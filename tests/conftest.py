@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gpuscale.metrics.catalogue import load_catalogue
@@ -22,7 +24,6 @@ def control_plane():
     """etcd, kube-apiserver and kube-controller-manager of the pinned release, started once per session on
     loopback and stopped at its end. Without Go or a build the tests that need it skip with the reason; under
     CI (CI=true) they fail instead, so a green CI always means they ran."""
-    import os
     import shutil
 
     from tests.cluster.controlplane import start_for_tests
@@ -54,6 +55,74 @@ def helm():
         pytest.skip(f"helm unavailable: {e}")
 
 
+def pytest_sessionfinish(session):
+    # Under pytest-xdist each worker starts its own control plane: its line travels to the controller's summary.
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["control_plane_report"] = _control_plane_report
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _control_plane_report.extend(getattr(node, "workeroutput", {}).get("control_plane_report", []))
+
+
 def pytest_terminal_summary(terminalreporter):
     for line in _control_plane_report:
         terminalreporter.write_line(line)
+
+
+# --- the whole suite runs in parallel (docs/testing.md, "Suite time") -------------------------------------------
+
+WORKERS = 3  # most of the slow tests wait on other processes (Prometheus, kube-controller-manager, buildah)
+
+# Started first: the longest modules (the image build alone is ~40 % of one worker's share), so that no worker
+# is left running one of them after the others have drained the queue.
+SLOW_FIRST = ("tests/e2e/test_image.py", "tests/e2e/test_installed_wheel.py", "tests/e2e/test_faults.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """`pytest` with no paths (the whole suite, what .ci/run does) runs on WORKERS pytest-xdist workers; a run
+    of chosen files stays in one process (-s, --pdb). -n N or GPUSCALE_TEST_WORKERS=N (0: serial) decide
+    otherwise. Each test module runs whole on one worker, so its fixtures (the image, the installed wheel, a
+    Prometheus) are made once, and every tests/cluster module on one worker, so that they share one real
+    control plane as in a serial run (the scheduler below)."""
+    if not config.pluginmanager.hasplugin("xdist") or config.option.numprocesses is not None:
+        return
+    if hasattr(config, "workerinput") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a worker itself: never workers of its own
+    if getattr(config.option, "collectonly", False) or config.option.usepdb:
+        return
+    workers = os.environ.get("GPUSCALE_TEST_WORKERS")
+    if workers is None and config.args_source != pytest.Config.ArgsSource.TESTPATHS:
+        return
+    config.option.numprocesses = int(workers) if workers is not None else WORKERS
+    if config.option.numprocesses and config.option.dist == "no":
+        config.option.dist = "loadfile"
+
+
+def _work_unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "tests/cluster/" if path.startswith("tests/cluster/") else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, but with tests/cluster as one unit and in collection order (SLOW_FIRST first), not
+    xdist's largest-count-first. NB: not --dist loadgroup with xdist_group marks: xdist 3.8 renames a grouped
+    test's node id through Node._nodeid, which pytest 9 no longer reads, so the groups are silently lost."""
+    if config.option.dist != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return ModuleScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker collects, and sorts, alike
+        items.sort(key=lambda item: item.nodeid.split("::")[0] not in SLOW_FIRST)
