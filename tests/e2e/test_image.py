@@ -73,14 +73,14 @@ def _cannot_run_buildah(tmp: Path) -> str | None:
 
 def rootfs_cache() -> Path:
     """Where the Debian rootfs is kept between runs: a one-time build, like the Kubernetes binaries (it saves
-    ~10 s and the Debian mirror on later runs; the buildah assembly, ~45 s, is the bulk). Keyed on build-offline itself, so a changed package list makes a new one;
+    ~100 s and the Debian mirror on later runs). Keyed on build-offline's rootfs part, so a changed package list makes a new one;
     GPUSCALE_IMAGE_ROOTFS_CACHE=FILE names another place. The gpuscale wheel and its dependencies are built
     and installed into the image afresh on every run."""
     if os.environ.get("GPUSCALE_IMAGE_ROOTFS_CACHE"):
         return Path(os.environ["GPUSCALE_IMAGE_ROOTFS_CACHE"])
-    import hashlib
-
-    key = hashlib.sha256(BUILD.read_bytes()).hexdigest()[:12]
+    text = BUILD.read_text()
+    rootfs_part = text[text.index("# --- rootfs") : text.index("# --- image")]  # what makes the rootfs
+    key = hashlib.sha256(rootfs_part.encode()).hexdigest()[:12]
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuscale" / f"image-rootfs-{key}.tar"
 
 
