@@ -205,10 +205,17 @@ def real_path(stack, case: str, manifest: dict, *, start: int, value_percent: in
         rest.post(HPA_PATH, manifest).expect(201)
         began = last_change = time.monotonic()
         path = [start]
+        external = any(m["type"] == "External" for m in manifest["spec"]["metrics"])
         while time.monotonic() - last_change < quiet and time.monotonic() - began < 45:
             replicas = rest.get(scale).body["spec"].get("replicas", 0)  # NB: omitted at 0
             if replicas != path[-1]:
                 path.append(replicas)
+                last_change = time.monotonic()
+            elif not _metric_settled(rest, app, replicas, value_percent) or (
+                external and not _external_settled(rest, app, replicas, value_percent)
+            ):
+                # NB: the quiet spell starts once the new size's pods report: on a loaded machine a new pod's
+                # first value came later than the spell, which then ended before the HPA's next step.
                 last_change = time.monotonic()
             time.sleep(0.2)
         status = rest.get(f"{HPA_PATH}/{app}").body.get("status", {})
