@@ -93,7 +93,9 @@ def _fake_prometheus(gpus: int, queue: mp.Queue) -> None:  # the child process
     by_namespace: dict[str, list[int]] = {}
     for i, gpu in enumerate(labels):
         by_namespace.setdefault(gpu["namespace"], []).append(i)
-    now = time.time()
+    # NB: bodies carry a placeholder time, replaced by the time of each answer: a fake that outlives max-age (60 s)
+    # must not serve stale samples (bench_hpa_latency.py runs adapters against it for minutes)
+    stamp = 1234567890.125
     names = sorted(DCGM_FIELDS, key=len, reverse=True)
     name_pattern = re.compile("|".join(re.escape(n) for n in names))
     # NB: the demand-driven PromQL's workload alternative for plain pod/namespace labels (sources/prometheus.py)
@@ -103,11 +105,14 @@ def _fake_prometheus(gpus: int, queue: mp.Queue) -> None:  # the child process
     def body(name: str, indices: list[int] | range) -> bytes:
         f = DCGM_FIELDS[name]
         result = [
-            {"metric": {"__name__": name, **labels[i]}, "value": [now, str(f(i % GPUS_PER_NODE))]} for i in indices
+            {"metric": {"__name__": name, **labels[i]}, "value": [stamp, str(f(i % GPUS_PER_NODE))]} for i in indices
         ]
         return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
 
     def answer(promql: str) -> bytes:
+        return unstamped(promql).replace(b"1234567890.125", f"{time.time():.3f}".encode())
+
+    def unstamped(promql: str) -> bytes:
         m = name_pattern.search(promql)
         if m is None:
             return EMPTY
