@@ -94,6 +94,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="HPA requests/s (default 100)")
     parser.add_argument("--seconds", type=int, default=15, help="length of each measured window (default 15)")
     parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument(
+        "--switch-interval", type=float, help="run the adapter with this sys.setswitchinterval (s; Python's is 0.005)"
+    )
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args()
     loadgen = loadgen_binary()
@@ -116,7 +119,13 @@ def main() -> None:
                 port = free_port()
                 base = f"https://127.0.0.1:{port}"
                 log = work / f"adapter-{len(rows)}.log"
-                command = [*pinned(0), sys.executable, "-m", "gpuscale.cli.main", "adapter",
+                python = [sys.executable, "-m", "gpuscale.cli.main"]
+                if args.switch_interval:  # NB: an experiment: the loop regains the GIL sooner from worker threads
+                    code = (f"import sys, runpy; sys.setswitchinterval({args.switch_interval}); "
+                            "sys.argv[0] = 'gpuscale'; "
+                            "runpy.run_module('gpuscale.cli.main', run_name='__main__')")  # fmt: skip
+                    python = [sys.executable, "-c", code]
+                command = [*pinned(0), *python, "adapter",
                            "--prometheus-url", prometheus, "--kubeconfig", str(plane.admin),
                            "--bind-address", "127.0.0.1", "--secure-port", str(port),
                            "--cert-dir", str(work / "certs"), "--refresh-interval", interval,
@@ -138,7 +147,8 @@ def main() -> None:
                 rows.append(result)
                 print(json.dumps(result), file=sys.stderr, flush=True)
     print(f"{GPUS} GPUs, {HPAS} HPAs; {args.rate:g} HPA requests/s for {args.seconds} s per row over "
-          f"{args.connections} connections; load average at start {load:.2f}")  # fmt: skip
+          f"{args.connections} connections; switch interval {args.switch_interval or 0.005} s; "
+          f"load {load:.2f}")  # fmt: skip
     print(f"{'refresh':<27}{'window':<11}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'errors':>7}{'refreshes':>10}"
           f"{'refreshing':>11}{'s/refresh':>10}{'adapter CPU':>12}")  # fmt: skip
     for r in rows:
