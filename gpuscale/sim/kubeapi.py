@@ -110,9 +110,18 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from gpuscale.disruption import pdb_selects
 from gpuscale.errors import SelectorError
-from gpuscale.model import format_quantity, parse_quantity
 from gpuscale.selectors import FieldSelector, LabelSelector, field_value, label_key_problem, label_value_problem
 from gpuscale.sim.disruption_controller import budget_status, can_ignore_budgets, eviction_verdict
+from gpuscale.sim.patches import (
+    PATCH_REJECTED,
+    PatchBodyError,
+    PatchError,
+    json_patch,
+    merge_patch,
+    strategic_merge_patch,
+    strip_nulls,
+)
+from gpuscale.sim.tables import DEFAULT_TABLE, TABLES, selector_text
 
 __all__ = [
     "RESOURCES",
@@ -585,51 +594,6 @@ def _timestamp(when: datetime | None = None) -> str:
     return (when or _now()).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
-def _human_duration(seconds: float) -> str:
-    """apimachinery ``duration.HumanDuration`` (what kubectl shows as AGE)."""
-    s = int(seconds)
-    if s < -1:
-        return "<invalid>"
-    if s < 0:
-        return "0s"
-    if s < 120:
-        return f"{s}s"
-    minutes = s // 60
-    if minutes < 10:
-        return f"{minutes}m" if s % 60 == 0 else f"{minutes}m{s % 60}s"
-    if minutes < 180:
-        return f"{minutes}m"
-    hours = s // 3600
-    if hours < 8:
-        return f"{hours}h" if minutes % 60 == 0 else f"{hours}h{minutes % 60}m"
-    if hours < 48:
-        return f"{hours}h"
-    if hours < 24 * 8:
-        return f"{hours // 24}d" if hours % 24 == 0 else f"{hours // 24}d{hours % 24}h"
-    if hours < 24 * 365 * 2:
-        return f"{hours // 24}d"
-    if hours < 24 * 365 * 8:
-        days = (hours // 24) % 365
-        return f"{hours // 24 // 365}y" if days == 0 else f"{hours // 24 // 365}y{days}d"
-    return f"{hours // 24 // 365}y"
-
-
-def _age(obj: Mapping[str, Any]) -> str:
-    created = _parse_time(obj.get("metadata", {}).get("creationTimestamp"))
-    if created is None:
-        return "<unknown>"
-    return _human_duration((_now() - created).total_seconds())
-
-
 _DNS1123_LABEL_MAX = 63
 _DNS1123_SUBDOMAIN_MAX = 253
 _DNS1123_LABEL_RE = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -657,287 +621,11 @@ def _name_problem(name: str, *, label: bool) -> str | None:
     return None
 
 
-def _strip_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_strip_nulls(v) for v in value]
-    return value
-
-
 def _truthy(value: str | None) -> bool:
     return (value or "").lower() in ("1", "true")
 
 
-# --- patches ----------------------------------------------------------------------------------------
-
-
-_PATCH_REJECTED = "the server rejected our request due to an error in our request"
-
-
-class _PatchError(Exception):
-    """A patch applied cleanly as JSON but failed (JSON patch test/path errors) → 422."""
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-# Strategic merge patch: the list fields of the served types that merge by key rather than replace
-# (patchStrategy=merge in the Go types). "ports" merges by containerPort in containers, by port in services.
-_SMP_MERGE_KEYS = {
-    "containers": "name",
-    "initContainers": "name",
-    "ephemeralContainers": "name",
-    "volumes": "name",
-    "imagePullSecrets": "name",
-    "env": "name",
-    "volumeMounts": "mountPath",
-    "volumeDevices": "devicePath",
-    "conditions": "type",
-    "ownerReferences": "uid",
-    "hostAliases": "ip",
-    "topologySpreadConstraints": "topologyKey",
-    "resourceClaims": "name",
-    "schedulingGates": "name",
-    "addresses": "type",
-}
-_SMP_PRIMITIVE_MERGE = frozenset({"finalizers"})
-_DELETE = object()
-
-
-def _smp_merge_key(field_name: str, items: list[Any]) -> str | None:
-    if field_name == "ports":
-        dicts = [i for i in items if isinstance(i, dict)]
-        return "containerPort" if any("containerPort" in i for i in dicts) else "port"
-    return _SMP_MERGE_KEYS.get(field_name)
-
-
-def strategic_merge_patch(target: Any, patch: Any) -> Any:
-    """A strategic merge patch: JSON merge patch, plus merge-by-key lists and ``$patch`` directives.
-
-    Lists named in ``_SMP_MERGE_KEYS`` merge element-wise by their key (``{"$patch": "delete", key: …}``
-    removes one, ``{"$patch": "replace"}`` replaces the list); ``finalizers`` merges as a set;
-    ``$deleteFromPrimitiveList/<field>``, ``$retainKeys`` and ``$patch: replace|delete`` on maps are honoured;
-    ``$setElementOrder/<field>`` is accepted and ignored.
-    """
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    directive = patch.get("$patch")
-    if directive == "delete":
-        return _DELETE
-    if directive == "replace":
-        return _strip_directives(patch)
-    if directive not in (None, "merge"):
-        raise _bad_request(f"unknown patch type {directive!r} in strategic merge patch")
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    deferred: list[tuple[str, Any]] = []
-    for key, value in patch.items():
-        if key.startswith("$"):
-            deferred.append((key, value))
-            continue
-        if value is None:
-            result.pop(key, None)
-        elif isinstance(value, dict):
-            merged = strategic_merge_patch(result.get(key), value)
-            if merged is _DELETE:
-                result.pop(key, None)
-            else:
-                result[key] = merged
-        elif isinstance(value, list):
-            result[key] = _smp_list(key, result.get(key), value)
-        else:
-            result[key] = value
-    for key, value in deferred:
-        if key.startswith("$deleteFromPrimitiveList/"):
-            name = key.split("/", 1)[1]
-            if isinstance(result.get(name), list):
-                result[name] = [v for v in result[name] if v not in value]
-        elif key == "$retainKeys":
-            keep = set(value or [])
-            result = {k: v for k, v in result.items() if k in keep}
-        # $patch handled above; $setElementOrder/… only orders lists, which we leave as merged.
-    return result
-
-
-def _strip_directives(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip_directives(v) for k, v in value.items() if not k.startswith("$")}
-    if isinstance(value, list):
-        return [_strip_directives(v) for v in value]
-    return value
-
-
-def _smp_list(field_name: str, current: Any, patch: list[Any]) -> list[Any]:
-    if field_name in _SMP_PRIMITIVE_MERGE:
-        merged = list(current) if isinstance(current, list) else []
-        merged.extend(v for v in patch if v not in merged)
-        return merged
-    key = _smp_merge_key(field_name, patch)
-    if key is None or not all(isinstance(i, dict) for i in patch):
-        return _strip_directives(patch)
-    if any(i.get("$patch") == "replace" for i in patch):
-        return [_strip_directives(i) for i in patch if "$patch" not in i]
-    merged = copy.deepcopy(current) if isinstance(current, list) else []
-    server_order = [old.get(key) if isinstance(old, dict) else None for old in merged]
-    patched: list[Any] = []
-    for item in patch:
-        position = next(
-            (n for n, old in enumerate(merged) if isinstance(old, dict) and key in item and old.get(key) == item[key]),
-            None,
-        )
-        if item.get("$patch") == "delete":
-            if position is not None:
-                del merged[position]
-            continue
-        if position is None:
-            merged.append(_strip_nulls(_strip_directives(item)))
-        else:
-            merged[position] = strategic_merge_patch(merged[position], item)
-        patched.append(item.get(key))
-    return _smp_order(merged, key, patched, server_order)
-
-
-def _smp_order(merged: list[Any], key: str, patched: list[Any], server_order: list[Any]) -> list[Any]:
-    """The order strategicpatch.normalizeElementOrder gives a merged list: the patch's items in the patch's order,
-    with the items only on the server slotted in by their server order (mergeSortedSlice) — so a new item
-    comes before the ones the server already had."""
-
-    def key_of(item: Any) -> Any:
-        return item.get(key) if isinstance(item, dict) else None
-
-    in_patch = [
-        next(i for i in merged if key_of(i) == k) for k in dict.fromkeys(patched) if any(key_of(i) == k for i in merged)
-    ]
-    server_only = [i for i in merged if key_of(i) not in set(patched)]
-    out: list[Any] = []
-    left, right = 0, 0
-    while left < len(server_only) or right < len(in_patch):
-        if left >= len(server_only):
-            out.append(in_patch[right])
-            right += 1
-        elif right >= len(in_patch):
-            out.append(server_only[left])
-            left += 1
-        else:
-            lk, rk = key_of(server_only[left]), key_of(in_patch[right])
-            if lk in server_order and rk in server_order and server_order.index(lk) < server_order.index(rk):
-                out.append(server_only[left])
-                left += 1
-            else:
-                out.append(in_patch[right])
-                right += 1
-    return out
-
-
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise _PatchError(f"JSON pointer {path!r} must start with '/'")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def _resolve_parent(doc: Any, tokens: list[str], path: str) -> tuple[Any, str]:
-    node = doc
-    for token in tokens[:-1]:
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            raise _PatchError(f"path {path!r} does not exist")
-    return node, tokens[-1]
-
-
-def _get_at(doc: Any, path: str, *, missing_is_null: bool = False) -> Any:
-    tokens = _pointer(path)
-    if not tokens:
-        return doc
-    parent, last = _resolve_parent(doc, tokens, path)
-    if isinstance(parent, dict) and last in parent:
-        return parent[last]
-    if isinstance(parent, dict) and missing_is_null:
-        return None
-    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
-        return parent[int(last)]
-    raise _PatchError(f"path {path!r} does not exist")
-
-
-def _remove_at(doc: Any, path: str) -> Any:
-    tokens = _pointer(path)
-    if not tokens:
-        raise _PatchError("cannot remove the whole document")
-    parent, last = _resolve_parent(doc, tokens, path)
-    if isinstance(parent, dict) and last in parent:
-        return parent.pop(last)
-    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
-        return parent.pop(int(last))
-    raise _PatchError(f"unable to remove nonexistent key {path!r}")
-
-
-def _add_at(doc: Any, path: str, value: Any, *, replace: bool = False) -> Any:
-    tokens = _pointer(path)
-    if not tokens:
-        return value
-    parent, last = _resolve_parent(doc, tokens, path)
-    if isinstance(parent, dict):
-        # NB: kube-apiserver's JSON patch lets `replace` add a missing key of an existing object.
-        parent[last] = value
-    elif isinstance(parent, list):
-        if last == "-" and not replace:
-            parent.append(value)
-        elif last.isdigit() and (int(last) < len(parent) or (not replace and int(last) == len(parent))):
-            if replace:
-                parent[int(last)] = value
-            else:
-                parent.insert(int(last), value)
-        else:
-            raise _PatchError(f"index out of range in path {path!r}")
-    else:
-        raise _PatchError(f"path {path!r} does not point into an object or array")
-    return doc
-
-
-def json_patch(doc: Any, operations: Any) -> Any:
-    """RFC 6902 JSON patch (add, remove, replace, move, copy, test). Malformed operations → 400."""
-    if not isinstance(operations, list):
-        raise _bad_request("a JSON patch must be a list of operations")
-    doc = copy.deepcopy(doc)
-    for index, op in enumerate(operations):
-        if not isinstance(op, dict) or "op" not in op or "path" not in op:
-            raise _bad_request(f"JSON patch operation {index} must be an object with 'op' and 'path'")
-        kind, path = op["op"], op["path"]
-        if kind in ("add", "replace", "test") and "value" not in op:
-            raise _bad_request(f"JSON patch operation {index} ({kind}) is missing 'value'")
-        if kind in ("move", "copy") and "from" not in op:
-            raise _bad_request(f"JSON patch operation {index} ({kind}) is missing 'from'")
-        if kind == "add":
-            doc = _add_at(doc, path, copy.deepcopy(op["value"]))
-        elif kind == "remove":
-            _remove_at(doc, path)
-        elif kind == "replace":
-            doc = _add_at(doc, path, copy.deepcopy(op["value"]), replace=True)
-        elif kind == "move":
-            doc = _add_at(doc, path, _remove_at(doc, op["from"]))
-        elif kind == "copy":
-            doc = _add_at(doc, path, copy.deepcopy(_get_at(doc, op["from"])))
-        elif kind == "test":
-            # NB: an absent member of an existing object reads as null, so testing it for null passes.
-            if _get_at(doc, path, missing_is_null=True) != op["value"]:
-                raise _PatchError(f"testing value {path} failed: test failed")
-        else:
-            raise _PatchError(f"unexpected JSON patch operation {kind!r}")
-    return doc
+# --- patches: gpuscale.sim.patches ------------------------------------------------------------------
 
 
 # --- conversions between stored and served forms ----------------------------------------------------
@@ -1439,324 +1127,11 @@ def _scale_of(obj: Mapping[str, Any]) -> dict[str, Any]:
         },
         # NB: ScaleSpec.replicas is omitempty: a target scaled to 0 has an empty spec.
         "spec": {"replicas": spec["replicas"]} if spec.get("replicas") else {},
-        "status": {"replicas": status.get("replicas", 0), "selector": _selector_text(spec.get("selector"))},
+        "status": {"replicas": status.get("replicas", 0), "selector": selector_text(spec.get("selector"))},
     }
 
 
-# --- tables (meta.k8s.io/v1 Table, what `kubectl get` prints) ---------------------------------------
-
-_Column = tuple[str, int]  # (name, priority); 1 = shown only with -o wide
-
-
-def _pod_row(o: Mapping[str, Any]) -> list[Any]:
-    spec, status = o.get("spec") or {}, o.get("status") or {}
-    statuses = status.get("containerStatuses") or []
-    ready = sum(1 for s in statuses if s.get("ready"))
-    restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
-    phase = status.get("reason") or status.get("phase") or "Unknown"
-    if o["metadata"].get("deletionTimestamp"):
-        phase = "Terminating"
-    gates = spec.get("readinessGates")
-    return [
-        o["metadata"]["name"],
-        f"{ready}/{len(spec.get('containers') or [])}",
-        phase,
-        str(restarts),
-        _age(o),
-        status.get("podIP") or "<none>",
-        spec.get("nodeName") or "<none>",
-        status.get("nominatedNodeName") or "<none>",
-        f"0/{len(gates)}" if gates else "<none>",
-    ]
-
-
-def _node_row(o: Mapping[str, Any]) -> list[Any]:
-    spec, status = o.get("spec") or {}, o.get("status") or {}
-    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
-    state = "Unknown" if ready is None else ("Ready" if ready.get("status") == "True" else "NotReady")
-    if spec.get("unschedulable"):
-        state += ",SchedulingDisabled"
-    labels = o["metadata"].get("labels") or {}
-    roles = sorted(k.split("/", 1)[1] for k in labels if k.startswith("node-role.kubernetes.io/") and "/" in k)
-    info = status.get("nodeInfo") or {}
-    addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or []}
-    return [
-        o["metadata"]["name"],
-        state,
-        ",".join(r for r in roles if r) or "<none>",
-        _age(o),
-        info.get("kubeletVersion", ""),
-        addresses.get("InternalIP", "<none>"),
-        addresses.get("ExternalIP", "<none>"),
-        info.get("osImage", "<unknown>"),
-        info.get("kernelVersion", "<unknown>"),
-        info.get("containerRuntimeVersion", "<unknown>"),
-    ]
-
-
-def _hpa_targets(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
-    """kubectl's TARGETS column (formatHPAMetrics): "current/target" per metric, at most two, then "+ N more..."."""
-    specs, currents = spec.get("metrics") or [], status.get("currentMetrics") or []
-    if not specs:
-        return "<none>"
-    shown = []
-    for i, metric in enumerate(specs):
-        kind = {"Pods": "pods", "Object": "object", "External": "external", "Resource": "resource"}.get(
-            metric.get("type", ""), ""
-        )
-        target = (metric.get(kind) or {}).get("target") or {}
-        current = ((currents[i].get(kind) or {}) if i < len(currents) else {}).get("current") or {}
-        key = "averageValue" if "averageValue" in target else "value"
-        if kind == "resource" and "averageUtilization" in target:
-            key = "averageUtilization"
-        now = _canonical(current[key]) if key in current else "<unknown>"
-        goal = _canonical(target[key]) if key in target else "<none>"
-        text = f"{now}%/{goal}%" if key == "averageUtilization" else f"{now}/{goal}"
-        if kind == "resource":
-            text = f"{(metric.get('resource') or {}).get('name', '')}: {text}"
-        elif key == "averageValue" and kind in ("object", "external"):
-            text += " (avg)"
-        shown.append(text)
-    more = len(shown) - 2
-    return ", ".join(shown[:2]) + (f" + {more} more..." if more > 0 else "")
-
-
-def _canonical(quantity: Any) -> str:
-    """A quantity as kube-apiserver stores it ("1000m" → "1"); kubectl prints the stored form."""
-    try:
-        return format_quantity(parse_quantity(str(quantity)))
-    except ValueError:
-        return str(quantity)
-
-
-def _hpa_row(o: Mapping[str, Any]) -> list[Any]:
-    spec, status = o.get("spec") or {}, o.get("status") or {}
-    ref = spec.get("scaleTargetRef") or {}
-    return [
-        o["metadata"]["name"],
-        f"{ref.get('kind', '')}/{ref.get('name', '')}",
-        _hpa_targets(spec, status),
-        str(spec.get("minReplicas", 1)),
-        str(spec.get("maxReplicas", "")),
-        str(status.get("currentReplicas", 0)),
-        _age(o),
-    ]
-
-
-def _selector_text(raw: Any) -> str:
-    try:
-        return str(LabelSelector.from_dict(raw))
-    except SelectorError:
-        return ""
-
-
-def _containers_images(o: Mapping[str, Any]) -> tuple[str, str]:
-    containers = ((o.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
-    return ",".join(c.get("name", "") for c in containers), ",".join(c.get("image", "") for c in containers)
-
-
-def _deployment_row(o: Mapping[str, Any]) -> list[Any]:
-    spec, status = o.get("spec") or {}, o.get("status") or {}
-    names, images = _containers_images(o)
-    return [
-        o["metadata"]["name"],
-        f"{status.get('readyReplicas', 0)}/{spec.get('replicas', 0)}",
-        status.get("updatedReplicas", 0),
-        status.get("availableReplicas", 0),
-        _age(o),
-        names,
-        images,
-        _selector_text(spec.get("selector")),
-    ]
-
-
-def _statefulset_row(o: Mapping[str, Any]) -> list[Any]:
-    spec, status = o.get("spec") or {}, o.get("status") or {}
-    names, images = _containers_images(o)
-    return [
-        o["metadata"]["name"],
-        f"{status.get('readyReplicas', 0)}/{spec.get('replicas', 0)}",
-        _age(o),
-        names,
-        images,
-    ]
-
-
-def _replicaset_row(o: Mapping[str, Any]) -> list[Any]:
-    spec, status = o.get("spec") or {}, o.get("status") or {}
-    names, images = _containers_images(o)
-    return [
-        o["metadata"]["name"],
-        spec.get("replicas", 0),
-        status.get("replicas", 0),
-        status.get("readyReplicas", 0),
-        _age(o),
-        names,
-        images,
-        _selector_text(spec.get("selector")),
-    ]
-
-
-def _daemonset_row(o: Mapping[str, Any]) -> list[Any]:
-    spec, status = o.get("spec") or {}, o.get("status") or {}
-    names, images = _containers_images(o)
-    node_selector = ((spec.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
-    return [
-        o["metadata"]["name"],
-        status.get("desiredNumberScheduled", 0),
-        status.get("currentNumberScheduled", 0),
-        status.get("numberReady", 0),
-        status.get("updatedNumberScheduled", 0),
-        status.get("numberAvailable", 0),
-        ",".join(f"{k}={v}" for k, v in sorted(node_selector.items())) or "<none>",
-        _age(o),
-        names,
-        images,
-        _selector_text(spec.get("selector")),
-    ]
-
-
-def _service_row(o: Mapping[str, Any]) -> list[Any]:
-    spec = o.get("spec") or {}
-    ports = ",".join(
-        f"{p.get('port')}{':' + str(p['nodePort']) if p.get('nodePort') else ''}/{p.get('protocol', 'TCP')}"
-        for p in spec.get("ports") or []
-    )
-    selector = ",".join(f"{k}={v}" for k, v in sorted((spec.get("selector") or {}).items()))
-    external = ",".join(spec.get("externalIPs") or []) or "<none>"
-    return [
-        o["metadata"]["name"],
-        spec.get("type", "ClusterIP"),
-        spec.get("clusterIP", "<none>"),
-        external,
-        ports or "<none>",
-        _age(o),
-        selector or "<none>",
-    ]
-
-
-def _event_row(o: Mapping[str, Any]) -> list[Any]:
-    involved = o.get("involvedObject") or {}
-    last = _parse_time(o.get("lastTimestamp") or o.get("eventTime")) or _parse_time(
-        o["metadata"].get("creationTimestamp")
-    )
-    seen = _human_duration((_now() - last).total_seconds()) if last else "<unknown>"
-    return [
-        seen,
-        o.get("type", ""),
-        o.get("reason", ""),
-        f"{(involved.get('kind') or '').lower()}/{involved.get('name', '')}",
-        o.get("message", ""),
-    ]
-
-
-_TABLES: dict[str, tuple[list[_Column], Callable[[Mapping[str, Any]], list[Any]]]] = {
-    "Pod": (
-        [
-            ("Name", 0),
-            ("Ready", 0),
-            ("Status", 0),
-            ("Restarts", 0),
-            ("Age", 0),
-            ("IP", 1),
-            ("Node", 1),
-            ("Nominated Node", 1),
-            ("Readiness Gates", 1),
-        ],
-        _pod_row,
-    ),
-    "Node": (
-        [
-            ("Name", 0),
-            ("Status", 0),
-            ("Roles", 0),
-            ("Age", 0),
-            ("Version", 0),
-            ("Internal-IP", 1),
-            ("External-IP", 1),
-            ("OS-Image", 1),
-            ("Kernel-Version", 1),
-            ("Container-Runtime", 1),
-        ],
-        _node_row,
-    ),
-    "Namespace": (
-        [("Name", 0), ("Status", 0), ("Age", 0)],
-        lambda o: [o["metadata"]["name"], (o.get("status") or {}).get("phase", ""), _age(o)],
-    ),
-    "Deployment": (
-        [
-            ("Name", 0),
-            ("Ready", 0),
-            ("Up-to-date", 0),
-            ("Available", 0),
-            ("Age", 0),
-            ("Containers", 1),
-            ("Images", 1),
-            ("Selector", 1),
-        ],
-        _deployment_row,
-    ),
-    "StatefulSet": ([("Name", 0), ("Ready", 0), ("Age", 0), ("Containers", 1), ("Images", 1)], _statefulset_row),
-    "HorizontalPodAutoscaler": (
-        [
-            ("Name", 0),
-            ("Reference", 0),
-            ("Targets", 0),
-            ("MinPods", 0),
-            ("MaxPods", 0),
-            ("Replicas", 0),
-            ("Age", 0),
-        ],
-        _hpa_row,
-    ),
-    "ReplicaSet": (
-        [
-            ("Name", 0),
-            ("Desired", 0),
-            ("Current", 0),
-            ("Ready", 0),
-            ("Age", 0),
-            ("Containers", 1),
-            ("Images", 1),
-            ("Selector", 1),
-        ],
-        _replicaset_row,
-    ),
-    "DaemonSet": (
-        [
-            ("Name", 0),
-            ("Desired", 0),
-            ("Current", 0),
-            ("Ready", 0),
-            ("Up-to-date", 0),
-            ("Available", 0),
-            ("Node Selector", 0),
-            ("Age", 0),
-            ("Containers", 1),
-            ("Images", 1),
-            ("Selector", 1),
-        ],
-        _daemonset_row,
-    ),
-    "Service": (
-        [("Name", 0), ("Type", 0), ("Cluster-IP", 0), ("External-IP", 0), ("Port(s)", 0), ("Age", 0), ("Selector", 1)],
-        _service_row,
-    ),
-    "ConfigMap": (
-        [("Name", 0), ("Data", 0), ("Age", 0)],
-        lambda o: [o["metadata"]["name"], len(o.get("data") or {}) + len(o.get("binaryData") or {}), _age(o)],
-    ),
-    "Event": ([("Last Seen", 0), ("Type", 0), ("Reason", 0), ("Object", 0), ("Message", 0)], _event_row),
-    "Lease": (
-        [("Name", 0), ("Holder", 0), ("Age", 0)],
-        lambda o: [o["metadata"]["name"], (o.get("spec") or {}).get("holderIdentity", ""), _age(o)],
-    ),
-}
-_DEFAULT_TABLE: tuple[list[_Column], Callable[[Mapping[str, Any]], list[Any]]] = (
-    [("Name", 0), ("Age", 0)],
-    lambda o: [o["metadata"]["name"], _age(o)],
-)
+# --- tables (meta.k8s.io/v1 Table, what `kubectl get` prints): rows in gpuscale.sim.tables ------------
 
 
 def _wants_table(request: web.Request) -> bool:
@@ -1769,11 +1144,11 @@ def _table(
     rt: ResourceType, stored_objects: Iterable[Mapping[str, Any]], *, rv: str, include: str, columns: bool = True
 ) -> dict[str, Any]:
     if rt.custom:
-        column_defs, row = _DEFAULT_TABLE
+        column_defs, row = DEFAULT_TABLE
     elif rt.group == "events.k8s.io":
-        column_defs, row = _TABLES["Event"]
+        column_defs, row = TABLES["Event"]
     else:
-        column_defs, row = _TABLES.get(rt.kind, _DEFAULT_TABLE)
+        column_defs, row = TABLES.get(rt.kind, DEFAULT_TABLE)
     rows = []
     for stored in stored_objects:
         served = _to_served(rt, stored)
@@ -2514,7 +1889,7 @@ class SimKubeApi:
         identity: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         _check_fields(rt, self._check_body(rt, body), write or _Write())
-        obj = _strip_nulls(_to_stored(rt, body))
+        obj = strip_nulls(_to_stored(rt, body))
         meta = obj.setdefault("metadata", {})
         if rt.namespaced:
             if meta.get("namespace") not in (None, "", namespace):
@@ -2586,7 +1961,7 @@ class SimKubeApi:
     ) -> dict[str, Any]:
         old = self._require(rt, namespace, name)
         _check_fields(rt, self._check_body(rt, body), write or _Write())
-        new = _strip_nulls(_to_stored(rt, body))
+        new = strip_nulls(_to_stored(rt, body))
         meta = new.setdefault("metadata", {})
         if meta.get("name") not in (None, name):
             raise _bad_request(
@@ -2702,10 +2077,12 @@ class SimKubeApi:
                 if not isinstance(patch, dict):
                     raise _bad_request("a strategic merge patch must be a JSON object")
                 patched = strategic_merge_patch(current, patch)
-        except _PatchError as e:
+        except PatchBodyError as e:
+            raise _bad_request(str(e)) from None
+        except PatchError as e:
             # NB: kube-apiserver does not say which operation failed: one generic 422 with empty details.
             log.debug("JSON patch of %s %s/%s not applied: %s", rt.kind, namespace, name, e)
-            raise ApiStatusError(422, "Invalid", _PATCH_REJECTED, details={}) from e
+            raise ApiStatusError(422, "Invalid", PATCH_REJECTED, details={}) from e
         if not isinstance(patched, dict):
             raise _bad_request("the patched object is not a JSON object")
         # NB: a patch carries the current resourceVersion unless it sets one, which then acts as a precondition.
