@@ -121,6 +121,31 @@ from gpuscale.sim.patches import (
     strategic_merge_patch,
     strip_nulls,
 )
+from gpuscale.sim.resources import (
+    ACCESS_REVIEWS,
+    BY_KIND,
+    BY_PATH,
+    GROUPS,
+    RESOURCES,
+    REVIEWS,
+    TOKEN_REVIEWS,
+    ResourceType,
+    resource_for,
+)
+from gpuscale.sim.status import (
+    NO_RESOURCE,
+    NOT_ALLOWED,
+    ApiStatusError,
+    Cause,
+    bad_request,
+    check_write_options,
+    conflict,
+    continue_expired,
+    delete_answer,
+    invalid,
+    not_found,
+    status_details,
+)
 from gpuscale.sim.tables import DEFAULT_TABLE, TABLES, selector_text
 
 __all__ = [
@@ -164,423 +189,6 @@ def _deletes_collections(rt: ResourceType) -> bool:
 
 
 _SUBRESOURCE_VERBS = ("get", "patch", "update")
-
-
-# --- resource registry ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ResourceType:
-    """One served resource: its REST coordinates, discovery facts and field-selector labels.
-
-    ``storage`` names the store the objects live in; two resource types share one when they are views of the
-    same objects (core and events.k8s.io Events). ``field_labels`` maps each supported field-selector label to
-    the dotted path it reads in the stored object; ``field_defaults`` gives the value of an unset field.
-    """
-
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool
-    short_names: tuple[str, ...] = ()
-    subresources: tuple[str, ...] = ()
-    categories: tuple[str, ...] = ()
-    tracks_generation: bool = False
-    extra_field_labels: Mapping[str, str] = field(default_factory=dict)
-    field_defaults: Mapping[str, str] = field(default_factory=dict)
-    storage_name: str = ""
-    custom: bool = False
-    """Served from a CustomResourceDefinition (see ``SimKubeApi``'s custom resources)."""
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
-    def singular(self) -> str:
-        return self.kind.lower()
-
-    @property
-    def storage(self) -> str:
-        return self.storage_name or self.group_resource
-
-    @property
-    def group_resource(self) -> str:
-        """``pods``, ``deployments.apps`` — how kube-apiserver names the resource in messages."""
-        return f"{self.plural}.{self.group}" if self.group else self.plural
-
-    @property
-    def qualified_kind(self) -> str:
-        """``Pod``, ``Deployment.apps`` — how kube-apiserver names the kind in Invalid messages."""
-        return f"{self.kind}.{self.group}" if self.group else self.kind
-
-    @property
-    def has_status(self) -> bool:
-        return "status" in self.subresources
-
-    @property
-    def field_labels(self) -> dict[str, str]:
-        labels = {"metadata.name": "metadata.name"}
-        if self.namespaced:
-            labels["metadata.namespace"] = "metadata.namespace"
-        labels.update(self.extra_field_labels)
-        return labels
-
-
-_INVOLVED = ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")
-_POD_FIELDS = (
-    "spec.nodeName",
-    "spec.restartPolicy",
-    "spec.schedulerName",
-    "spec.serviceAccountName",
-    "spec.hostNetwork",
-    "status.phase",
-    "status.podIP",
-    "status.nominatedNodeName",
-)
-RESOURCES: tuple[ResourceType, ...] = (
-    ResourceType(
-        "",
-        "v1",
-        "pods",
-        "Pod",
-        namespaced=True,
-        short_names=("po",),
-        subresources=("status", "binding", "eviction"),
-        categories=("all",),
-        extra_field_labels={p: p for p in _POD_FIELDS},
-        field_defaults={"spec.hostNetwork": "false"},
-    ),
-    ResourceType(
-        "",
-        "v1",
-        "nodes",
-        "Node",
-        namespaced=False,
-        short_names=("no",),
-        subresources=("status",),
-        extra_field_labels={"spec.unschedulable": "spec.unschedulable"},
-        field_defaults={"spec.unschedulable": "false"},
-    ),
-    ResourceType(
-        "",
-        "v1",
-        "namespaces",
-        "Namespace",
-        namespaced=False,
-        short_names=("ns",),
-        subresources=("status",),
-        extra_field_labels={"status.phase": "status.phase"},
-    ),
-    ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True, short_names=("cm",)),
-    ResourceType(
-        "",
-        "v1",
-        "services",
-        "Service",
-        namespaced=True,
-        short_names=("svc",),
-        subresources=("status",),
-        categories=("all",),
-    ),
-    ResourceType(
-        "",
-        "v1",
-        "events",
-        "Event",
-        namespaced=True,
-        short_names=("ev",),
-        extra_field_labels={
-            **{f"involvedObject.{f}": f"involvedObject.{f}" for f in _INVOLVED},
-            "reason": "reason",
-            "reportingComponent": "reportingComponent",
-            "source": "source.component",
-            "type": "type",
-        },
-    ),
-    ResourceType(
-        "autoscaling",
-        "v2",
-        "horizontalpodautoscalers",
-        "HorizontalPodAutoscaler",
-        namespaced=True,
-        short_names=("hpa",),
-        subresources=("status",),
-        categories=("all",),
-    ),
-    ResourceType(
-        "apps",
-        "v1",
-        "deployments",
-        "Deployment",
-        namespaced=True,
-        short_names=("deploy",),
-        subresources=("status", "scale"),
-        categories=("all",),
-        tracks_generation=True,
-    ),
-    ResourceType(
-        "apps",
-        "v1",
-        "statefulsets",
-        "StatefulSet",
-        namespaced=True,
-        short_names=("sts",),
-        subresources=("status", "scale"),
-        categories=("all",),
-        tracks_generation=True,
-    ),
-    ResourceType(
-        "apps",
-        "v1",
-        "replicasets",
-        "ReplicaSet",
-        namespaced=True,
-        short_names=("rs",),
-        subresources=("status", "scale"),
-        categories=("all",),
-        tracks_generation=True,
-    ),
-    ResourceType(
-        "apps",
-        "v1",
-        "daemonsets",
-        "DaemonSet",
-        namespaced=True,
-        short_names=("ds",),
-        subresources=("status",),
-        categories=("all",),
-        tracks_generation=True,
-    ),
-    ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
-    # -- workload and extension kinds for batch controllers (PodTemplates, Jobs, CustomResourceDefinitions)
-    ResourceType("", "v1", "podtemplates", "PodTemplate", namespaced=True),
-    ResourceType(
-        "batch",
-        "v1",
-        "jobs",
-        "Job",
-        namespaced=True,
-        subresources=("status",),
-        categories=("all",),
-        tracks_generation=True,
-        extra_field_labels={"status.successful": "status.succeeded"},
-    ),
-    ResourceType(
-        "apiextensions.k8s.io",
-        "v1",
-        "customresourcedefinitions",
-        "CustomResourceDefinition",
-        namespaced=False,
-        short_names=("crd", "crds"),
-        subresources=("status",),
-        categories=("api-extensions",),
-    ),
-    ResourceType(
-        "events.k8s.io",
-        "v1",
-        "events",
-        "Event",
-        namespaced=True,
-        short_names=("ev",),
-        extra_field_labels={
-            **{f"regarding.{f}": f"involvedObject.{f}" for f in _INVOLVED},
-            "reason": "reason",
-            "reportingController": "reportingComponent",
-            "type": "type",
-        },
-        storage_name="events",  # the same objects as core v1 Events, converted on the way in and out
-    ),
-    # --- disruption: policy/v1 PodDisruptionBudgets (and pods/eviction above); their ``status`` is kept as the
-    # disruption controller keeps it (gpuscale.sim.disruption_controller) whenever a pod or budget changes.
-    ResourceType(
-        "policy",
-        "v1",
-        "poddisruptionbudgets",
-        "PodDisruptionBudget",
-        namespaced=True,
-        short_names=("pdb",),
-        subresources=("status",),
-        tracks_generation=True,
-    ),
-)
-_BY_PATH = {(rt.group, rt.version, rt.plural): rt for rt in RESOURCES}
-_BY_KIND = {(rt.api_version, rt.kind): rt for rt in RESOURCES}
-_GROUPS: dict[str, list[str]] = {}
-for _rt in RESOURCES:
-    if _rt.group and _rt.version not in _GROUPS.setdefault(_rt.group, []):
-        _GROUPS[_rt.group].append(_rt.version)
-# Create-only review resources: answered from policy, never stored (see SimKubeApi.add_token and allow).
-TOKEN_REVIEWS = ResourceType("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False)
-ACCESS_REVIEWS = ResourceType(
-    "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", namespaced=False
-)
-_REVIEWS = {(rt.group, rt.version, rt.plural): rt for rt in (TOKEN_REVIEWS, ACCESS_REVIEWS)}
-for _rt in _REVIEWS.values():
-    _GROUPS.setdefault(_rt.group, []).append(_rt.version)
-
-
-def resource_for(api_version: str, kind: str) -> ResourceType:
-    """The served resource for an apiVersion/kind pair; ApiStatusError 404 when it is not served."""
-    rt = _BY_KIND.get((api_version, kind))
-    if rt is None:
-        served = ", ".join(sorted(f"{v}/{k}" for v, k in _BY_KIND))
-        raise ApiStatusError(404, "NotFound", f"no matches for kind {kind!r} in version {api_version!r} ({served})")
-    return rt
-
-
-# --- errors -----------------------------------------------------------------------------------------
-
-
-class ApiStatusError(Exception):
-    """A request failed the way kube-apiserver would fail it; ``status`` is the metav1.Status body."""
-
-    def __init__(
-        self,
-        code: int,
-        reason: str,
-        message: str,
-        *,
-        details: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(f"{code} {reason}: {message}")
-        self.code = code
-        self.reason = reason
-        self.message = message
-        self.details = dict(details or {})
-        self._send_details = details is not None  # NB: `details: {}` is sent as given (a failed JSON patch)
-        self.list_meta: dict[str, Any] = {}  # the Status's ListMeta (an expired continue's fresh token)
-        self.headers = dict(headers or {})
-        """HTTP headers sent with the Status (``Retry-After`` on 429 and 5xx that ask clients to come back)."""
-
-    @property
-    def status(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": dict(self.list_meta),
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        }
-        if not self.reason:
-            del body["reason"]  # NB: kube-apiserver leaves it out where it has none (an eviction under two PDBs)
-        if self.details or self._send_details:
-            body["details"] = self.details
-        return body
-
-
-def _details(rt: ResourceType, name: str | None) -> dict[str, Any]:
-    details: dict[str, Any] = {"kind": rt.plural}
-    if name:
-        details["name"] = name
-    if rt.group:
-        details["group"] = rt.group
-    return details
-
-
-# The kinds whose DELETE answers the deleted object (their registries set ReturnDeletedObject); every other kind
-# answers a Success Status naming what was deleted — unless the object is only marked for deletion (finalizers).
-_RETURNS_DELETED_OBJECT = frozenset({("v1", "Pod"), ("v1", "Namespace"), ("v1", "Service"), ("v1", "PodTemplate")})
-
-
-def _delete_answer(rt: ResourceType, deleted: dict[str, Any]) -> dict[str, Any]:
-    meta = deleted.get("metadata") or {}
-    if (rt.api_version, rt.kind) in _RETURNS_DELETED_OBJECT or meta.get("deletionTimestamp"):
-        return deleted
-    details = {**_details(rt, meta.get("name")), "uid": meta.get("uid")}
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
-
-
-_OPTIONS_KIND = {"POST": "CreateOptions", "PUT": "UpdateOptions", "PATCH": "PatchOptions", "DELETE": "DeleteOptions"}
-
-
-def _check_write_options(method: str, query: Mapping[str, str]) -> None:
-    """The write options kube-apiserver validates before anything else: ``dryRun`` (only "All") and the
-    ``fieldManager`` (at most 128 bytes) — a 422 about the CreateOptions/UpdateOptions/PatchOptions."""
-    kind = _OPTIONS_KIND.get(method)
-    if kind is None:
-        return
-    causes: list[dict[str, str]] = []
-    dry_run = query.getall("dryRun", []) if hasattr(query, "getall") else [query.get("dryRun", "")]
-    bad = [v for v in dry_run if v != "All"]
-    if bad:
-        values = ", ".join(json.dumps(v) for v in dry_run)
-        message = f'Unsupported value: [{values}]: supported values: "All"'
-        causes.append({"reason": "FieldValueNotSupported", "message": message, "field": "dryRun"})
-    if kind != "DeleteOptions" and len(query.get("fieldManager", "").encode()) > 128:
-        message = "Too long: may not be more than 128 bytes"
-        causes.append({"reason": "FieldValueTooLong", "message": message, "field": "fieldManager"})
-    if causes:
-        errors = [f"{c['field']}: {c['message']}" for c in causes]
-        text = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
-        raise ApiStatusError(
-            422,
-            "Invalid",
-            f'{kind}.meta.k8s.io "" is invalid: {text}',
-            details={"group": "meta.k8s.io", "kind": kind, "causes": causes},
-        )
-
-
-def _continue_expired(rv: int, start: tuple[str, str]) -> ApiStatusError:
-    """410 for a continue token older than the server keeps, with the inconsistent token kube-apiserver offers."""
-    error = ApiStatusError(
-        410,
-        "Expired",
-        "The provided continue parameter is too old to display a consistent list result. You can start a new list "
-        "without the continue parameter, or use the continue token in this response to retrieve the remainder of "
-        "the results. Continuing with the provided token results in an inconsistent list - objects that were "
-        "created, modified, or deleted between the time the first chunk was returned and now may show up in the "
-        "list.",
-    )
-    error.list_meta = {
-        "continue": base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": list(start)}).encode()).decode()
-    }
-    return error
-
-
-def _not_found(rt: ResourceType, name: str) -> ApiStatusError:
-    return ApiStatusError(404, "NotFound", f'{rt.group_resource} "{name}" not found', details=_details(rt, name))
-
-
-def _conflict(rt: ResourceType, name: str, why: str) -> ApiStatusError:
-    return ApiStatusError(
-        409,
-        "Conflict",
-        f'Operation cannot be fulfilled on {rt.group_resource} "{name}": {why}',
-        details=_details(rt, name),
-    )
-
-
-def _bad_request(message: str) -> ApiStatusError:
-    return ApiStatusError(400, "BadRequest", message)
-
-
-@dataclass(frozen=True, slots=True)
-class _Cause:
-    field: str
-    message: str
-    reason: str = "FieldValueInvalid"
-
-
-def _invalid(rt: ResourceType, name: str, causes: list[_Cause]) -> ApiStatusError:
-    text = ", ".join(f"{c.field}: {c.message}" for c in causes)
-    details = {
-        "name": name,
-        "kind": rt.kind,
-        **({"group": rt.group} if rt.group else {}),
-        "causes": [{"reason": c.reason, "message": c.message, "field": c.field} for c in causes],
-    }
-    return ApiStatusError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {text}', details=details)
-
-
-_NOT_ALLOWED = ApiStatusError(
-    405, "MethodNotAllowed", "the server does not allow this method on the requested resource", details={}
-)
-_NO_RESOURCE = ApiStatusError(404, "NotFound", "the server could not find the requested resource")
 
 
 # --- small helpers ----------------------------------------------------------------------------------
@@ -694,32 +302,32 @@ _POD_MUTABLE_SPEC = ("activeDeadlineSeconds", "tolerations", "terminationGracePe
 def _validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
     meta = obj.get("metadata") or {}
     name = meta.get("name", "")
-    causes: list[_Cause] = []
+    causes: list[Cause] = []
     problem = _name_problem(name, label=rt.kind == "Namespace")
     if problem:
-        causes.append(_Cause("metadata.name", f"Invalid value: {json.dumps(name)}: {problem}"))
+        causes.append(Cause("metadata.name", f"Invalid value: {json.dumps(name)}: {problem}"))
     for key, value in (meta.get("labels") or {}).items():
         key_problem = label_key_problem(str(key))
         if key_problem:
-            causes.append(_Cause("metadata.labels", f"Invalid value: {key!r}: {key_problem}"))
+            causes.append(Cause("metadata.labels", f"Invalid value: {key!r}: {key_problem}"))
         value_problem = label_value_problem(value) if isinstance(value, str) else "must be a string"
         if value_problem:
-            causes.append(_Cause("metadata.labels", f"Invalid value: {value!r}: {value_problem}"))
+            causes.append(Cause("metadata.labels", f"Invalid value: {value!r}: {value_problem}"))
     spec = obj.get("spec") or {}
     if rt.kind in _WORKLOAD_KINDS:
         causes.extend(_workload_causes(spec, (old or {}).get("spec")))
     elif rt.kind == "Pod":
         containers = spec.get("containers")
         if not containers:
-            causes.append(_Cause("spec.containers", "Required value", "FieldValueRequired"))
+            causes.append(Cause("spec.containers", "Required value", "FieldValueRequired"))
         for i, c in enumerate(containers or []):
             if not isinstance(c, dict) or not c.get("name"):
-                causes.append(_Cause(f"spec.containers[{i}].name", "Required value", "FieldValueRequired"))
+                causes.append(Cause(f"spec.containers[{i}].name", "Required value", "FieldValueRequired"))
             elif not c.get("image"):
-                causes.append(_Cause(f"spec.containers[{i}].image", "Required value", "FieldValueRequired"))
+                causes.append(Cause(f"spec.containers[{i}].image", "Required value", "FieldValueRequired"))
         if old is not None and _pod_spec_frozen(spec) != _pod_spec_frozen(old.get("spec") or {}):
             causes.append(
-                _Cause(
+                Cause(
                     "spec",
                     "Forbidden: pod updates may not change fields other than `spec.containers[*].image`, "
                     "`spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` "
@@ -735,49 +343,49 @@ def _validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None)
         involved = str((obj.get("involvedObject") or {}).get("namespace") or "")
         if involved != meta.get("namespace", "") and not (involved == "" and meta.get("namespace") == "default"):
             causes.append(
-                _Cause("involvedObject.namespace", f'Invalid value: "{involved}": does not match event.namespace')
+                Cause("involvedObject.namespace", f'Invalid value: "{involved}": does not match event.namespace')
             )
     elif rt.kind == "CustomResourceDefinition" and not rt.custom:
         causes.extend(_crd_causes(name, spec, (old or {}).get("spec")))
     if causes:
-        raise _invalid(rt, name, causes)
+        raise invalid(rt, name, causes)
 
 
-def _job_causes(spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None) -> list[_Cause]:
-    causes: list[_Cause] = []
+def _job_causes(spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None) -> list[Cause]:
+    causes: list[Cause] = []
     template_spec = (spec.get("template") or {}).get("spec") or {}
     if not template_spec.get("containers"):
-        causes.append(_Cause("spec.template.spec.containers", "Required value", "FieldValueRequired"))
+        causes.append(Cause("spec.template.spec.containers", "Required value", "FieldValueRequired"))
     restart = template_spec.get("restartPolicy")
     if restart not in ("OnFailure", "Never"):
         causes.append(
-            _Cause(
+            Cause(
                 "spec.template.spec.restartPolicy",
                 f'Unsupported value: "{restart or ""}": supported values: "OnFailure", "Never"',
                 "FieldValueNotSupported",
             )
         )
     if old_spec is not None and old_spec.get("selector") != spec.get("selector"):
-        causes.append(_Cause("spec.selector", "Invalid value: field is immutable"))
+        causes.append(Cause("spec.selector", "Invalid value: field is immutable"))
     return causes
 
 
-def _crd_causes(name: str, spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None) -> list[_Cause]:
+def _crd_causes(name: str, spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None) -> list[Cause]:
     names = spec.get("names") or {}
     group, plural = spec.get("group") or "", names.get("plural") or ""
-    causes: list[_Cause] = []
+    causes: list[Cause] = []
     if not group:
-        causes.append(_Cause("spec.group", "Required value", "FieldValueRequired"))
+        causes.append(Cause("spec.group", "Required value", "FieldValueRequired"))
     elif "." not in group:
-        causes.append(_Cause("spec.group", f"Invalid value: {group!r}: should be a domain with at least one dot"))
+        causes.append(Cause("spec.group", f"Invalid value: {group!r}: should be a domain with at least one dot"))
     for key in ("plural", "kind"):
         if not names.get(key):
-            causes.append(_Cause(f"spec.names.{key}", "Required value", "FieldValueRequired"))
+            causes.append(Cause(f"spec.names.{key}", "Required value", "FieldValueRequired"))
     if group and plural and name != f"{plural}.{group}":
-        causes.append(_Cause("metadata.name", f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group'))
+        causes.append(Cause("metadata.name", f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group'))
     if spec.get("scope") not in ("Namespaced", "Cluster"):
         causes.append(
-            _Cause(
+            Cause(
                 "spec.scope",
                 f'Unsupported value: "{spec.get("scope") or ""}": supported values: "Cluster", "Namespaced"',
                 "FieldValueNotSupported",
@@ -785,19 +393,19 @@ def _crd_causes(name: str, spec: Mapping[str, Any], old_spec: Mapping[str, Any] 
         )
     versions = spec.get("versions") or []
     if sum(1 for v in versions if isinstance(v, dict) and v.get("storage")) != 1:
-        causes.append(_Cause("spec.versions", "Invalid value: must have exactly one version marked as storage version"))
+        causes.append(Cause("spec.versions", "Invalid value: must have exactly one version marked as storage version"))
     for i, version in enumerate(versions):
         if not isinstance(version, dict) or not version.get("name"):
-            causes.append(_Cause(f"spec.versions[{i}].name", "Required value", "FieldValueRequired"))
+            causes.append(Cause(f"spec.versions[{i}].name", "Required value", "FieldValueRequired"))
     if any(rt.group == group and rt.plural == plural for rt in RESOURCES):
         # NB: kube-apiserver would serve the built-in and leave the CRD unestablished; here it is refused outright.
-        causes.append(_Cause("spec.group", f"Invalid value: {group!r}: {plural}.{group} is a built-in resource"))
+        causes.append(Cause("spec.group", f"Invalid value: {group!r}: {plural}.{group} is a built-in resource"))
     if old_spec is not None:
         for immutable in ("group", "scope"):
             if old_spec.get(immutable) != spec.get(immutable):
-                causes.append(_Cause(f"spec.{immutable}", "Invalid value: field is immutable"))
+                causes.append(Cause(f"spec.{immutable}", "Invalid value: field is immutable"))
         if (old_spec.get("names") or {}).get("plural") != plural:
-            causes.append(_Cause("spec.names.plural", "Invalid value: field is immutable"))
+            causes.append(Cause("spec.names.plural", "Invalid value: field is immutable"))
     return causes
 
 
@@ -941,34 +549,34 @@ def _check_fields(rt: ResourceType, body: Mapping[str, Any], write: _Write) -> N
         return
     if write.field_validation == "Strict":
         listed = ", ".join(f'unknown field "{f}"' for f in unknown)
-        raise _bad_request(
+        raise bad_request(
             f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding error: {listed}'
         )
     write.warnings.extend(f'unknown field \\"{f}\\"' for f in unknown)
     log.warning("%s %s: unknown fields %s", rt.kind, (body.get("metadata") or {}).get("name", ""), unknown)
 
 
-def _workload_causes(spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None) -> list[_Cause]:
+def _workload_causes(spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None) -> list[Cause]:
     raw = spec.get("selector")
     if raw is None:
-        return [_Cause("spec.selector", "Required value", "FieldValueRequired")]
+        return [Cause("spec.selector", "Required value", "FieldValueRequired")]
     try:
         selector = LabelSelector.from_dict(raw)
     except SelectorError as e:
-        return [_Cause("spec.selector", f"Invalid value: {raw!r}: {e}")]
+        return [Cause("spec.selector", f"Invalid value: {raw!r}: {e}")]
     if selector.is_empty:
-        return [_Cause("spec.selector", f"Invalid value: {raw!r}: empty selector is invalid for deployment")]
-    causes: list[_Cause] = []
+        return [Cause("spec.selector", f"Invalid value: {raw!r}: empty selector is invalid for deployment")]
+    causes: list[Cause] = []
     template_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
     if not selector.matches(template_labels):
         causes.append(
-            _Cause(
+            Cause(
                 "spec.template.metadata.labels",
                 f"Invalid value: {template_labels!r}: `selector` does not match template `labels`",
             )
         )
     if old_spec is not None and old_spec.get("selector") != raw:
-        causes.append(_Cause("spec.selector", f"Invalid value: {raw!r}: field is immutable"))
+        causes.append(Cause("spec.selector", f"Invalid value: {raw!r}: field is immutable"))
     return causes
 
 
@@ -1563,7 +1171,7 @@ class SimKubeApi:
             labels = LabelSelector.parse(label_selector)
             fields = self._field_selector(rt, field_selector)
         except SelectorError as e:
-            raise _bad_request(str(e)) from e
+            raise bad_request(str(e)) from e
         return [_to_served(rt, o) for o in self._select(rt, namespace, labels, fields)]
 
     def compact(self) -> None:
@@ -1728,7 +1336,7 @@ class SimKubeApi:
         code, retry = planned.code, planned.retry_after_seconds
         if code == 409:
             why = "the object has been modified; please apply your changes to the latest version and try again"
-            return _conflict(rt, name or "", why)
+            return conflict(rt, name or "", why)
         if code == 410:
             return ApiStatusError(410, "Expired", f"too old resource version: {self._floor} ({self._rv})")
         if code == 429:
@@ -1777,7 +1385,7 @@ class SimKubeApi:
         return [*RESOURCES, *self._custom.values()]
 
     def _groups(self) -> dict[str, builtins.list[str]]:
-        groups = {g: builtins.list(v) for g, v in _GROUPS.items()}
+        groups = {g: builtins.list(v) for g, v in GROUPS.items()}
         for rt in self._custom.values():
             if rt.version not in groups.setdefault(rt.group, []):
                 groups[rt.group].append(rt.version)
@@ -1819,7 +1427,7 @@ class SimKubeApi:
     def _require(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
         stored = self._stored(rt, namespace, name)
         if stored is None:
-            raise _not_found(rt, name)
+            raise not_found(rt, name)
         return stored
 
     def _field_selector(self, rt: ResourceType, text: str) -> FieldSelector:
@@ -1867,11 +1475,11 @@ class SimKubeApi:
     def _keep_budget_statuses(self, namespace: str) -> None:
         """The disruption controller's part: every PodDisruptionBudget of ``namespace`` gets the status computed
         from its pods (gpuscale.sim.disruption_controller), written like any status change (MODIFIED)."""
-        budgets_rt = _BY_KIND[("policy/v1", "PodDisruptionBudget")]
+        budgets_rt = BY_KIND[("policy/v1", "PodDisruptionBudget")]
         budgets = [(k, b) for k, b in self._store(budgets_rt).items() if k[0] == namespace]
         if not budgets:
             return
-        pods = [p for (ns, _), p in self._store(_BY_KIND[("v1", "Pod")]).items() if ns == namespace]
+        pods = [p for (ns, _), p in self._store(BY_KIND[("v1", "Pod")]).items() if ns == namespace]
         for _, budget in budgets:
             status = budget_status(budget, pods, now=_timestamp(), previous=budget.get("status"))
             if status != budget.get("status"):
@@ -1893,29 +1501,29 @@ class SimKubeApi:
         meta = obj.setdefault("metadata", {})
         if rt.namespaced:
             if meta.get("namespace") not in (None, "", namespace):
-                raise _bad_request(
+                raise bad_request(
                     "the namespace of the provided object does not match the namespace sent on the request"
                 )
             meta["namespace"] = namespace
-            ns_type = _BY_KIND[("v1", "Namespace")]
+            ns_type = BY_KIND[("v1", "Namespace")]
             if self._stored(ns_type, "", namespace) is None:
-                raise _not_found(ns_type, namespace)
+                raise not_found(ns_type, namespace)
         else:
             meta.pop("namespace", None)
         if meta.get("resourceVersion"):
             raise ApiStatusError(500, "InternalError", "resourceVersion should not be set on objects to be created")
         if not meta.get("name"):
             if not meta.get("generateName"):
-                raise _invalid(
+                raise invalid(
                     rt,
                     "",
-                    [_Cause("metadata.name", "Required value: name or generateName is required", "FieldValueRequired")],
+                    [Cause("metadata.name", "Required value: name or generateName is required", "FieldValueRequired")],
                 )
             meta["name"] = meta["generateName"] + "".join(random.choice(_GENERATE_CHARS) for _ in range(5))
         name = meta["name"]
         if self._stored(rt, meta.get("namespace", ""), name) is not None:
             raise ApiStatusError(
-                409, "AlreadyExists", f'{rt.group_resource} "{name}" already exists', details=_details(rt, name)
+                409, "AlreadyExists", f'{rt.group_resource} "{name}" already exists', details=status_details(rt, name)
             )
         for server_field in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"):
             meta.pop(server_field, None)
@@ -1935,18 +1543,18 @@ class SimKubeApi:
         self, rt: ResourceType, body: Any, *, kind: str | None = None, api_version: str | None = None
     ) -> dict[str, Any]:
         if not isinstance(body, dict):
-            raise _bad_request("the body of the request must be a JSON object")
+            raise bad_request("the body of the request must be a JSON object")
         want_kind = kind or rt.kind
         want_version = api_version or rt.api_version
         if body.get("kind") not in (None, "", want_kind):
-            raise _bad_request(f"the kind in the data ({body['kind']}) does not match the expected kind ({want_kind})")
+            raise bad_request(f"the kind in the data ({body['kind']}) does not match the expected kind ({want_kind})")
         if body.get("apiVersion") not in (None, "", want_version):
-            raise _bad_request(
+            raise bad_request(
                 f"the API version in the data ({body['apiVersion']}) does not match the expected API version "
                 f"({want_version})"
             )
         if not isinstance(body.get("metadata", {}), dict):
-            raise _bad_request("metadata must be an object")
+            raise bad_request("metadata must be an object")
         return body
 
     def _update(
@@ -1964,20 +1572,20 @@ class SimKubeApi:
         new = strip_nulls(_to_stored(rt, body))
         meta = new.setdefault("metadata", {})
         if meta.get("name") not in (None, name):
-            raise _bad_request(
+            raise bad_request(
                 f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
             )
         if rt.namespaced and meta.get("namespace") not in (None, "", namespace):
-            raise _bad_request("the namespace of the provided object does not match the namespace sent on the request")
+            raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
         old_meta = old["metadata"]
         if meta.get("uid") not in (None, "", old_meta["uid"]):
-            raise _conflict(
+            raise conflict(
                 rt,
                 name,
                 f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: {old_meta['uid']}",
             )
         if meta.get("resourceVersion") not in (None, "", old_meta["resourceVersion"]):
-            raise _conflict(
+            raise conflict(
                 rt, name, "the object has been modified; please apply your changes to the latest version and try again"
             )
         if subresource == "status":
@@ -2046,15 +1654,15 @@ class SimKubeApi:
             )
         if content_type == APPLY_PATCH:
             if not field_manager:
-                raise _bad_request("PATCH /apply requires a fieldManager query parameter")
+                raise bad_request("PATCH /apply requires a fieldManager query parameter")
             if isinstance(patch, (str, bytes)):
                 try:
                     patch = yaml.safe_load(patch)
                 except yaml.YAMLError as e:
-                    raise _bad_request(f"error decoding YAML: {e}") from e
+                    raise bad_request(f"error decoding YAML: {e}") from e
             applied = self._check_body(rt, patch)
             if (applied.get("metadata") or {}).get("name") not in (None, name):
-                raise _bad_request(
+                raise bad_request(
                     f"the name of the object ({applied['metadata']['name']}) does not match the name on the URL "
                     f"({name})"
                 )
@@ -2071,20 +1679,20 @@ class SimKubeApi:
                 patched = json_patch(current, patch)
             elif content_type == MERGE_PATCH:
                 if not isinstance(patch, dict):
-                    raise _bad_request("a merge patch must be a JSON object")
+                    raise bad_request("a merge patch must be a JSON object")
                 patched = merge_patch(current, patch)
             else:
                 if not isinstance(patch, dict):
-                    raise _bad_request("a strategic merge patch must be a JSON object")
+                    raise bad_request("a strategic merge patch must be a JSON object")
                 patched = strategic_merge_patch(current, patch)
         except PatchBodyError as e:
-            raise _bad_request(str(e)) from None
+            raise bad_request(str(e)) from None
         except PatchError as e:
             # NB: kube-apiserver does not say which operation failed: one generic 422 with empty details.
             log.debug("JSON patch of %s %s/%s not applied: %s", rt.kind, namespace, name, e)
             raise ApiStatusError(422, "Invalid", PATCH_REJECTED, details={}) from e
         if not isinstance(patched, dict):
-            raise _bad_request("the patched object is not a JSON object")
+            raise bad_request("the patched object is not a JSON object")
         # NB: a patch carries the current resourceVersion unless it sets one, which then acts as a precondition.
         if subresource == "scale":
             return self._update_scale(rt, namespace, name, patched, write=write)
@@ -2117,13 +1725,13 @@ class SimKubeApi:
         preconditions = options.get("preconditions") or {}
         meta = old["metadata"]
         if preconditions.get("uid") not in (None, "", meta["uid"]):
-            raise _conflict(
+            raise conflict(
                 rt,
                 name,
                 f"Precondition failed: UID in precondition: {preconditions['uid']}, UID in object meta: {meta['uid']}",
             )
         if preconditions.get("resourceVersion") not in (None, "", meta["resourceVersion"]):
-            raise _conflict(
+            raise conflict(
                 rt,
                 name,
                 f"Precondition failed: ResourceVersion in precondition: {preconditions['resourceVersion']}, "
@@ -2209,20 +1817,20 @@ class SimKubeApi:
                     {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group_doc(g, groups) for g in groups]}
                 )
             if parts[1] not in groups:
-                raise _NO_RESOURCE
+                raise NO_RESOURCE
             if len(parts) == 2:
                 return _json({"kind": "APIGroup", "apiVersion": "v1", **_group_doc(parts[1], groups)})
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
-            raise _NO_RESOURCE
-        if any(rt.group == group and rt.version == version for rt in _REVIEWS.values()):
+            raise NO_RESOURCE
+        if any(rt.group == group and rt.version == version for rt in REVIEWS.values()):
             return await self._serve_review(request, group, version, rest)
         served = self._served()
         if not any(rt.group == group and rt.version == version for rt in served):
-            raise _NO_RESOURCE
+            raise NO_RESOURCE
         if not rest:
             if request.method != "GET":
-                raise _NOT_ALLOWED
+                raise NOT_ALLOWED
             return _json(_resource_list(group, version, served))
         if group == "" and len(rest) >= 5 and rest[0] == "namespaces" and rest[2] == "pods" and rest[4] == "proxy":
             return await self._proxy_to_pod(request, rest[1], rest[3], "/" + "/".join(rest[5:]))
@@ -2233,14 +1841,14 @@ class SimKubeApi:
         does (``kubectl get --raw``, ``gpuscale top --discover-exporters``). Unlike kube-apiserver, a loopback pod
         IP is allowed: every simulated pod listens on loopback."""
         if request.method != "GET":
-            raise _NOT_ALLOWED
+            raise NOT_ALLOWED
         parts = target.split(":")
         scheme = parts.pop(0) if len(parts) == 3 else "http"
         name, port = parts[0], (parts[1] if len(parts) > 1 else "")
-        rt = _BY_PATH[("", "v1", "pods")]
+        rt = BY_PATH[("", "v1", "pods")]
         pod = self._stored(rt, namespace, name)
         if pod is None:
-            raise _not_found(rt, name)
+            raise not_found(rt, name)
         ip = (pod.get("status") or {}).get("podIP")
         if not ip:
             raise ApiStatusError(503, "ServiceUnavailable", f"pod {name} does not have a host assigned")
@@ -2276,16 +1884,16 @@ class SimKubeApi:
     ) -> web.StreamResponse:
         if not rest:
             if request.method != "GET":
-                raise _NOT_ALLOWED
+                raise NOT_ALLOWED
             return _json(_review_resource_list(group, version))
-        rt = _REVIEWS.get((group, version, rest[0]))
+        rt = REVIEWS.get((group, version, rest[0]))
         if rt is None or len(rest) > 1:
-            raise _NO_RESOURCE
+            raise NO_RESOURCE
         if request.method != "POST":
-            raise _NOT_ALLOWED
+            raise NOT_ALLOWED
         body = await _body(request)
         if not isinstance(body, dict) or body.get("kind", rt.kind) != rt.kind:
-            raise _bad_request(f"the body is not a {rt.kind}: cannot be handled as a {rt.kind}")
+            raise bad_request(f"the body is not a {rt.kind}: cannot be handled as a {rt.kind}")
         raw_spec = body.get("spec")
         spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
         (self.token_reviews if rt is TOKEN_REVIEWS else self.access_reviews).append(copy.deepcopy(spec))
@@ -2311,7 +1919,7 @@ class SimKubeApi:
     def _token_review(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         token = spec.get("token")
         if not token:
-            raise _bad_request("token is required for TokenReview in authentication")
+            raise bad_request("token is required for TokenReview in authentication")
         user = self.review_users.get(token)
         if user is None:
             return {"user": {}, "error": "invalid bearer token"}
@@ -2336,7 +1944,7 @@ class SimKubeApi:
         causes = []
         if has_resource and has_path:
             causes.append(
-                _Cause(
+                Cause(
                     "spec.nonResourceAttributes",
                     f"Invalid value: {json.dumps(spec['nonResourceAttributes'])}: "
                     "cannot be specified in combination with resourceAttributes",
@@ -2344,16 +1952,16 @@ class SimKubeApi:
             )
         elif not has_resource and not has_path:
             causes.append(
-                _Cause(
+                Cause(
                     "spec.resourceAttributes",
                     'Invalid value: "null": '
                     "exactly one of nonResourceAttributes or resourceAttributes must be specified",
                 )
             )
         if not spec.get("user") and not spec.get("groups"):
-            causes.append(_Cause("spec.user", 'Invalid value: "": at least one of user or group must be specified'))
+            causes.append(Cause("spec.user", 'Invalid value: "": at least one of user or group must be specified'))
         if causes:
-            raise _invalid(ACCESS_REVIEWS, "", causes)
+            raise invalid(ACCESS_REVIEWS, "", causes)
         if "system:masters" in (spec.get("groups") or ()):
             return {"allowed": True}
         for index, rule in enumerate(self.access_rules):
@@ -2371,21 +1979,21 @@ class SimKubeApi:
                 rest = ["namespaces", namespace]
                 namespace = None
         if len(rest) > 3:
-            raise _NO_RESOURCE
-        rt = _BY_PATH.get((group, version, rest[0])) or self._custom.get((group, version, rest[0]))
+            raise NO_RESOURCE
+        rt = BY_PATH.get((group, version, rest[0])) or self._custom.get((group, version, rest[0]))
         if rt is None or (namespace is not None and not rt.namespaced):
-            raise _NO_RESOURCE
+            raise NO_RESOURCE
         name = rest[1] if len(rest) > 1 else None
         subresource = rest[2] if len(rest) > 2 else None
         if subresource is not None and subresource not in rt.subresources:
-            raise _NO_RESOURCE
+            raise NO_RESOURCE
         if rt.namespaced and name is not None and namespace is None:
-            raise _NO_RESOURCE
+            raise NO_RESOURCE
         ns = namespace if rt.namespaced else ""
-        _check_write_options(request.method, request.query)
+        check_write_options(request.method, request.query)
         write = _Write(request.query.get("dryRun") == "All", request.query.get("fieldValidation") or "Warn")
         if write.field_validation not in ("Ignore", "Warn", "Strict"):
-            raise _bad_request(f"fieldValidation must be one of Ignore, Warn or Strict, not {write.field_validation!r}")
+            raise bad_request(f"fieldValidation must be one of Ignore, Warn or Strict, not {write.field_validation!r}")
         response = await self._serve_object(request, rt, namespace, ns, name, subresource, write)
         for warning in write.warnings:
             response.headers.add("Warning", f'299 - "{warning}"')
@@ -2420,15 +2028,15 @@ class SimKubeApi:
                 return _json(created, status=201)
             if method == "DELETE" and (ns or not rt.namespaced) and _deletes_collections(rt):
                 return self._delete_collection(request, rt, ns or "", write=write)
-            raise _NOT_ALLOWED
+            raise NOT_ALLOWED
         assert ns is not None
         if subresource == "binding":
             if method != "POST":
-                raise _NOT_ALLOWED
+                raise NOT_ALLOWED
             return self._bind(rt, ns, name, await _body(request))
         if subresource == "eviction":
             if method != "POST":
-                raise _NOT_ALLOWED
+                raise NOT_ALLOWED
             return self._evict(ns, name, await _body(request), write=write)
         if subresource == "scale":
             if method == "GET":
@@ -2450,7 +2058,7 @@ class SimKubeApi:
                 try:
                     patch = json.loads(raw or b"null")
                 except ValueError as e:
-                    raise _bad_request(f"error decoding patch: {e}") from e
+                    raise bad_request(f"error decoding patch: {e}") from e
             result = self._patch(
                 rt,
                 ns,
@@ -2469,19 +2077,19 @@ class SimKubeApi:
                 try:
                     options = json.loads(raw)
                 except ValueError as e:
-                    raise _bad_request(f"error decoding DeleteOptions: {e}") from e
+                    raise bad_request(f"error decoding DeleteOptions: {e}") from e
             deleted = self._delete(rt, ns, name, options if isinstance(options, dict) else {}, write=write)
-            return _json(_delete_answer(rt, deleted))
-        raise _NOT_ALLOWED
+            return _json(delete_answer(rt, deleted))
+        raise NOT_ALLOWED
 
     def _bind(self, rt: ResourceType, namespace: str, name: str, body: Any) -> web.Response:
         """POST pods/{name}/binding, as the scheduler binds: nodeName set once, PodScheduled=True."""
         if isinstance(body, dict) and (body.get("metadata") or {}).get("name") not in (None, "", name):
-            raise _bad_request("name in URL does not match name in Binding object")
+            raise bad_request("name in URL does not match name in Binding object")
         target = (body or {}).get("target") or {}
         node = target.get("name")
         if not node:
-            raise _invalid(rt, name, [_Cause("target.name", "Required value", "FieldValueRequired")])
+            raise invalid(rt, name, [Cause("target.name", "Required value", "FieldValueRequired")])
         pod = self._require(rt, namespace, name)
         if (pod.get("spec") or {}).get("nodeName"):
             raise ApiStatusError(
@@ -2520,17 +2128,17 @@ class SimKubeApi:
         ``DisruptionBudget`` cause; else the pod is deleted (``dryRun=All`` honoured) and the answer is a 201
         Success Status.
         """
-        pods = _BY_KIND[("v1", "Pod")]
+        pods = BY_KIND[("v1", "Pod")]
         if not isinstance(body, dict) or body.get("kind", "Eviction") != "Eviction":
-            raise _bad_request("the body of the request must be an Eviction")
+            raise bad_request("the body of the request must be an Eviction")
         meta = body.get("metadata") or {}
         if meta.get("name") not in (None, "", name):
-            raise _bad_request(f"name in URL does not match name in Eviction object: {meta.get('name')} vs {name}")
+            raise bad_request(f"name in URL does not match name in Eviction object: {meta.get('name')} vs {name}")
         pod = self._require(pods, namespace, name)
         if not can_ignore_budgets(pod):
             budgets = [
                 b
-                for (ns, _), b in self._store(_BY_KIND[("policy/v1", "PodDisruptionBudget")]).items()
+                for (ns, _), b in self._store(BY_KIND[("policy/v1", "PodDisruptionBudget")]).items()
                 if ns == namespace and pdb_selects(b, pod)
             ]
             if len(budgets) > 1:
@@ -2565,7 +2173,7 @@ class SimKubeApi:
                 rt, query.get("fieldSelector", "")
             )
         except SelectorError as e:
-            raise _bad_request(str(e)) from e
+            raise bad_request(str(e)) from e
 
     def _list_response(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.Response:
         query = request.query
@@ -2580,12 +2188,12 @@ class SimKubeApi:
                 start = (str(state["start"][0]), str(state["start"][1]))
                 list_rv = int(state["rv"])
             except (ValueError, KeyError, TypeError, IndexError) as e:
-                raise _bad_request(f"invalid continue token: continue key is not valid: {e}") from e
+                raise bad_request(f"invalid continue token: continue key is not valid: {e}") from e
             # NB: every page of a list is the same snapshot, the first page's resourceVersion (etcd serves the
             # later pages at that revision); once the history no longer reaches back to it, 410 Expired.
             snapshot = self._snapshot(rt, list_rv)
             if snapshot is None:
-                raise _continue_expired(self._rv, start)
+                raise continue_expired(self._rv, start)
             selection = _Filter(rt, namespace, labels, fields)
             items = [o for _, o in sorted(snapshot.items()) if selection.passes(o)]
             items = [o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > start]
@@ -2594,7 +2202,7 @@ class SimKubeApi:
             try:
                 n = int(limit)
             except ValueError as e:
-                raise _bad_request(f"invalid limit {limit!r}") from e
+                raise bad_request(f"invalid limit {limit!r}") from e
             if 0 < n < len(items):
                 last = items[n - 1]["metadata"]
                 state = {"rv": list_rv, "start": [last.get("namespace", ""), last["name"]]}
@@ -2663,7 +2271,7 @@ class SimKubeApi:
         try:
             timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else _DEFAULT_WATCH_TIMEOUT_SECONDS
         except ValueError as e:
-            raise _bad_request(f"invalid timeoutSeconds {query.get('timeoutSeconds')!r}") from e
+            raise bad_request(f"invalid timeoutSeconds {query.get('timeoutSeconds')!r}") from e
         bookmarks = _truthy(query.get("allowWatchBookmarks"))
         table = _wants_table(request)
         include = query.get("includeObject", "Metadata")
@@ -2673,7 +2281,7 @@ class SimKubeApi:
             try:
                 since = int(rv_text)
             except ValueError as e:
-                raise _bad_request(f"invalid resource version {rv_text!r}") from e
+                raise bad_request(f"invalid resource version {rv_text!r}") from e
         watcher = _Watcher(_Filter(rt, namespace, labels, fields), transport=request.transport)
         initial: builtins.list[tuple[str, dict[str, Any]]] = []
         expired = expire
@@ -2805,16 +2413,16 @@ async def _body(request: web.Request) -> Any:
         )
     raw = await request.read()
     if not raw.strip():
-        raise _bad_request("the request body is empty")
+        raise bad_request("the request body is empty")
     try:
         if "yaml" in request.content_type:
             return yaml.safe_load(raw)
         return json.loads(raw)
     except (ValueError, yaml.YAMLError) as e:
-        raise _bad_request(f"couldn't decode the request body: {e}") from e
+        raise bad_request(f"couldn't decode the request body: {e}") from e
 
 
-def _group_doc(group: str, groups: Mapping[str, builtins.list[str]] = _GROUPS) -> dict[str, Any]:
+def _group_doc(group: str, groups: Mapping[str, builtins.list[str]] = GROUPS) -> dict[str, Any]:
     versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in groups[group]]
     return {"name": group, "versions": versions, "preferredVersion": versions[0]}
 
@@ -2860,7 +2468,7 @@ def _resource_list(group: str, version: str, served: Iterable[ResourceType] = RE
 def _review_resource_list(group: str, version: str) -> dict[str, Any]:
     resources = [
         {"name": rt.plural, "singularName": rt.singular, "namespaced": False, "kind": rt.kind, "verbs": ["create"]}
-        for rt in _REVIEWS.values()
+        for rt in REVIEWS.values()
         if rt.group == group and rt.version == version
     ]
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}", "resources": resources}
