@@ -602,8 +602,19 @@ class PrometheusSource:
         plans = self._plans_for(self._scope)
         # NB: terms that plan to the same query (one gauge read over two windows) send it once.
         planned = list(dict.fromkeys(p for ps in plans.values() for p in ps))
-        # A query the last refresh also sent keeps its values until answered; a new one starts empty.
-        self._kept = {p: self._kept.get(p, []) for p in planned}
+        # A query the last refresh also sent keeps its values until answered. So does a term whose query text
+        # changed with its scope (demand-driven refresh: other namespaces): the old query's values carry over,
+        # so a failure serves them into staleness (503 after max-age), never a sudden 404. Otherwise: empty.
+        kept: dict[PlannedQuery, list[SeriesValue]] = {}
+        for query, ps in plans.items():
+            before = self._plans.get(query, ())
+            for i, p in enumerate(ps):
+                if p in self._kept:
+                    kept[p] = self._kept[p]
+                elif p not in kept:
+                    carried = before[i] if len(before) == len(ps) else None
+                    kept[p] = self._kept.get(carried, []) if carried is not None else []
+        self._kept = kept
         self._plans = plans
         try:
             headers, ssl_context = self._request_options()

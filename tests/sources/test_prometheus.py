@@ -825,3 +825,23 @@ async def test_a_scope_queries_only_its_terms_and_reads_the_rest_as_empty(prom):
     await source.refresh(now=T0)
     assert sorted(prom.queries()[3:]) == ["DCGM_FI_DEV_GPU_UTIL", "rate(nv_inference_request_success[60s])"]
     await source.close()
+
+
+async def test_a_term_whose_scope_changed_keeps_its_last_values_when_the_new_query_fails(prom):
+    """Demand-driven refresh narrows a term's query to the namespaces asked for, which changes its text; if the
+    server is down by then, the term keeps the values the old query brought (they age into staleness, so the
+    adapter answers 503 after max-age) instead of having none (a 404 for a metric it served a second ago)."""
+    prom.answers["DCGM_FI_DEV_GPU_UTIL"] = [(dcgm("0", pod="p", namespace="ml"), "50")]
+    source = source_for(prom.url, GAUGE)
+    await source.refresh(now=T0)  # every namespace
+    (before,) = source.read(GAUGE)
+    prom.faults["*"] = answer(503, {"status": "error", "errorType": "unavailable", "error": "down"})
+    source.set_scope({GAUGE: frozenset({"ml"})})
+    await source.refresh(now=T0)
+    assert "namespace" in source.promql[0] and not source.health()[0].healthy
+    assert source.read(GAUGE) == [before]  # the same value, with its old timestamp
+    del prom.faults["*"]
+    prom.answers[source.promql[0]] = [(dcgm("0", pod="p", namespace="ml"), "60")]  # the narrowed query's answer
+    await source.refresh(now=T0)
+    assert [v.value for v in source.read(GAUGE)] == [60.0] and source.health()[0].healthy
+    await source.close()
