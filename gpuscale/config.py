@@ -177,7 +177,13 @@ class YamlMapping(dict[str, Any]):
     lines: dict[tuple[Any, ...], int]
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
 def _lines(node: yaml.Node | None, path: tuple[Any, ...], out: dict[tuple[Any, ...], int]) -> None:
+    """Each field path's line, into ``out``; _DuplicateKey for a key given twice in one mapping (YAML loaders keep
+    the last silently, so an edited threshold could be undone by a forgotten copy further down)."""
     if node is None:
         return
     out.setdefault(path, node.start_mark.line + 1)
@@ -187,31 +193,15 @@ def _lines(node: yaml.Node | None, path: tuple[Any, ...], out: dict[tuple[Any, .
             if isinstance(key, yaml.ScalarNode) and key.tag.endswith(":int"):
                 with contextlib.suppress(ValueError):
                     name = int(key.value)
-            out[(*path, name)] = key.start_mark.line + 1
+            line = key.start_mark.line + 1
+            if (*path, name) in out:
+                first = out[(*path, name)]
+                raise _DuplicateKey(f"line {line}: key {key.value!r} appears twice (first on line {first})")
+            out[(*path, name)] = line
             _lines(value, (*path, name), out)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _lines(item, (*path, i), out)
-
-
-def _duplicate_key(node: yaml.Node | None) -> str | None:
-    """'line N: key K appears twice (first on line M)' for the first mapping that repeats a key: YAML loaders keep
-    the last silently, so an edited threshold could be undone by a forgotten copy further down."""
-    stack = [node] if node is not None else []
-    while stack:
-        n = stack.pop()
-        if isinstance(n, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key, value in n.value:
-                if isinstance(key, yaml.ScalarNode):
-                    line = key.start_mark.line + 1
-                    if key.value in seen:
-                        return f"line {line}: key {key.value!r} appears twice (first on line {seen[key.value]})"
-                    seen[key.value] = line
-                stack.append(value)
-        elif isinstance(n, yaml.SequenceNode):
-            stack.extend(n.value)
-    return None
 
 
 def read_yaml(path: Path | Traversable) -> dict[str, Any]:
@@ -240,12 +230,12 @@ def read_yaml(path: Path | Traversable) -> dict[str, Any]:
         raise ConfigError(f"invalid YAML: {' '.join(str(e).split())}", path=str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", path=str(path))
-    duplicate = _duplicate_key(node)
-    if duplicate:
-        raise ConfigError(duplicate, path=str(path))
     located = YamlMapping(data)
     located.lines = {}
-    _lines(node, (), located.lines)
+    try:
+        _lines(node, (), located.lines)
+    except _DuplicateKey as e:
+        raise ConfigError(str(e), path=str(path)) from None
     return located
 
 
