@@ -83,6 +83,7 @@ def _serve(mode: str, pods: int, per_hpa: int, interval: float | None, queue: mp
     from gpuscale.adapter.discovery import Discovery
     from gpuscale.adapter.provider import MetricsProvider
     from gpuscale.adapter.selfmetrics import AdapterMetrics
+    from gpuscale.adapter.transport import AdapterRunner, RejectionLog
     from gpuscale.metrics.aggregation import build_snapshot
     from gpuscale.metrics.attribution import Attributor, Target
     from gpuscale.metrics.catalogue import load_catalogue
@@ -152,7 +153,12 @@ def _serve(mode: str, pods: int, per_hpa: int, interval: float | None, queue: mp
         else:
             served = app
             served.router.add_get("/bench/counts", lambda r: web.json_response(_counts(metrics)))
-        runner = web.AppRunner(served, access_log=None)
+        # NB: the adapter's own runner (as `gpuscale adapter` serves), with its fast path for URLs asked before
+        runner = (
+            web.AppRunner(served, access_log=None)
+            if mode == "bare aiohttp"
+            else AdapterRunner(served, rejections=RejectionLog(), access_log=None)
+        )
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

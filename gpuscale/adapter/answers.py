@@ -22,13 +22,14 @@ again by the request that asks, as the same metav1 Status.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuscale.adapter.provider import Item, MetricsProvider
+from gpuscale.adapter.provider import MetricsProvider, Values
 from gpuscale.adapter.wire import EXTERNAL_GROUP, ItemEncoder, external_item, external_list
 from gpuscale.errors import GpuscaleError, SelectorError
 from gpuscale.metrics.store import MetricsStore, Snapshot
@@ -55,20 +56,30 @@ class MetricQuery:
     metric_selector: LabelSelector  # metricLabelSelector (custom only)
 
 
-def answer(provider: MetricsProvider, query: MetricQuery, encoder: ItemEncoder) -> tuple[bytes, list[Item]]:
-    """The encoded body of ``query`` and the items it holds; the provider's errors propagate."""
+def answer(provider: MetricsProvider, query: MetricQuery, encoder: ItemEncoder) -> tuple[bytes, float]:
+    """The encoded body of ``query`` and until when it holds (provider clock); the provider's errors propagate."""
     if query.group == EXTERNAL_GROUP:
         assert query.namespace is not None
         items = provider.external(query.namespace, query.metric, query.selector)
         document = external_list([external_item(query.metric, i.labels, i.point) for i in items])
-        return json.dumps(document, separators=(",", ":")).encode(), items
+        return json.dumps(document, separators=(",", ":")).encode(), provider.expiry(query.metric, items)
     if query.name == "*":
-        items = provider.by_selector(
-            query.resource, query.namespace, query.selector, query.metric, query.metric_selector
+        values = provider.values_by_selector(
+            query.metric, query.resource, query.namespace, query.selector, query.metric_selector
         )
     else:
-        items = provider.by_name(query.resource, query.namespace, query.name, query.metric, query.metric_selector)
-    return encoder.custom(query.version, query.metric, items, query.metric_selector.to_dict()), items
+        values = Values.of(
+            provider.by_name(query.resource, query.namespace, query.name, query.metric, query.metric_selector)
+        )
+    body = encoder.values(query.version, query.metric, values.objs, values.points, _echo(query.metric_selector))
+    return body, provider.expires(query.metric, values.oldest)
+
+
+@functools.lru_cache(maxsize=4096)
+def _echo(selector: LabelSelector) -> str:
+    """The metricLabelSelector as the answer echoes it (JSON; ``null`` when empty: the Go struct has no omitempty).
+    NB: after the provider's answer, so that its errors come first; SelectorError for what metav1 cannot say."""
+    return json.dumps(selector.to_dict(), separators=(",", ":"))
 
 
 @dataclass(slots=True)
@@ -123,8 +134,8 @@ class AnswerCache:
             self._count("prepared" if entry.prepared else "cached")
             entry.prepared = False
             return entry.body
-        body, items = answer(provider, query, self._encoder)
-        self._put(query, _Entry(token, provider.expiry(query.metric, items), body, prepared=False))
+        body, expires = answer(provider, query, self._encoder)
+        self._put(query, _Entry(token, expires, body, prepared=False))
         self._count("computed")
         return body
 
@@ -161,7 +172,7 @@ class AnswerCache:
         failed = 0
         for query in wanted:
             try:
-                body, items = answer(view, query, self._encoder)
+                body, expires = answer(view, query, self._encoder)
             except (GpuscaleError, SelectorError):
                 continue  # an error answer: raised again, as the same Status, by the request that asks
             except Exception:
@@ -171,7 +182,7 @@ class AnswerCache:
             if size + len(body) > self._max_bytes:
                 break
             size += len(body)
-            prepared.append((query, view.expiry(query.metric, items), body))
+            prepared.append((query, expires, body))
         if failed:
             log.debug("%d of %d answers not prepared (the request computes them)", failed, len(wanted))
 

@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpuscale.adapter.answers import AnswerCache, MetricQuery
 from gpuscale.adapter.discovery import NAMESPACED, Discovery
+from gpuscale.adapter.fastpath import FAST_PATH, FastPath
 from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.adapter.status import error_response, status_response
@@ -52,6 +53,7 @@ ANSWERS = web.AppKey("answers", AnswerCache)
 
 def _answer(request: web.Request, query: MetricQuery) -> web.Response:
     body = request.app[ANSWERS].body(request.app[PROVIDER], query)
+    request.app[FAST_PATH].remember(request, query, request[RESOURCE])  # NB: the next request skips to the body
     return web.Response(body=body, content_type="application/json")
 
 
@@ -195,6 +197,12 @@ def make_app(
     app[SELFMETRICS] = selfmetrics
     app[READY] = ready
     app[ANSWERS] = answers if answers is not None else AnswerCache(count=selfmetrics.count_answer)
+
+    def answer(request: web.Request, query: MetricQuery, resource: str) -> bytes:
+        request[RESOURCE] = resource
+        return app[ANSWERS].body(provider, query)
+
+    app[FAST_PATH] = FastPath(app, answer)  # NB: served by AdapterRunner (transport.py)
     r = app.router
     r.add_get("/apis", apis)
     r.add_get("/apis/", apis)

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Collection
+from itertools import compress, repeat
+from operator import is_not, itemgetter
+from typing import Any, NamedTuple
 
 from gpuscale.adapter.forecasts import METRICS as FORECAST_METRICS
 from gpuscale.adapter.forecasts import RESOURCES as FORECAST_RESOURCES
@@ -37,6 +39,22 @@ class Item(NamedTuple):
     obj: ObjectRef | None  # None for external metrics
     point: MetricPoint
     labels: dict[str, str] | None = None
+
+
+class Values(NamedTuple):
+    """A custom-metrics answer as parallel sequences (what the encoder reads), without an Item per value."""
+
+    objs: Collection[ObjectRef]
+    points: Collection[MetricPoint]
+    oldest: float  # the oldest point's timestamp (0.0 when there are none): when the answer turns stale
+
+    @classmethod
+    def of(cls, items: list[Item]) -> Values:
+        points = [i.point for i in items]
+        return cls([i.obj for i in items], points, min((p.timestamp for p in points), default=0.0))  # type: ignore[misc]
+
+
+_STALE, _TIMESTAMP = itemgetter(3), itemgetter(1)  # MetricPoint.stale and .timestamp, read in C
 
 
 class MetricsProvider:
@@ -138,12 +156,16 @@ class MetricsProvider:
 
     def expiry(self, metric_name: str, items: list[Item]) -> float:
         """When the first of these items would turn stale (an answer built from them is valid until then)."""
+        return self.expires(metric_name, min((i.point.timestamp for i in items), default=0.0))
+
+    def expires(self, metric_name: str, oldest: float) -> float:
+        """When a value of ``metric_name`` sampled at ``oldest`` turns stale."""
         metric = self.catalogue.get(metric_name)
         max_age = self.catalogue.max_age(metric) if metric else 0.0
         if self._forecast(metric_name):
             assert self.forecasts is not None
             max_age = self.forecasts.max_age_s
-        return min((i.point.timestamp for i in items), default=0.0) + max_age
+        return oldest + max_age
 
     def is_forecast(self, metric_name: str) -> bool:
         """Served from the workloads' forecasts (adapter/forecasts.py), not the store."""
@@ -241,6 +263,28 @@ class MetricsProvider:
             # NB: in the order of objs, without those that have no value (which _collect would skip)
             return self._collect(metric, list(self.store.points(metric.name, objs).items()), what)
         return self._collect(metric, [(o, self._value(metric, o, metric_selector)) for o in objs], what)
+
+    def values_by_selector(self, metric_name: str, *args: Any) -> Values:
+        """``by_selector(resource, namespace, selector, metric_name, metric_selector)``'s answer as ``Values``
+        (``args``: the other four, in that order). For pods without a metricLabelSelector — every HPA's Pods
+        metric — read without a Python step per pod when every selected pod's value is fresh (checked in C);
+        anything else is ``by_selector``'s answer (which filters stale values and raises)."""
+        resource, namespace, selector, metric_selector = args
+        plain = resource == "pods" and metric_selector.is_empty and namespace is not None
+        if plain and not self.is_forecast(metric_name):
+            assert namespace is not None
+            metric = self._metric(metric_name, resource)
+            self._check_namespace(namespace)
+            objs: Collection[ObjectRef] = self._select_pods(namespace, selector)
+            points: Collection[MetricPoint | None] = list(map(self.store.values(metric.name).get, objs))
+            if None in points:  # NB: pods without a value are left out, as by_selector leaves them out
+                present = list(map(is_not, points, repeat(None)))
+                objs, points = list(compress(objs, present)), list(compress(points, present))
+            if points and not any(map(_STALE, points)):
+                oldest = min(map(_TIMESTAMP, points))
+                if oldest >= self.clock() - self.catalogue.max_age(metric):
+                    return Values(objs, points, oldest)  # type: ignore[arg-type]
+        return Values.of(self.by_selector(resource, namespace, selector, metric_name, metric_selector))
 
     def _select_pods(self, namespace: str, selector: LabelSelector) -> list[ObjectRef]:
         if self.cluster is None:

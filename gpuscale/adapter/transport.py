@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import http_exceptions, web, web_protocol, web_server
 
+from gpuscale.adapter.fastpath import FAST_PATH, FastPath
 from gpuscale.adapter.status import status_body
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,9 @@ class _Server(web_server.Server):
 
 
 class AdapterRunner(web.AppRunner):
-    """An AppRunner whose connections answer requests the parser rejects with a Status (see module docs)."""
+    """An AppRunner whose connections answer requests the parser rejects with a Status (see module docs), and
+    whose metrics requests for a URL asked before take the app's fast path (fastpath.py) when it has one and
+    access is not logged (``access_log=None``, as the adapter runs)."""
 
     def __init__(self, app: web.Application, *, rejections: RejectionLog, **kwargs: Any) -> None:
         kwargs.setdefault("max_line_size", MAX_REQUEST_LINE)
@@ -155,6 +158,9 @@ class AdapterRunner(web.AppRunner):
         # class; the subclass adds only handler creation, so the instance is re-classed rather than rebuilt.
         server.__class__ = _Server
         server.rejections = self._rejections  # type: ignore[attr-defined]
+        fast = self.app.get(FAST_PATH)
+        if isinstance(fast, FastPath) and self._kwargs.get("access_log", True) is None and fast.usable():
+            server.request_handler = fast.handler(server.request_handler)
         return server
 
 

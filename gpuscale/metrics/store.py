@@ -173,6 +173,10 @@ class MetricsReader(Protocol):
 
     def points(self, metric: str, objs: Iterable[ObjectRef]) -> dict[ObjectRef, MetricPoint]: ...
 
+    def values(self, metric: str) -> Mapping[ObjectRef, MetricPoint]:
+        """Every object's point of ``metric`` (read-only; for lookups run by C, e.g. ``map(values.get, objs)``)."""
+        ...
+
     def objects(self, metric: str, kind: str | None = None) -> list[ObjectRef]: ...
 
     def parts(self, metric: str, obj: ObjectRef) -> list[LabelledPart]: ...
@@ -214,6 +218,9 @@ class MetricsStore:
 
     def point(self, metric: str, obj: ObjectRef) -> MetricPoint | None:
         return self._values(metric).get(obj)
+
+    def values(self, metric: str) -> Mapping[ObjectRef, MetricPoint]:
+        return self._values(metric)
 
     def points(self, metric: str, objs: Iterable[ObjectRef]) -> dict[ObjectRef, MetricPoint]:
         values = self._values(metric)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -306,9 +307,15 @@ def test_the_item_encoder_writes_exactly_what_json_dumps_of_the_item_shape_gives
         MetricPoint(0.0012, 1_790_000_001.0, 60.0),
         MetricPoint(3e9, 1.0, 0.5),
     ]
-    items = [Item(o, p) for o in objects for p in points]
+    shared = [MetricPoint(v, 1_790_000_000.4, w) for v, w in ((87.5, 60.0), (0.0, 60.0), (-3e-3, 60.0))]  # one stamp
+    cases = [
+        [Item(o, p) for o in objects for p in points],  # timestamps and windows differ: written per value
+        [Item(o, p) for o in objects for p in shared],  # one timestamp and window: written once per answer
+        [Item(objects[0], points[1])],
+        [],
+    ]
     encoder = ItemEncoder()
-    for _ in range(2):  # the second time from the kept parts
+    for items in cases * 2:  # the second time from the kept parts
         body = encoder.custom(version, "gpu_utilization", items, selector)
         expected = {
             "kind": "MetricValueList",
@@ -317,3 +324,42 @@ def test_the_item_encoder_writes_exactly_what_json_dumps_of_the_item_shape_gives
             "items": [custom_item(version, "gpu_utilization", i.obj, i.point, selector) for i in items],
         }
         assert body == json.dumps(expected, separators=(",", ":")).encode()
+
+
+def test_values_by_selector_are_by_selectors_items_whatever_is_missing_or_stale():
+    from gpuscale.adapter.provider import Values
+    from gpuscale.metrics.store import MetricPoint, Snapshot
+    from gpuscale.model import POD, ObjectRef
+    from gpuscale.selectors import LabelSelector
+
+    now = 1_790_000_000.0
+    cluster = _serving_cluster()
+    pods = [ObjectRef(POD, f"web-{i}", "serving") for i in range(4)]
+    fresh = [MetricPoint(10.0 + i, now - i, 60.0 if i % 2 else None) for i in range(4)]
+    cases = {
+        "all fresh": dict(zip(pods, fresh, strict=True)),
+        "one missing": dict(zip(pods[:2] + pods[3:], fresh[:2] + fresh[3:], strict=True)),
+        "one stale": {**dict(zip(pods, fresh, strict=True)), pods[1]: MetricPoint(5.0, now, stale=True)},
+        "one too old": {**dict(zip(pods, fresh, strict=True)), pods[2]: MetricPoint(5.0, now - 3600)},
+        "all too old": {p: MetricPoint(1.0, now - 3600) for p in pods},
+        "none": {},
+    }
+    for case, values in cases.items():
+        reader = MetricsStore()
+        reader.update(Snapshot(values={"gpu_utilization": values}, taken_at=now))
+        provider = MetricsProvider(CATALOGUE, reader, cluster, clock=lambda: now)
+        for text, _ in SELECTED:
+            selector = LabelSelector.parse(text.replace("%3D", "=").replace("%21", "!").replace("+", " "))
+            args = ("pods", "serving", selector, "gpu_utilization", LabelSelector.everything())
+            try:
+                expected = Values.of(provider.by_selector(*args))
+            except Exception as e:
+                with pytest.raises(type(e), match=re.escape(str(e))):
+                    provider.values_by_selector("gpu_utilization", *args[:3], args[4])
+                continue
+            got = provider.values_by_selector("gpu_utilization", *args[:3], args[4])
+            assert (list(got.objs), list(got.points), got.oldest) == (
+                list(expected.objs),
+                list(expected.points),
+                expected.oldest,
+            ), (case, text)

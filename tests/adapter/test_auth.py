@@ -45,6 +45,7 @@ from gpuscale.adapter.auth import (
     request_attributes,
 )
 from gpuscale.adapter.discovery import Discovery
+from gpuscale.adapter.fastpath import FAST_PATH
 from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.adapter.tls import (
@@ -55,6 +56,7 @@ from gpuscale.adapter.tls import (
     ensure_self_signed_cert,
     serving_cert_files,
 )
+from gpuscale.adapter.transport import AdapterRunner, RejectionLog
 from gpuscale.errors import ConfigError
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.sim.kubeapi import SimKubeApi
@@ -162,6 +164,8 @@ def metrics_app(*, middlewares) -> web.Application:
 class Secure:
     """The adapter served over HTTPS with delegated auth, and a client for it."""
 
+    fast: Any  # the app's FastPath
+
     def __init__(self, url: str, ca_file: Path, auth: DelegatedAuth, clock: Clock) -> None:
         self.url, self.ca_file, self.auth, self.clock = url, ca_file, auth, clock
 
@@ -207,12 +211,16 @@ async def start_secure(tmp_path, sim):
         files = ensure_self_signed_cert(tmp_path / "certs")
         server_tls = ServerTLS(files.cert_file, files.key_file)
         auth.serve_tls(server_tls)
-        runner = web.AppRunner(metrics_app(middlewares=[auth.middleware()]), access_log=None)
+        # NB: the adapter's runner, as `gpuscale adapter` serves: a URL asked before takes its fast path (fastpath.py),
+        # so every test here also proves the fast path authenticates and authorizes exactly as the full path
+        runner = AdapterRunner(metrics_app(middlewares=[auth.middleware()]), rejections=RejectionLog(), access_log=None)
         await runner.setup()
         cleanups.append(runner.cleanup)
         await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls.context).start()
         assert files.ca_file is not None
-        return Secure(f"https://127.0.0.1:{runner.addresses[0][1]}", files.ca_file, auth, clock)
+        secure = Secure(f"https://127.0.0.1:{runner.addresses[0][1]}", files.ca_file, auth, clock)
+        secure.fast = runner.app[FAST_PATH]
+        return secure
 
     yield start
     for cleanup in reversed(cleanups):
@@ -429,6 +437,8 @@ async def test_allow_and_deny_are_each_cached_until_their_ttl(start_secure, pki,
     secure.clock.advance(5.1)
     assert (await secure.get(METRIC, cert=front_proxy, headers=as_bob))[0] == 403
     assert len(sim.access_reviews) == 3
+    # NB: METRIC was answered once by the full path, so the last two requests were the fast path's: it denied too
+    assert secure.fast.served == 2
 
 
 async def test_concurrent_identical_requests_share_one_review(secure, pki, sim):
