@@ -187,15 +187,14 @@ def attribute(name: str, labels: Mapping[str, str], target: Target, *, backend: 
     """
     get = labels.get
     if backend is not None and backend.pod is not None and not _is_dcgm(name, labels):
-        items = sorted(labels.items())
-        external = tuple([item for item in items if item[0] not in _PLACEMENT_LABELS])
-        key = ("series", target.url, *[f"{k}={v}" for k, v in items])
+        external, parts = _series_labels(tuple(labels.items()))
+        key = ("series", target.url, *parts)
         return _device(key, key, backend.pod, backend.node, external)
     node_name = target.node or get("Hostname") or get("hostname") or None
-    # NB: sorting the pairs orders by key (keys are unique), the order selectors and the wire expect.
-    items = sorted(labels.items())
-    external = tuple([item for item in items if item[0] not in _PLACEMENT_LABELS])
     if _is_dcgm(name, labels):
+        # NB: sorting the pairs orders by key (keys are unique), the order selectors and the wire expect.
+        items = sorted(labels.items())
+        external = tuple([item for item in items if item[0] not in _PLACEMENT_LABELS])
         owner = _labelled_pod(labels)
         if owner is not None and owner == target.pod:
             owner = None  # the exporter's own target labels, not a workload
@@ -210,8 +209,22 @@ def attribute(name: str, labels: Mapping[str, str], target: Target, *, backend: 
         return _device(key, physical, owner, node_name, external, claim)
     owner = _labelled_pod(labels) if "pod" in labels or "exported_pod" in labels else None
     owner = owner or target.pod
-    key = ("series", target.url, *[f"{k}={v}" for k, v in items])
+    external, parts = _series_labels(tuple(labels.items()))
+    key = ("series", target.url, *parts)
     return _device(key, key, owner, node_name, external)
+
+
+@functools.lru_cache(maxsize=4096)
+def _series_labels(items: tuple[tuple[str, str], ...]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """A series' labels for external selectors (sorted, placement labels left out) and its key's ``k=v`` parts.
+
+    NB: cached by the labels as written: the replicas of one inference server repeat the same few label sets
+    (2,881 Triton pods: four), each otherwise sorted and formatted once per pod. A DCGM label set names
+    its GPU (UUID), so it is never repeated and not cached. Bounded: label sets unique to a pod only churn it.
+    """
+    ordered = sorted(items)  # NB: orders by key (keys are unique), the order selectors and the wire expect
+    external = tuple([item for item in ordered if item[0] not in _PLACEMENT_LABELS])
+    return external, tuple([f"{k}={v}" for k, v in ordered])
 
 
 class Attributor:
