@@ -98,6 +98,7 @@ def main() -> None:
         "--switch-interval", type=float, help="run the adapter with this sys.setswitchinterval (s; Python's is 0.005)"
     )
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--only", choices=["demand", "full"], help="measure one refresh mode only")
     args = parser.parse_args()
     loadgen = loadgen_binary()
     work = Path(tempfile.mkdtemp(prefix="gpuscale-hpa-latency-"))
@@ -114,7 +115,8 @@ def main() -> None:
         stack.callback(plane.stop)
         create_objects(plane)
         proxy = FrontProxy(plane)
-        for mode, extra in (("demand-driven", []), ("full (--no-demand-driven)", ["--no-demand-driven"])):
+        modes = (("demand-driven", []), ("full (--no-demand-driven)", ["--no-demand-driven"]))
+        for mode, extra in modes if args.only is None else modes[args.only == "full" :][:1]:
             for phase, interval in (("at rest", "30s"), ("refreshing", "5s")):
                 port = free_port()
                 base = f"https://127.0.0.1:{port}"

@@ -31,12 +31,20 @@ def cyclic_gc_paused() -> Iterator[None]:
     alive, and every automatic collection on the way walks them: on 1,250 nodes × 8 GPUs that tripled the
     time of a `top` frame (benchmarks/bench_top.py) and of an adapter refresh (bench_refresh.py). The
     data has no reference cycles to speak of, so refreshes run with the collector paused.
+
+    NB: on the way out, everything the refresh left alive goes straight to the oldest generation (freeze, then
+    unfreeze: two list splices, no traversal). Resumed as it was, the collector's next young collection walked
+    those ~10⁵ new objects in one C call holding the GIL: 18–19 ms after every 10,000-GPU refresh, on whichever
+    thread allocated next — usually the event loop, so an HPA request waited that long (bench_refresh_lag.py).
+    They are still collected with the oldest generation, as anything long-lived is.
     """
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
+        gc.unfreeze()
         if enabled:
             gc.enable()
 

@@ -54,6 +54,11 @@ class AdapterSettings(_Settings):
         description="bytes: a bigger answer to one Prometheus query is refused while it streams in (never decoded); "
         "that query's last values keep serving",
     )
+    prometheus_decode_process: bool = Field(
+        True,
+        description="decode Prometheus answers in a child process, so that no decode holds up HPA requests "
+        "(docs/adapter.md); --no-prometheus-decode-process decodes them in a thread of the adapter",
+    )
     kubeconfig: str | None = Field(None, description="kubeconfig for pod labels (default: in-cluster config if any)")
     config: str | None = Field(
         None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"

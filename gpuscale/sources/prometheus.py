@@ -97,7 +97,6 @@ health says why. ``health()`` has one entry, the server.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
@@ -107,17 +106,18 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
 from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.metrics.attribution import POD_LABELS
-from gpuscale.metrics.exposition import is_dcgm_blank
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
-from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
+from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
 from gpuscale.sources.bounded import read_bounded, size_text
+from gpuscale.sources.decoder_process import DecoderProcess
+from gpuscale.sources.prom_answer import Answer, LabelSets, PlannedQuery, decode_body, read_answer, short
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -136,28 +136,9 @@ log = logging.getLogger(__name__)
 # NB: at 100,000 GPUs the largest answer (one DCGM field) is ~35 MB; decoding 64 MiB takes ~1 GB for a moment.
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_TIMEOUT_SECONDS = 5.0
-# dcgm_structs.h: DCGM_FP64_BLANK = 2**47, then NOT_FOUND, NOT_SUPPORTED, NO_PERMISSION (+1, +2, +3).
-_FP64_BLANK_CODES = frozenset(float(2**47 + i) for i in range(4))
-_ERROR_TEXT_LIMIT = 300
 
 
 # --- PromQL (pure) ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedQuery:
-    """One PromQL instant query and how to read its answer.
-
-    ``name`` names samples that come back without ``__name__`` (rate/increase results); ``input`` and
-    ``window_seconds`` (None for gauges) describe the values; ``match`` is re-applied to the result labels
-    (a no-op for default queries, which carry it as matchers; the contract for overrides).
-    """
-
-    promql: str
-    name: str
-    input: str = "gauge"
-    window_seconds: float | None = None
-    match: tuple[tuple[str, str], ...] = ()
 
 
 def duration(seconds: float) -> str:
@@ -239,165 +220,6 @@ def plan(
             text = f"histogram_quantile({query.quantile!r}, {text})"
         planned.append(PlannedQuery(text, name, query.input, window, query.match))
     return tuple(planned)
-
-
-# --- the answer (pure) --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """The usable part of one query's response."""
-
-    values: list[SeriesValue]
-    warnings: tuple[str, ...] = ()
-    partial: bool = False
-
-
-def _is_blank(name: str, value: float) -> bool:
-    """DCGM "no value" markers among floats of unknown origin (module docstring)."""
-    if not name.startswith("DCGM_") or not (1.4e14 <= value < math.inf):  # NB: NaN/Inf are not sentinels
-        return False
-    if value.is_integer():
-        return is_dcgm_blank(name, value, integer=True) or value in _FP64_BLANK_CODES
-    return is_dcgm_blank(name, value)
-
-
-class LabelSets:
-    """The label sets of one refresh of one source, each as one dict with its target URL.
-
-    The eight DCGM fields of a GPU arrive in eight answers with identical labels: sharing keeps one dict
-    instead of eight and lets attribution recognise a label set by identity. ``index`` finds a label set by
-    its (keys, values); ``by_length`` remembers, per answer length, which label set each position had.
-    A backend lists the series of each DCGM field of the same exporters in the same order, so series i of
-    an answer mostly has the labels of series i of the previous answer of the same length: one dict
-    comparison confirms it, and only a miss builds and hashes the index key (in bench_refresh.py, 12,000
-    misses of 88,000 series). Any other order is still read right, through the index, only slower.
-    """
-
-    __slots__ = ("by_length", "index")
-
-    def __init__(self) -> None:
-        self.index: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[dict[str, str], str]] = {}
-        self.by_length: dict[int, list[tuple[dict[str, str], str] | None]] = {}
-
-
-def read_answer(body: Any, planned: PlannedQuery, *, source: str, label_sets: LabelSets | None = None) -> Answer:
-    """One decoded ``/api/v1/query`` body → series values; SourceUnavailable(source, reason) if unusable.
-
-    ``source`` (the Prometheus URL) is also the target of samples without an ``instance`` label.
-    ``label_sets`` (one per refresh of one source) makes equal label sets one dict across answers.
-    """
-    if not isinstance(body, Mapping):
-        raise SourceUnavailable(source, f"malformed response: a JSON {type(body).__name__}, not an object")
-    status = body.get("status")
-    if status != "success":
-        kind = body.get("errorType") or "error"
-        raise SourceUnavailable(source, f"{kind}: {_short(str(body.get('error') or f'status {status!r}'))}")
-    data = body.get("data")
-    if not isinstance(data, Mapping):
-        raise SourceUnavailable(source, "malformed response: no 'data' object")
-    result_type = data.get("resultType")
-    result = data.get("result")
-    values: list[SeriesValue] = []
-    if result_type == "scalar":
-        ts, value = _sample(result, "result", source)
-        values.append(SeriesValue(planned.name, {}, value, ts, source, planned.window_seconds))
-    elif result_type == "vector":
-        if not isinstance(result, list):
-            raise SourceUnavailable(source, "malformed response: 'result' is not a list")
-        gauge = planned.input == "gauge"
-        match = planned.match
-        window = planned.window_seconds
-        targets: dict[str | None, str] = {None: source}  # instance → target URL, formatted once each
-        sets = label_sets if label_sets is not None else LabelSets()
-        index = sets.index
-        placed = sets.by_length.get(len(result))  # read and updated in place
-        if placed is None:
-            placed = sets.by_length[len(result)] = [None] * len(result)
-        append = values.append
-        for i, item in enumerate(result):
-            # NB: the well-formed path does no isinstance checks (100,000 series per refresh at 10,000 GPUs);
-            # anything malformed raises inside and is reported with its index by _malformed.
-            try:
-                # NB: the decoded object itself (this answer owns it; __name__ is popped below), not a copy.
-                labels = item["metric"]
-                if type(labels) is not dict:
-                    raise TypeError("'metric' is not an object")
-                pair = item["value"]
-                if type(pair) is not list:
-                    raise TypeError("not a list")
-                ts_raw, value_raw = pair
-                ts, value = float(ts_raw), float(value_raw)  # float() reads "NaN", "+Inf", "-Inf"
-            except (TypeError, KeyError, ValueError, AttributeError) as e:
-                raise _malformed(item, i, source) from e
-            name = labels.pop("__name__", None) or planned.name
-            if match and any(labels.get(k) != v for k, v in match):
-                continue
-            if gauge and value >= 1.4e14 and _is_blank(name, value):
-                continue  # NB: rate/increase values are derived; the sentinel test means nothing there
-            known = placed[i]
-            if known is None or known[0] != labels:
-                known = placed[i] = _label_set(index, labels, targets, i, source)
-            append(series_value((name, known[0], value, ts, known[1], window)))
-    else:
-        raise SourceUnavailable(
-            source, f"unexpected resultType {result_type!r} (the query must return an instant vector)"
-        )
-    warnings = body.get("warnings") or []
-    if not isinstance(warnings, list):
-        warnings = [warnings]
-    return Answer(values, tuple(str(w) for w in warnings if w), body.get("isPartial") is True)
-
-
-def _malformed(item: Any, i: int, source: str) -> SourceUnavailable:
-    """The specific reason a vector result item is unusable."""
-    if not isinstance(item, Mapping) or not isinstance(item.get("metric"), Mapping):
-        return SourceUnavailable(source, f"malformed response: result[{i}] has no 'metric' object")
-    try:
-        _sample(item.get("value"), f"result[{i}].value", source)
-    except SourceUnavailable as e:
-        return e
-    return SourceUnavailable(source, f"malformed response: result[{i}] is not a sample")
-
-
-def _label_set(
-    index: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[dict[str, str], str]],
-    labels: dict[str, str],
-    targets: dict[str | None, str],
-    i: int,
-    source: str,
-) -> tuple[dict[str, str], str]:
-    """The shared dict equal to ``labels`` (``labels`` itself when new) and its target URL."""
-    # NB: keys and values as two flat tuples: cheaper than a tuple of (key, value) pairs.
-    key = (tuple(labels), tuple(labels.values()))
-    try:
-        known = index.get(key)
-    except TypeError as e:  # e.g. a list as a label value: unhashable
-        raise SourceUnavailable(
-            source, f"malformed response: result[{i}].metric has a value that is not a string"
-        ) from e
-    if known is None:
-        instance = labels.get("instance") or None
-        target = targets.get(instance)
-        if target is None:
-            target = targets[instance] = f"http://{instance}/metrics"
-        known = index[key] = (labels, target)
-    return known
-
-
-def _sample(pair: Any, where: str, source: str) -> tuple[float, float]:
-    if not isinstance(pair, list) or len(pair) != 2:
-        raise SourceUnavailable(source, f"malformed response: {where} is not a [timestamp, value] pair")
-    try:
-        # NB: float() reads Prometheus' "NaN", "+Inf", "-Inf"; aggregation drops them later.
-        return float(pair[0]), float(pair[1])
-    except (TypeError, ValueError) as e:
-        raise SourceUnavailable(source, f"malformed response: {where}: {e}") from e
-
-
-def _short(text: str, limit: int = _ERROR_TEXT_LIMIT) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- files that rotate ----------------------------------------------------------------------------------
@@ -501,6 +323,8 @@ class PrometheusSource:
     included; ``max_body_bytes`` bounds each answer (``max_body_flag`` names the setting in the message).
     ``fresh_within_seconds`` leaves out series whose newest sample is older (``plan``): the adapter passes
     the catalogue's longest max-age, so an old sample is never answered as a fresh one.
+    ``decode_in`` is where answers are decoded: ``"thread"`` (a worker thread of this process) or ``"process"``
+    (a child process, sources/decoder_process.py: the adapter's choice, so that no decode holds its GIL).
     Unreadable credential files raise ConfigError here, so a bad flag fails at start.
     """
 
@@ -523,6 +347,7 @@ class PrometheusSource:
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
         fresh_within_seconds: float | None = None,
+        decode_in: Literal["thread", "process"] = "thread",
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -552,6 +377,10 @@ class PrometheusSource:
         self._max_body = max_body_bytes
         self._max_body_flag = max_body_flag
         self._decoding = asyncio.Lock()
+        if decode_in not in ("thread", "process"):
+            raise ValueError(f"decode_in must be 'thread' or 'process', not {decode_in!r}")
+        self._decoder = DecoderProcess(self.display_url) if decode_in == "process" else None
+        self._refreshes = 0
         self._session = session
         self._own_session = session is None
         self._clock = clock
@@ -582,6 +411,8 @@ class PrometheusSource:
         self._scope = None if scope is None else dict(scope)
 
     async def close(self) -> None:
+        if self._decoder is not None:
+            await self._decoder.close()
         if self._own_session and self._session is not None:
             await self._session.close()
         self._session = None
@@ -596,6 +427,7 @@ class PrometheusSource:
         pipeline's clock may be simulated while the server's data is real.
         """
         started = self._clock()
+        self._refreshes += 1
         # NB: equal label sets share one dict within a refresh; the index itself is dropped when the refresh
         # ends (its ~50,000 key tuples at 10,000 GPUs would otherwise stay for the garbage collector to walk).
         label_sets = LabelSets()
@@ -645,7 +477,7 @@ class PrometheusSource:
                 fresh = {_key(v) for v in answer.values}
                 self._kept[p] = answer.values + [v for v in self._kept[p] if _key(v) not in fresh]
                 why = "; ".join(answer.warnings) or "the server marked the response partial"
-                partial[p] = f"partial response: {_short(why)}"
+                partial[p] = f"partial response: {short(why)}"
             else:
                 self._kept[p] = answer.values
         self._record(started, failed, partial, kind=kinds.pop() if len(kinds) == 1 else "failed")
@@ -683,11 +515,14 @@ class PrometheusSource:
         except SourceUnavailable as e:
             return e
         # NB: decoding a 10,000-GPU answer is pure Python for most of its time (read_answer): in a worker
-        # thread the event loop keeps answering requests meanwhile. One decode at a time, as on the loop
-        # before, since the answers of a refresh share ``label_sets``; and outside the deadline, because a
-        # thread cannot be cancelled and the lock must not be released while it still runs.
+        # thread the event loop keeps answering requests meanwhile, except during json.loads (~40 ms, one C call
+        # holding the GIL), hence the decoder process. One decode at a time, as on the loop before, since the
+        # answers of a refresh share ``label_sets`` (the process: its tables); and outside the deadline, because
+        # a thread cannot be cancelled and the lock must not be released while it still runs.
         async with self._decoding:
             try:
+                if self._decoder is not None:
+                    return await self._decoder.decode(raw, status, content_type, planned, self._refreshes)
                 return await asyncio.to_thread(self._answer, raw, status, content_type, planned, label_sets)
             except SourceUnavailable as e:
                 return e
@@ -695,7 +530,7 @@ class PrometheusSource:
     def _answer(
         self, raw: bytes | bytearray, status: int, content_type: str, planned: PlannedQuery, label_sets: LabelSets
     ) -> Answer:
-        body = self._decode(raw, status, content_type)
+        body = decode_body(raw, status, content_type, source=self.display_url)
         return read_answer(body, planned, source=self.display_url, label_sets=label_sets)
 
     async def _post(
@@ -709,26 +544,6 @@ class PrometheusSource:
             raise SourceUnavailable(self.display_url, f"cannot connect: {e.os_error or e}") from e
         except aiohttp.ClientError as e:
             raise SourceUnavailable(self.display_url, f"{type(e).__name__}: {e}") from e
-
-    def _decode(self, raw: bytes | bytearray, status: int, content_type: str) -> Any:
-        try:
-            body = json.loads(raw)
-        except ValueError as e:
-            shown = _short(raw[:200].decode("utf-8", errors="replace"), 120)
-            if status != 200:
-                raise SourceUnavailable(self.display_url, f"HTTP {status}: {shown}") from e
-            reason = f"malformed JSON response ({content_type or 'no Content-Type'}): {shown!r}"
-            raise SourceUnavailable(self.display_url, reason) from e
-        if status != 200:
-            # NB: Prometheus explains its 4xx/5xx in the JSON body (errorType, error): quote it.
-            # VictoriaMetrics puts the status code in errorType ("422"); say it once.
-            kind = str(body.get("errorType") or "") if isinstance(body, dict) else ""
-            error = str(body.get("error") or "") if isinstance(body, dict) else ""
-            detail = ": ".join(part for part in (kind if kind != str(status) else "", error) if part)
-            raise SourceUnavailable(
-                self.display_url, f"HTTP {status}: {_short(detail)}" if detail else f"HTTP {status}"
-            )
-        return body
 
     async def _read_body(self, resp: aiohttp.ClientResponse) -> bytearray:
         limit = f"{size_text(self._max_body)}" + (f" ({self._max_body_flag})" if self._max_body_flag else "")
@@ -755,6 +570,8 @@ class PrometheusSource:
         prev = self._health
         problems = {**partial, **failed}
         extra = {"queries": str(len(self._kept))}
+        if self._decoder is not None and self._decoder.restarts:
+            extra["decoder_restarts"] = str(self._decoder.restarts)
         if failed:
             extra["failed_queries"] = str(len(failed))
         if partial:
@@ -762,7 +579,7 @@ class PrometheusSource:
         error = None
         if problems:
             # NB: the reason first: /readyz and /metrics cut a line at 120 characters, and the query is the longer part.
-            shown = [f"{why} ({_short(p.promql, 120)})" for p, why in list(problems.items())[:3]]
+            shown = [f"{why} ({short(p.promql, 120)})" for p, why in list(problems.items())[:3]]
             more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
             what = "failed or partial" if failed and partial else "failed" if failed else "partial"
             error = f"{len(problems)} of {len(self._kept)} queries {what}: " + "; ".join(shown) + more

@@ -117,8 +117,21 @@ async def prom():
     await fake.stop()
 
 
+_DECODE_IN = ["thread"]
+
+
+@pytest.fixture(autouse=True, params=["thread", "process"])
+def decode_in(request):
+    """Every test of a source built by source_for runs with answers decoded in a worker thread (top, controller)
+    and in the decoder process (the adapter): the same values, faults and reasons either way."""
+    _DECODE_IN[0] = request.param
+    yield request.param
+    _DECODE_IN[0] = "thread"
+
+
 def source_for(url: str, *terms: TermQuery, clock: list[float] | None = None, **kw: Any) -> PrometheusSource:
     clock = clock if clock is not None else [T0]
+    kw.setdefault("decode_in", _DECODE_IN[0])
     return PrometheusSource(url, queries=terms or (GAUGE,), clock=lambda: clock[0], **kw)
 
 
@@ -705,6 +718,7 @@ async def test_tls_client_certificate(pki):
     ],
 )
 def test_bad_options_fail_at_construction(kw, message):
+    kw = dict(kw)  # NB: the parameter's dict is shared by every run of this case
     url = kw.pop("url", "http://prometheus:9090")
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         PrometheusSource(url, queries=[GAUGE], **kw)
@@ -770,7 +784,7 @@ async def test_answers_are_decoded_off_the_event_loop_one_at_a_time(prom, monkey
             running[0] -= 1
 
     monkeypatch.setattr(promsource, "read_answer", stalled)
-    source = source_for(prom.url, FB)
+    source = source_for(prom.url, FB, decode_in="thread")  # NB: the process: tests/sources/test_decoder_process.py
     refresh = asyncio.create_task(source.refresh(now=T0))
     try:
         assert await asyncio.to_thread(entered.wait, 10)

@@ -1,0 +1,311 @@
+"""Prometheus answers decoded in a child process, so that serving never waits on a decode (issue 21, item 1).
+
+Why a process: ``json.loads`` of one answer of a 10,000-GPU fleet (~5 MB, one DCGM field) is a single C call
+that holds the GIL for ~40 ms; in a worker thread the adapter's event loop still could not run for that long, so
+the p99 of HPA requests during a refresh was that long (benchmarks/bench_hpa_latency.py: 39.7 ms against 3.7 ms
+at rest). The child does the JSON decode and ``read_answer`` (sources/prom_answer.py, the same code the thread
+path runs), and sends back a compact answer: the series as three arrays (label-set number, value, timestamp)
+plus only the label sets the adapter has not been sent yet. Label sets change rarely from one refresh to the
+next (the GPUs and pods of a fleet stay), so after the first refresh an answer costs the adapter ~240 KB of
+arrays per 10,000 series and one Python loop in its build thread, which the interpreter interrupts every
+switch interval to serve requests.
+
+Label sets are numbered by the child, never reused; a set no answer has had for ``KEEP_GENERATIONS``
+refreshes is forgotten by both sides (the child says which), so churn (pods come and go) cannot grow either
+table without bound.
+
+The protocol, on the child's stdin and stdout (both ends are gpuscale of the same installation; pickle is
+never read from anywhere else): a request is ``<IQ`` (header length, body length), the pickled header
+``(planned, status, content_type, source, generation)`` and the raw body; a reply is ``<Q`` (length) and the
+pickled reply, ``("ok", forget, new_set_chunks, names, ids, values, stamps, warnings, partial)`` or
+``("error", reason, kind, forget)``. The child exits when its stdin closes, so it never outlives the adapter.
+
+Faults: a child that dies, hangs past ``timeout_seconds`` or answers garbage is killed; the query in flight
+fails with kind ``decoder`` (its last values keep serving, as for any failed query: sources/prometheus.py) and
+the next query starts a new child with empty tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+import struct
+import sys
+from array import array
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from gpuscale.errors import SourceUnavailable, one_line
+from gpuscale.sources.base import SeriesValue, series_value
+from gpuscale.sources.prom_answer import Answer, LabelSets, PlannedQuery, decode_body, read_answer
+
+__all__ = ["KEEP_GENERATIONS", "DecoderProcess", "main"]
+
+_REQUEST = struct.Struct("<IQ")
+_REPLY = struct.Struct("<Q")
+KEEP_GENERATIONS = 12  # refreshes a label set stays known without appearing in an answer
+_SETS_PER_CHUNK = 1000  # the adapter unpickles new label sets a chunk at a time: no long GIL hold
+_STREAM_LIMIT = 1 << 20
+
+
+# --- the child ----------------------------------------------------------------------------------------------
+
+
+class _Table:
+    """The child's label sets: each shared dict (LabelSets) with its number and the refresh it last appeared in."""
+
+    def __init__(self) -> None:
+        self.sets = LabelSets()
+        self.number: dict[int, int] = {}  # id(labels) → number
+        self.held: dict[int, dict[str, str]] = {}  # number → labels (keeps id() valid)
+        self.seen: dict[int, int] = {}  # number → generation
+        self.next = 0
+        self.swept = 0
+
+    def sweep(self, generation: int) -> list[int]:
+        """Forget the sets no answer had in the last KEEP_GENERATIONS refreshes; their numbers."""
+        if generation < self.swept + KEEP_GENERATIONS:
+            return []
+        self.swept = generation
+        gone = [n for n, g in self.seen.items() if g < generation - KEEP_GENERATIONS]
+        for n in gone:
+            del self.number[id(self.held.pop(n))]
+            del self.seen[n]
+        if gone:
+            index = self.sets.index
+            self.sets.index = {k: v for k, v in index.items() if id(v[0]) in self.number}
+            self.sets.by_length.clear()
+        return gone
+
+    def compact(self, answer: Answer, planned: PlannedQuery, generation: int, forget: list[int]) -> tuple[Any, ...]:
+        numbers, values, stamps = array("q"), array("d"), array("d")
+        new: list[tuple[int, dict[str, str], str]] = []
+        names: list[str] = []
+        odd = False
+        known, seen = self.number, self.seen
+        for v in answer.values:
+            n = known.get(id(v.labels))
+            if n is None:
+                n = known[id(v.labels)] = self.next
+                self.next += 1
+                self.held[n] = v.labels
+                new.append((n, v.labels, v.target))
+            seen[n] = generation
+            numbers.append(n)
+            values.append(v.value)
+            stamps.append(v.timestamp)
+            names.append(v.name)
+            odd = odd or v.name != planned.name
+        chunks = [
+            pickle.dumps(new[i : i + _SETS_PER_CHUNK], protocol=pickle.HIGHEST_PROTOCOL)
+            for i in range(0, len(new), _SETS_PER_CHUNK)
+        ]
+        return (
+            "ok",
+            forget,
+            chunks,
+            names if odd else None,
+            numbers.tobytes(),
+            values.tobytes(),
+            stamps.tobytes(),
+            answer.warnings,
+            answer.partial,
+        )
+
+
+def _handle(table: _Table, header: tuple[Any, ...], raw: bytes) -> tuple[Any, ...]:
+    planned, status, content_type, source, generation = header
+    forget = table.sweep(generation)
+    try:
+        body = decode_body(raw, status, content_type, source=source)
+        del raw
+        answer = read_answer(body, planned, source=source, label_sets=table.sets)
+    except SourceUnavailable as e:
+        return ("error", e.reason, e.kind, forget)
+    except Exception as e:
+        return ("error", one_line(f"answer decoder failed: {type(e).__name__}: {e}", 300), "failed", forget)
+    return table.compact(answer, planned, generation, forget)
+
+
+def _read(stream: BinaryIO, n: int) -> bytes | None:
+    data = stream.read(n)
+    return data if len(data) == n else None
+
+
+def main() -> None:
+    """The child's loop: one request in, one reply out, until stdin closes."""
+    # NB: where the adapter shares a core with its child (a CPU limit, a pinned benchmark), serving comes first: at
+    # equal priority a decode could take the core from the build thread while it holds the GIL the loop waits for.
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # NB: nothing but replies may ever reach the protocol's pipe
+    table = _Table()
+    while (head := _read(stdin, _REQUEST.size)) is not None:
+        header_size, body_size = _REQUEST.unpack(head)
+        header = _read(stdin, header_size)
+        raw = _read(stdin, body_size)
+        if header is None or raw is None:
+            return
+        reply = pickle.dumps(_handle(table, pickle.loads(header), raw), protocol=pickle.HIGHEST_PROTOCOL)
+        stdout.write(_REPLY.pack(len(reply)))
+        stdout.write(reply)
+        stdout.flush()
+
+
+# --- the adapter's side ---------------------------------------------------------------------------------------
+
+
+class DecoderProcess:
+    """The adapter's end: sends raw answers to the child, turns its compact replies into Answers.
+
+    One decode at a time (the caller holds a lock); ``close`` ends the child. ``restarts`` counts children that
+    had to be killed (shown in the source's health).
+    """
+
+    def __init__(self, source: str, *, timeout_seconds: float = 30.0) -> None:
+        self._source = source
+        self._timeout = timeout_seconds
+        self._proc: asyncio.subprocess.Process | None = None
+        self._sets: dict[int, tuple[dict[str, str], str]] = {}
+        self._reaping: set[asyncio.Task[int]] = set()
+        self.restarts = 0
+        self.started = 0
+
+    async def decode(
+        self, raw: bytes | bytearray, status: int, content_type: str, planned: PlannedQuery, generation: int
+    ) -> Answer:
+        """The answer, or SourceUnavailable: the server's fault (as read_answer says) or the child's (kind decoder)."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                proc = await self._running()
+                assert proc.stdin is not None and proc.stdout is not None
+                header = pickle.dumps((planned, status, content_type, self._source, generation))
+                proc.stdin.write(_REQUEST.pack(len(header), len(raw)))
+                proc.stdin.write(header)
+                proc.stdin.write(raw)
+                await proc.stdin.drain()
+                (size,) = _REPLY.unpack(await proc.stdout.readexactly(_REPLY.size))
+                data = await proc.stdout.readexactly(size)
+        except TimeoutError:
+            raise self._failed(f"did not answer within {self._timeout:g}s") from None
+        except (OSError, asyncio.IncompleteReadError) as e:
+            code = await self._exit_code()
+            if code is None:
+                raise self._failed(f"failed: {type(e).__name__}: {e}") from None
+            raise self._failed(f"exited (killed by signal {-code})" if code < 0 else f"exited (code {code})") from None
+        except BaseException:
+            self._kill()  # NB: cancelled mid-exchange: the pipe is out of step
+            raise
+        return await asyncio.to_thread(self._answer, data, planned)
+
+    def _answer(self, data: bytes, planned: PlannedQuery) -> Answer:
+        reply = pickle.loads(data)
+        if reply[0] == "error":
+            _, reason, kind, forget = reply
+            self._forget(forget)
+            raise SourceUnavailable(self._source, reason, kind=kind)
+        _, forget, chunks, names, numbers_b, values_b, stamps_b, warnings, partial = reply
+        self._forget(forget)
+        sets = self._sets
+        for chunk in chunks:
+            for n, labels, target in pickle.loads(chunk):
+                sets[n] = (labels, target)
+        numbers, values, stamps = array("q"), array("d"), array("d")
+        numbers.frombytes(numbers_b)
+        values.frombytes(values_b)
+        stamps.frombytes(stamps_b)
+        window = planned.window_seconds
+        name = planned.name
+        out: list[SeriesValue] = []
+        append = out.append
+        if names is None:
+            for n, value, ts in zip(numbers, values, stamps, strict=True):
+                labels, target = sets[n]
+                append(series_value((name, labels, value, ts, target, window)))
+        else:
+            for n, value, ts, named in zip(numbers, values, stamps, names, strict=True):
+                labels, target = sets[n]
+                append(series_value((named, labels, value, ts, target, window)))
+        return Answer(out, warnings, partial)
+
+    def _forget(self, numbers: list[int]) -> None:
+        for n in numbers:
+            self._sets.pop(n, None)
+
+    async def _running(self) -> asyncio.subprocess.Process:
+        if self._proc is not None and self._proc.returncode is None:
+            return self._proc
+        if self._proc is not None:
+            self._kill()
+        # NB: the child imports the gpuscale this process runs (not one in its working directory: -P).
+        env = dict(os.environ)
+        here = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-P",
+            "-m",
+            "gpuscale.sources.decoder_process",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+            limit=_STREAM_LIMIT,
+        )
+        self.started += 1
+        return self._proc
+
+    @property
+    def pid(self) -> int | None:
+        """The running child's process id (None before the first decode and after a failure)."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    async def _exit_code(self) -> int | None:
+        """The child's exit code once its pipe closed (a moment to reap it), or None if it still runs."""
+        if self._proc is None:
+            return None
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(self._proc.wait(), 1.0)
+        return None
+
+    def _failed(self, why: str) -> SourceUnavailable:
+        self._kill()
+        self.restarts += 1
+        return SourceUnavailable(
+            self._source, f"answer decoder process {why}: killed; a new one starts with the next query", kind="decoder"
+        )
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        self._sets.clear()  # NB: a new child numbers label sets from 0 again
+        if proc is None:
+            return
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        # NB: reaped in the background, so that no zombie is left; the set keeps the task alive until then
+        reap = asyncio.get_running_loop().create_task(proc.wait())
+        self._reaping.add(reap)
+        reap.add_done_callback(self._reaping.discard)
+
+    async def close(self) -> None:
+        proc, self._proc = self._proc, None
+        self._sets.clear()
+        if self._reaping:
+            await asyncio.gather(*self._reaping, return_exceptions=True)
+        if proc is None or proc.returncode is not None:
+            return
+        assert proc.stdin is not None
+        proc.stdin.close()  # NB: the child exits at end of input
+        try:
+            await asyncio.wait_for(proc.wait(), 5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
+if __name__ == "__main__":
+    main()
