@@ -297,3 +297,52 @@ def test_simulate_the_readme_way_from_a_plain_install(installed, tmp_path):
     assert doc["schema"] == "gpuscale.simulate/v2" and [r["hpa"] for r in doc["results"]] == ["llm-server", "triton"]
     missing = installed.run("gpuscale", "simulate", "--trace", "nope.csv", "--hpa", "nope.yaml")
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+
+
+async def test_adapter_decodes_prometheus_answers_in_the_installed_child_process(installed):
+    """With --prometheus-url the adapter decodes answers in a child process (sources/decoder_process.py): the child
+    starts from the wheel's package, outside the checkout, and the value it decoded is served."""
+    from aiohttp import web
+
+    async def query(request: web.Request) -> web.Response:
+        promql = (await request.post()).get("query", "")
+        result = []
+        if "DCGM_FI_DEV_GPU_UTIL" in str(promql):
+            labels = {"__name__": "DCGM_FI_DEV_GPU_UTIL", "UUID": "GPU-1", "gpu": "0", "Hostname": "n1"}
+            labels |= {"pod": "train-0", "namespace": "ml", "instance": "10.0.0.1:9400"}
+            result = [{"metric": labels, "value": [time.time(), "73"]}]
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/query", query)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    prometheus = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    port = free_port()
+    args = ["gpuscale", "adapter", "--prometheus-url", prometheus, "--insecure-port", str(port)]
+    proc = await installed.start(*args, "--bind-address", "127.0.0.1", "--refresh-interval", "1s")
+    server = f"http://127.0.0.1:{port}"
+    try:
+        await _until_ready(proc, f"{server}/readyz")
+        url = f"{server}{C1}/namespaces/ml/pods/train-0/gpu_utilization"
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
+            body = await resp.json()
+        assert resp.status == 200, body
+        assert [(i["describedObject"]["name"], i["value"]) for i in body["items"]] == [("train-0", "73")]
+        tasks = Path(f"/proc/{proc.pid}/task").glob("*/children")
+        kids = [int(c) for t in tasks for c in t.read_text().split()]
+        commands = [Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0") for k in kids]
+        decoder = [c for c in commands if b"gpuscale.sources.decoder_process" in c]
+        assert len(decoder) == 1 and decoder[0][0].decode().startswith(str(installed.venv)), commands
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await asyncio.wait_for(proc.wait(), 20)
+        await runner.cleanup()
+    # NB: the child ends with the adapter (its stdin closes)
+    await asyncio.sleep(0.5)
+    assert not [
+        k for k in kids if Path(f"/proc/{k}").exists() and b"decoder_process" in Path(f"/proc/{k}/cmdline").read_bytes()
+    ]
