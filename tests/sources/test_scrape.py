@@ -53,8 +53,20 @@ async def exporter(aiohttp_server):
     return e
 
 
+_PARSE_IN_THREAD = [False]
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["parse-on-loop", "parse-in-thread"])
+def parse_in_thread(request):
+    """Sources made by make_source parse on the loop (top) and in a worker thread (the adapter): same results."""
+    _PARSE_IN_THREAD[0] = request.param
+    yield request.param
+    _PARSE_IN_THREAD[0] = False
+
+
 def make_source(url, clock, **kw):
     catalogue = load_catalogue()
+    kw.setdefault("parse_in_thread", _PARSE_IN_THREAD[0])
     return ScrapeSource(
         [url],
         series=catalogue.series_names,
@@ -317,4 +329,37 @@ async def test_a_hung_exporter_does_not_hold_back_the_others(aiohttp_server):
     await asyncio.sleep(2.2)
     hung = next(h for h in source.health() if h.target == exporters[0].url)
     assert not hung.healthy and hung.error_kind == "timeout" and hung.failures_total == 1
+    await source.close()
+
+
+async def test_a_page_parsed_in_a_thread_leaves_the_loop_free(exporter, monkeypatch):
+    """The adapter's mode: while a page's parse is stalled on purpose, the event loop keeps running (an HPA request
+    would be served); the page's values arrive once the parse ends."""
+    import threading
+
+    import gpuscale.sources.scrape as scrape
+
+    entered, release = threading.Event(), threading.Event()
+    real = scrape.parse_samples
+
+    def stalled(*args, **kw):
+        entered.set()
+        release.wait(10)  # NB: a bound: a parse on the loop fails the test instead of hanging it
+        return real(*args, **kw)
+
+    monkeypatch.setattr(scrape, "parse_samples", stalled)
+    clock = [1000.0]
+    source = make_source(exporter.url, clock, parse_in_thread=True)
+    refresh = asyncio.create_task(source.refresh(now=clock[0]))
+    try:
+        assert await asyncio.to_thread(entered.wait, 10)
+        ticks = 0
+        for _ in range(5):
+            await asyncio.sleep(0.01)  # NB: the loop runs while the parse is stalled
+            ticks += 1
+        assert not refresh.done()
+    finally:
+        release.set()
+    await refresh
+    assert ticks == 5 and len(source.read(GAUGE)) == 8
     await source.close()
