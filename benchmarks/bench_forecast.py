@@ -8,25 +8,38 @@ finishes a step and runs the models), for the served model (holt) beside the nai
 Prints CPU ms per refresh (mean over 12 refreshes, so the step-finishing refresh is weighted as it occurs)
 and µs per workload.
 
+Then the event loop's side at 5,000 workloads: the adapter runs the update in the refresh's worker thread
+(``WorkloadForecasts.prepare``) and only publishes the result on the loop; the peer, in the same run, runs the
+whole update on the loop (as before). Per refresh: time in forecast code on the loop, and the lag of a 1 ms
+timer on the loop (bench_refresh_lag.py's probe: what an HPA request arriving then waits) at rest and meanwhile.
+
 Usage: .venv/bin/python benchmarks/bench_forecast.py [--workloads 100,1000,5000]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import time
+from collections.abc import Callable
 
 import numpy as np
+from bench_refresh_lag import lag_at_rest, pct, probe
 
+from gpuscale.adapter.forecasts import WorkloadForecasts
 from gpuscale.metrics.demand import DemandBook, DemandSettings
 from gpuscale.metrics.store import MetricPoint, MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import WorkloadDemand
 from gpuscale.model import POD, ObjectRef
+from gpuscale.pipeline import cyclic_gc_paused
 from gpuscale.selectors import LabelSelector
 from gpuscale.sources.kube import PodInfo, StaticClusterObjects, WorkloadInfo
 
 
-def run(model: str, workloads: int) -> tuple[float, float]:
+def fleet(model: str, workloads: int) -> tuple[WorkloadForecasts, Callable[[], Snapshot]]:
+    """``workloads`` Deployments of 2 pods in steady state (a full residual window each), and what makes the
+    next refresh's snapshot (5 s later)."""
     rng = np.random.default_rng(26)
     base = rng.uniform(0.5, 20, workloads)
     pods = [
@@ -53,54 +66,105 @@ def run(model: str, workloads: int) -> tuple[float, float]:
         nodes={},
         namespaces=["ns"],
     )
-    store = MetricsStore()
     clock = {"now": 0.0}
     demand = WorkloadDemand(
         DemandBook(DemandSettings(model=model)),
-        store,
+        MetricsStore(),
         cluster,
         rate_metric="rps",
         default_startup_s=120.0,
         max_age_s=75.0,
         clock=lambda: clock["now"],
     )
+    forecasts = WorkloadForecasts(demand)
     refs = [ObjectRef(POD, p.name, "ns") for p in pods]
-    keys = [ObjectRef("Deployment", f"w{i}", "ns") for i in range(workloads)]
 
-    def refresh() -> None:
+    def snapshot() -> Snapshot:
         t = clock["now"]
         rates = (np.repeat(base, 2) * (1 + 0.2 * np.sin(t / 600)) + rng.normal(0, 0.3, len(refs))).tolist()
-        store.update(Snapshot(t, values={"rps": {r: MetricPoint(v, t) for r, v in zip(refs, rates, strict=True)}}))
         clock["now"] += 5.0
+        return Snapshot(t, values={"rps": {r: MetricPoint(v, t) for r, v in zip(refs, rates, strict=True)}})
 
     # warm up: 10 min history plus a full residual window (240 steps of 15 s = 1 h), 5 s refreshes
     while clock["now"] < 600 + 240 * 15 + 60:
-        refresh()
-        demand.observe()
-    assert demand.book.forecast(keys[0]) is not None
+        forecasts.observe(snapshot())
+    assert forecasts.view.states[ObjectRef("Deployment", "w0", "ns")].forecast is not None
+    return forecasts, snapshot
+
+
+def run(model: str, workloads: int) -> tuple[float, float]:
+    """CPU per refresh of the whole update: every workload's inputs, the book, every forecast published."""
+    forecasts, snapshot = fleet(model, workloads)
     refreshes = 12
     spent = 0.0
     for _ in range(refreshes):
-        refresh()  # NB: the store's update is the refresh's own work, not the forecast's: not timed
-        started = time.process_time()
-        demand.observe()
-        for k in keys:
-            demand.book.forecast(k)
-        spent += time.process_time() - started
+        taken = snapshot()  # NB: the snapshot is the refresh's own work, not the forecast's: not timed
+        with cyclic_gc_paused():  # NB: as in the adapter, where the update runs inside Pipeline.refresh_once
+            started = time.process_time()
+            forecasts.observe(taken)
+            spent += time.process_time() - started
     ms = spent / refreshes * 1000
     return ms, ms * 1000 / workloads
+
+
+async def loop_cost(workloads: int, *, in_thread: bool, refreshes: int = 12) -> dict[str, float]:
+    """The event loop's side of ``refreshes`` forecast updates: time spent in forecast code on the loop per
+    refresh, and the lag of a 1 ms timer (what an HPA request arriving then waits) at rest and meanwhile."""
+    forecasts, snapshot = fleet("holt", workloads)
+    rest = await lag_at_rest()
+    during: list[float] = []
+    on_loop = []
+    for _ in range(refreshes):
+        taken = snapshot()
+        stop = asyncio.Event()
+        task = asyncio.create_task(probe(during, stop))
+        await asyncio.sleep(0.01)
+        with cyclic_gc_paused():  # NB: as Pipeline.refresh_once, which the update runs in
+            if in_thread:  # as the adapter does now: the pipeline's prepare hook, then the publish at the swap
+                publish = await asyncio.to_thread(forecasts.prepare, taken)
+                started = time.perf_counter()
+                publish()
+            else:  # the peer: the whole update on the loop, as on_refresh did before
+                started = time.perf_counter()
+                forecasts.observe(taken)
+            on_loop.append(time.perf_counter() - started)
+        await asyncio.sleep(0.01)
+        stop.set()
+        await task
+    return {
+        "loop_ms": 1e3 * sum(on_loop) / len(on_loop),
+        "loop_max_ms": 1e3 * max(on_loop),
+        "rest_p99_ms": 1e3 * pct(rest, 99),
+        "p99_ms": 1e3 * pct(during, 99),
+        "max_ms": 1e3 * max(during),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="100,1000,5000")
+    parser.add_argument("--loop-workloads", type=int, default=5000, help="fleet of the event-loop comparison")
     args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f}")
     print("| workloads | holt ms/refresh | µs/workload | naive ms/refresh | holt ÷ naive |")
     print("|---|---|---|---|---|")
     for n in (int(x) for x in args.workloads.split(",")):
         holt, per = run("holt", n)
         naive, _ = run("naive", n)
         print(f"| {n:,} | {holt:.1f} | {per:.1f} | {naive:.1f} | {holt / naive:.2f} |")
+    print()
+    print(f"event loop, {args.loop_workloads:,} workloads, 12 refreshes (holt)")
+    print(
+        "| update runs | loop ms/refresh in forecasts (mean, max) | 1 ms timer lag p99 at rest | p99, max meanwhile |"
+    )
+    print("|---|---|---|---|")
+    for label, in_thread in (("worker thread (now)", True), ("event loop (peer: before)", False)):
+        r = asyncio.run(loop_cost(args.loop_workloads, in_thread=in_thread))
+        print(
+            f"| {label} | {r['loop_ms']:.3f}, {r['loop_max_ms']:.3f} | {r['rest_p99_ms']:.2f} | "
+            f"{r['p99_ms']:.2f}, {r['max_ms']:.2f} |"
+        )
+    print(f"load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,17 @@ async def probe(lags: list[float], stop: asyncio.Event) -> None:
         lags.append(max(0.0, loop.time() - t0 - 0.001))
 
 
+async def lag_at_rest(seconds: float = 1.0) -> list[float]:
+    """The probe's lags over ``seconds`` with nothing else running."""
+    lags: list[float] = []
+    stop = asyncio.Event()
+    task = asyncio.create_task(probe(lags, stop))
+    await asyncio.sleep(seconds)
+    stop.set()
+    await task
+    return lags
+
+
 async def measure(
     port: int, cycles: int, *, on_loop: bool, decode_in: str = "thread"
 ) -> tuple[list[float], list[float], float]:
@@ -70,12 +81,7 @@ async def measure(
     else:
         refresh = pipeline.refresh_once
     await pipeline.refresh_once()  # warm: connections, plans
-    rest: list[float] = []
-    stop = asyncio.Event()
-    task = asyncio.create_task(probe(rest, stop))
-    await asyncio.sleep(1.0)
-    stop.set()
-    await task
+    rest = await lag_at_rest()
     during: list[float] = []
     walls = []
     for _ in range(cycles):

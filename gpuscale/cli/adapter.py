@@ -7,7 +7,7 @@ import contextlib
 import errno
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -93,14 +93,11 @@ class DemandDriven:
     demand: Demand
     hpas: HpaCache
     source: PrometheusSource
-    # Fetched whatever the HPAs name: the forecasts' rate metric in every namespace (a forecast needs its history
-    # before any HPA asks for it; an HPA names forecast_*, which is not a catalogue metric, not the rate).
-    always: tuple[tuple[str, str | None], ...] = ()
 
     def before_refresh(self) -> None:
         now = time.time()
         if self.hpas.synced:
-            self.demand.set_referenced([*self.hpas.references(), *self.always], now=now)
+            self.demand.set_referenced(self.hpas.references(), now=now)
             self.source.set_scope(self.demand.begin(now=now))
         else:
             # NB: no HPA list yet (starting, or list/watch refused): fetch everything rather than less than asked.
@@ -145,9 +142,14 @@ async def start_adapter(
     if settings.prometheus_url:
         source = _prometheus_source(settings, catalogue)
         if settings.demand_driven and api is not None:
-            always = ((settings.forecast_rate_metric, None),) if settings.forecast and cluster is not None else ()
+            # NB: a forecast an HPA or a request names wants its rate metric in that namespace (refresh_scope.py)
+            derived = (
+                dict.fromkeys(FORECAST_METRICS, settings.forecast_rate_metric)
+                if _forecasting(settings, cluster) and catalogue.get(settings.forecast_rate_metric) is not None
+                else {}  # NB: an unknown rate metric is refused below, naming the flag
+            )
             demand = DemandDriven(
-                Demand(catalogue, keep_warm_seconds=settings.keep_warm), HpaCache(api), source, always=always
+                Demand(catalogue, keep_warm_seconds=settings.keep_warm, derived=derived), HpaCache(api), source
             )
             await demand.hpas.start()
             before_refresh = demand.before_refresh
@@ -180,7 +182,13 @@ async def start_adapter(
     # NB: the watch cache reports per kind like a source per target: an API outage shows on /metrics.
     reporters: list = [source, *([cluster] if cluster is not None else []), *([demand.hpas] if demand else [])]
     selfmetrics = AdapterMetrics(lambda: reporters)
-    forecasts = _forecasts(settings, catalogue, store, cluster)
+    forecasts = _forecasts(
+        settings,
+        catalogue,
+        store,
+        cluster,
+        rate_namespaces=(lambda: demand.demand.fetching(settings.forecast_rate_metric)) if demand else lambda: None,
+    )
     if forecasts is not None:
         selfmetrics.registry.register(ForecastCollector(forecasts))
 
@@ -188,8 +196,6 @@ async def start_adapter(
         if demand is not None:
             demand.demand.completed()
         selfmetrics.observe_refresh(snapshot, seconds)
-        if forecasts is not None:
-            forecasts.observe()
 
     provider = MetricsProvider(
         catalogue,
@@ -208,7 +214,9 @@ async def start_adapter(
         interval_seconds=settings.refresh_interval,
         on_refresh=on_refresh,
         before_refresh=before_refresh,
-        prepare=lambda snapshot: answers.prepare(provider, snapshot),
+        prepare=lambda snapshot: _both(
+            answers.prepare(provider, snapshot), forecasts.prepare(snapshot) if forecasts is not None else None
+        ),
     )
     middlewares: list = []
     if demand is not None:
@@ -422,12 +430,35 @@ def _bound_port(site: web.TCPSite) -> int:
     return server.sockets[0].getsockname()[1]
 
 
+def _both(first: Callable[[], None], second: Callable[[], None] | None) -> Callable[[], None]:
+    """What two refresh preparations install, at once (the forecasts and the answers go live with the snapshot)."""
+    if second is None:
+        return first
+
+    def install() -> None:
+        first()
+        second()
+
+    return install
+
+
+def _forecasting(settings: AdapterSettings, cluster: KubeCache | None) -> bool:
+    """Forecast metrics need the workloads (the Kubernetes API)."""
+    return settings.forecast and cluster is not None
+
+
 def _forecasts(
-    settings: AdapterSettings, catalogue: Catalogue, store: MetricsStore, cluster: KubeCache | None
+    settings: AdapterSettings,
+    catalogue: Catalogue,
+    store: MetricsStore,
+    cluster: KubeCache | None,
+    *,
+    rate_namespaces: Callable[[], frozenset[str] | None],
 ) -> WorkloadForecasts | None:
-    """Forecast metrics need the workloads (the Kubernetes API) and a demand metric in the catalogue."""
-    if not settings.forecast or cluster is None:
+    """Forecast metrics need the workloads and a demand metric in the catalogue."""
+    if not _forecasting(settings, cluster):
         return None
+    assert cluster is not None
     metric = catalogue.get(settings.forecast_rate_metric)
     if metric is None:
         raise ConfigError(
@@ -444,7 +475,8 @@ def _forecasts(
             default_startup_s=settings.forecast_default_startup,
             # NB: a forecast is as old as its last step; the rate metric's own max-age plus one step
             max_age_s=catalogue.max_age(metric) + demand.step_s,
-        )
+        ),
+        rate_namespaces=rate_namespaces,
     )
 
 

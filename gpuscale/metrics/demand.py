@@ -6,6 +6,10 @@ one refresh; refreshes are averaged into fixed ``step_s`` steps and each finishe
 workload's ``Forecaster`` (metrics/forecast.py). A step with no refresh is filled with the last value when the
 gap is short (``max_gap_s``); a longer gap starts the workload's history over, since what came before no
 longer says what comes next. Workloads not seen for ``forget_after_s`` are dropped.
+
+``states()`` publishes every workload's served state (its rate now, forecast and status) as one immutable
+mapping: the adapter updates the book in the refresh's worker thread and serves only what was published, so a
+request never reads a forecaster halfway through an update.
 """
 
 from __future__ import annotations
@@ -75,6 +79,15 @@ class DemandStatus:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class WorkloadState:
+    """One workload as served until the next update: what ``current``, ``forecast`` and ``status`` answer."""
+
+    current: tuple[float, float] | None
+    forecast: WorkloadForecast | None
+    status: DemandStatus
+
+
 class _Workload:
     __slots__ = (
         "bucket",
@@ -86,6 +99,7 @@ class _Workload:
         "last_step_end",
         "seen",
         "served",
+        "state",
         "total",
     )
 
@@ -102,6 +116,11 @@ class _Workload:
         # NB: the forecast changes only when a step finishes (or the horizon or capacity does): computed once
         # then, not at every refresh and HPA request (the residual quantile is most of the cost).
         self.served: WorkloadForecast | None = None
+        self.state: WorkloadState | None = None  # the published state, rebuilt when ``served`` is
+
+    def changed(self) -> None:
+        self.served = None
+        self.state = None
 
 
 class DemandBook:
@@ -146,11 +165,11 @@ class DemandBook:
             if horizon_s != w.horizon_s:
                 w.horizon_s = horizon_s
                 w.forecaster.reset_horizon(s.horizon_steps(horizon_s))
-                w.served = None
+                w.changed()
             capacity = (capacities or {}).get(key)
             if capacity != w.capacity:
                 w.capacity = capacity
-                w.served = None
+                w.changed()
             w.total += max(0.0, rate)
             w.count += 1
             w.seen = now
@@ -167,7 +186,7 @@ class DemandBook:
             w.last = value
         w.last_step_end = bucket * self.settings.step_s
         w.bucket, w.total, w.count = bucket, 0.0, 0
-        w.served = None
+        w.changed()
 
     def forecast(self, key: Hashable) -> WorkloadForecast | None:
         """The served forecast, or None while the workload's history is too short (never a guess)."""
@@ -196,6 +215,18 @@ class DemandBook:
         f = w.forecaster
         s = self.settings
         return DemandStatus(f.steps * s.step_s, s.min_history_s, f.residual_count, s.min_residuals, w.horizon_s)
+
+    def states(self) -> dict[Hashable, WorkloadState]:
+        """Every workload's state as served now, in a new mapping (computes the forecasts a finished step made
+        due: once per step, so about one call in three does the models' work at 5 s refreshes)."""
+        out = {}
+        for key, w in self._workloads.items():
+            if w.state is None:
+                status = self.status(key)
+                assert status is not None
+                w.state = WorkloadState(self.current(key), self.forecast(key), status)
+            out[key] = w.state
+        return out
 
     def __iter__(self) -> Iterator[Hashable]:
         return iter(list(self._workloads))

@@ -25,6 +25,7 @@ guess. Rates are never forecast below 0.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -190,6 +191,10 @@ class Forecaster:
         self.steps = 0
         self._pending: deque[tuple[int, float]] = deque()  # (target step, forecast) not yet checked
         self._residuals: deque[float] = deque(maxlen=residual_window)
+        # NB: the same residuals kept sorted (one insort and one removal per step): the quantile is then two
+        # lookups instead of np.quantile over the window, which was ~60 µs per workload at every finished step
+        # (0.3 s of a 5,000-workload refresh).
+        self._sorted: list[float] = []
 
     def observe(self, y: float) -> None:
         if not math.isfinite(y):
@@ -198,7 +203,7 @@ class Forecaster:
         while self._pending and self._pending[0][0] <= step:
             target, predicted = self._pending.popleft()
             if target == step:
-                self._residuals.append(y - predicted)
+                self._add_residual(y - predicted)
         self.model.update(y)
         self.steps += 1
         predicted = self.model.predict(self.horizon_steps)
@@ -214,6 +219,13 @@ class Forecaster:
             self.horizon_steps = horizon_steps
             self._pending.clear()
             self._residuals.clear()
+            self._sorted.clear()
+
+    def _add_residual(self, r: float) -> None:
+        if len(self._residuals) == self._residuals.maxlen:
+            del self._sorted[bisect.bisect_left(self._sorted, self._residuals[0])]
+        self._residuals.append(r)
+        bisect.insort(self._sorted, r)
 
     @property
     def residual_count(self) -> int:
@@ -226,8 +238,25 @@ class Forecaster:
         if predicted is None:
             return None
         mean = max(0.0, predicted)
-        spread = float(np.quantile(np.fromiter(self._residuals, float, len(self._residuals)), self.quantile))
+        spread = sorted_quantile(self._sorted, self.quantile)
         return Forecast(mean, max(mean, mean + spread), self.horizon_steps, self.steps, len(self._residuals))
+
+
+def sorted_quantile(values: list[float], q: float) -> float:
+    """``np.quantile(values, q)`` (its default, linear method, to the bit) of ``values`` already sorted."""
+    n = len(values)
+    virtual = (n - 1) * q  # NB: numpy's own expression for the linear method
+    lo = math.floor(virtual)
+    if lo < 0:
+        return values[0]
+    if lo >= n - 1:
+        return values[-1]
+    a, b = values[lo], values[lo + 1]
+    t = virtual - lo
+    diff = b - a
+    if t >= 0.5:  # NB: numpy's _lerp, for monotonicity near b
+        return b - diff * (1 - t)
+    return a + diff * t
 
 
 # --- backtests --------------------------------------------------------------------------------------

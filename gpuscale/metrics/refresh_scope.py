@@ -11,6 +11,13 @@ store covering the whole fleet the refresh costs what the fleet has (10,000 GPUs
   rate for ``keep_warm_seconds`` after the last request, then dropped. A scope an HPA stops referencing is
   kept warm the same way, so deleting and re-creating an HPA does not go cold.
 
+* **derived** — a metric the adapter computes from a catalogue metric rather than reads (the forecasts,
+  ``forecast_*`` and ``workload_requests_per_second``, from the workloads' request rate): an HPA or request naming
+  it in a namespace wants its input there, referenced or warm as above. The input's history starts when it is
+  first fetched in that namespace; what is derived from a history (a forecast needs 10 minutes) is absent until
+  it has enough, never made up (docs/forecast.md). A request for it therefore does not wait for a refresh:
+  one refresh would not give it enough history, so it is answered at once, saying what it lacks.
+
 A scope's namespace is ``None`` for "every namespace": node metrics, and namespaces listed by selector, are
 aggregates over the whole fleet and are only ever computed from unfiltered series.
 
@@ -72,11 +79,22 @@ def references(hpa: Mapping[str, Any]) -> list[Scope]:
 class Demand:
     """The scopes a refresh fetches (module docstring). Pure: the caller passes the clock's ``now``."""
 
-    def __init__(self, catalogue: Catalogue, *, keep_warm_seconds: float = DEFAULT_KEEP_WARM_SECONDS) -> None:
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        *,
+        keep_warm_seconds: float = DEFAULT_KEEP_WARM_SECONDS,
+        derived: Mapping[str, str] | None = None,
+    ) -> None:
+        """``derived``: served metric → the catalogue metric it is computed from (module docstring)."""
         if not keep_warm_seconds >= 0:
             raise ValueError(f"keep-warm must be ≥ 0 seconds, got {keep_warm_seconds!r}")
         self.catalogue = catalogue
         self.keep_warm_seconds = float(keep_warm_seconds)
+        self.derived = dict(derived or {})
+        unknown = sorted({m for m in self.derived.values() if catalogue.get(m) is None})
+        if unknown:
+            raise ValueError(f"derived metrics read {', '.join(unknown)}, which the catalogue does not have")
         self._referenced: frozenset[Scope] = frozenset()
         self._warm: dict[Scope, float] = {}  # scope → when it was last asked for (or stopped being referenced)
         self._pending: frozenset[Scope] = frozenset()
@@ -86,7 +104,11 @@ class Demand:
 
     def set_referenced(self, scopes: Iterable[Scope], *, now: float) -> None:
         """Replace the scopes HPAs reference; those no longer referenced stay warm for a while."""
-        new = frozenset(s for s in scopes if self.catalogue.get(s[0]) is not None)
+        new = frozenset(
+            (name, namespace)
+            for metric, namespace in scopes
+            if self.catalogue.get(name := self.derived.get(metric, metric)) is not None
+        )
         for gone in self._referenced - new:
             self._warm[gone] = now
         self._referenced = new
@@ -94,11 +116,15 @@ class Demand:
     def note_request(self, metric: str, namespace: str | None, *, now: float) -> bool:
         """A request for ``metric`` in ``namespace`` (None: every namespace). Keeps its scope warm; returns
         whether the last completed refresh fetched it (False: the caller waits for the next refresh)."""
+        derived = metric in self.derived
+        metric = self.derived.get(metric, metric)
         if self.catalogue.get(metric) is None:
             return True  # NB: nothing to fetch; the provider answers 404 as usual
         if not self.covers(metric, namespace):
             self._warm[(metric, namespace)] = now
-            return False
+            # NB: a derived metric's history starts with the next refresh, and one refresh is not enough history:
+            # answered now (absent, saying why) rather than after a wait that cannot help
+            return derived
         if (metric, namespace) not in self._referenced:
             self._warm[(metric, namespace)] = now
         return True
@@ -133,6 +159,14 @@ class Demand:
     def begin_all(self) -> None:
         """The refresh starting now fetches every metric in every namespace (no HPA list to go by)."""
         self._pending = frozenset((m.name, None) for m in self.catalogue)
+
+    def fetching(self, metric: str) -> frozenset[str] | None:
+        """The namespaces the refresh ``begin`` started fetches ``metric`` in (None: every namespace). For what
+        is computed from it in that refresh (the forecasts update only the workloads whose rate was read)."""
+        pending = self._pending
+        if (metric, None) in pending:
+            return None
+        return frozenset(ns for m, ns in pending if m == metric and ns is not None)
 
     def completed(self) -> None:
         """The refresh ``begin`` started is in the store: requests for its scopes are served without waiting."""

@@ -17,7 +17,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,6 +42,8 @@ class Workloads(Protocol):
     def pods(self, namespace: str | None = None) -> list[Any]: ...
 
     def workloads(self, kind: str, namespace: str) -> list[Any]: ...
+
+    def workload(self, kind: str, namespace: str, name: str) -> Any | None: ...
 
     def pods_of(self, workload: Any) -> list[Any]: ...
 
@@ -133,13 +135,13 @@ class WorkloadDemand:
         self.inputs: dict[ObjectRef, Inputs] = {}
         self.last_seconds = 0.0
 
-    def _inputs(self, workload: Any, now: float, owned: dict[ObjectRef, list[Any]]) -> Inputs:
+    def _inputs(self, reader: MetricsReader, workload: Any, now: float, owned: dict[ObjectRef, list[Any]]) -> Inputs:
         key = ObjectRef(workload.kind, workload.name, workload.namespace)
         pods = owned.get(key)
         if pods is None:
             pods = self.cluster.pods_of(workload)  # NB: O(pods in the namespace): only for pods owned otherwise
         refs = [ObjectRef(POD, p.name, p.namespace) for p in pods]
-        points = self.store.points(self.rate_metric, refs)
+        points = reader.points(self.rate_metric, refs)
         fresh = [p.value for p in points.values() if not p.stale and p.timestamp >= now - self.max_age_s]
         rate = sum(fresh) if fresh else (0.0 if not pods else None)
         horizon, source = _annotation(workload, STARTUP_ANNOTATION), "annotation"
@@ -149,18 +151,33 @@ class WorkloadDemand:
             horizon, source = self.default_startup_s, "default"
         return Inputs(rate, horizon, source, _annotation(workload, CAPACITY_ANNOTATION))
 
-    def observe(self, *_: object) -> None:
-        """One refresh: every workload's inputs into the book (on_refresh(snapshot, seconds) calls it)."""
+    def observe(
+        self,
+        reader: MetricsReader | None = None,
+        *,
+        now: float | None = None,
+        namespaces: Collection[str] | None = None,
+    ) -> None:
+        """One refresh: the inputs of every workload in ``namespaces`` (None: every namespace) into the book.
+
+        ``reader``: where the rates are read (default: the store given at construction; the adapter passes the
+        snapshot being built, from the refresh's worker thread). ``now``: the refresh's time (default: the clock).
+        Workloads outside ``namespaces`` are not read at all: demand-driven refresh fetches the rate only where
+        a forecast is wanted, and elsewhere there would be nothing to read but the cost of listing the pods.
+        """
         if not self.cluster.synced:
             return
         started = time.perf_counter()
-        now = self.clock()
+        reader = reader if reader is not None else self.store
+        now = now if now is not None else self.clock()
+        present = self.cluster.namespaces()
+        wanted = present if namespaces is None else present & frozenset(namespaces)
         inputs: dict[ObjectRef, Inputs] = {}
-        for namespace in self.cluster.namespaces():
+        for namespace in sorted(wanted):
             owned = owners(namespace, self.cluster.pods(namespace))
             for kind in (DEPLOYMENT, STATEFULSET):
                 for w in self.cluster.workloads(kind, namespace):
-                    inputs[ObjectRef(kind, w.name, w.namespace)] = self._inputs(w, now, owned)
+                    inputs[ObjectRef(kind, w.name, w.namespace)] = self._inputs(reader, w, now, owned)
         self.inputs = inputs
         rates = {k: i.rate for k, i in inputs.items() if i.rate is not None}
         self.book.observe(

@@ -364,10 +364,10 @@ class _IndexedClusterObjects:
         return self._index.namespace_names
 
     def pods(self, namespace: str | None = None) -> list[PodInfo]:
-        if namespace is None:
-            return [self._index.pods[k] for k in sorted(self._index.pods)]
-        in_namespace = self._index.pods_by_namespace.get(namespace, {})
-        return [in_namespace[n] for n in sorted(in_namespace)]
+        # NB: .get, not [], on names listed a moment earlier: the refresh thread (forecasts, prepared answers)
+        # reads while the watch changes the index on the event loop, and a pod deleted in between is skipped.
+        pods = self._index.pods if namespace is None else self._index.pods_by_namespace.get(namespace, {})
+        return [p for k in sorted(pods) if (p := pods.get(k)) is not None]
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         return self._index.pods.get((namespace, name))
@@ -392,7 +392,7 @@ class _IndexedClusterObjects:
 
     def workloads(self, kind: str, namespace: str) -> list[WorkloadInfo]:
         group = self._index.workloads_by_namespace.get((kind, namespace), {})
-        return [group[n] for n in sorted(group)]
+        return [w for n in sorted(group) if (w := group.get(n)) is not None]  # NB: .get: see pods
 
     def pods_of(self, workload: WorkloadInfo) -> list[PodInfo]:
         return self.select_pods(workload.namespace, workload.selector)

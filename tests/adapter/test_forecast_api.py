@@ -86,8 +86,9 @@ async def adapter(aiohttp_client):
         while clock["now"] < end:
             t = clock["now"]
             values = {ObjectRef(POD, p, "serving"): MetricPoint(v, t - 1, 60.0) for p, v in rates(t).items()}
-            store.update(Snapshot(t, values={RATE: values}))
-            forecasts.observe()
+            snapshot = Snapshot(t, values={RATE: values})
+            store.update(snapshot)
+            forecasts.observe(snapshot)
             clock["now"] += 5.0
 
     selfmetrics = AdapterMetrics(lambda: [])
@@ -246,9 +247,9 @@ async def test_top_workloads_shows_the_rate_now_beside_the_forecast(adapter):
     assert needs.code == 2 and "the workloads view shows the request rate now and the adapter's forecast" in needs.err
 
 
-def test_demand_driven_refresh_always_fetches_the_forecasts_rate_metric():
-    """With --prometheus-url only what HPAs name is fetched; a forecast needs its rate's history before any HPA
-    asks (and an HPA names forecast_*, not the rate), so the rate is fetched in every namespace."""
+def test_demand_driven_refresh_fetches_the_rate_where_a_forecast_is_referenced():
+    """With --prometheus-url only what HPAs name is fetched; an HPA naming a forecast (not a catalogue metric)
+    pulls in the forecasts' rate metric in its namespace, and nowhere else."""
     from types import SimpleNamespace
 
     from gpuscale.cli.adapter import DemandDriven
@@ -258,9 +259,68 @@ def test_demand_driven_refresh_always_fetches_the_forecasts_rate_metric():
     source = SimpleNamespace(set_scope=scopes.append)
     hpas = SimpleNamespace(synced=True, references=lambda: [("forecast_desired_replicas", "serving")])
     catalogue = load_catalogue()
-    for always in ((), ((RATE, None),)):
-        DemandDriven(Demand(catalogue), hpas, source, always=always).before_refresh()
+    for derived in ({}, dict.fromkeys(METRICS, RATE)):
+        DemandDriven(Demand(catalogue, derived=derived), hpas, source).before_refresh()
     without, with_forecasts = scopes
-    assert without == {}
+    assert without == {}  # forecasts off: nothing to fetch for that HPA
     ((term, namespaces),) = with_forecasts.items()
-    assert "vllm:request_success_total" in term.series and namespaces is None  # every namespace
+    assert "vllm:request_success_total" in term.series and namespaces == {"serving"}
+
+
+async def test_only_the_namespaces_whose_rate_was_read_are_updated(aiohttp_client):
+    """Demand-driven refresh reads the rate only where a forecast is wanted: workloads elsewhere are not
+    updated, and a request there says why it has no value (and that the rate is read from now on)."""
+    cluster = StaticClusterObjects(
+        pods=[_pod("llm-0", "llm"), PodInfo("batch", "b-0", {"app": "b"}, "node-a", None, (), "Running", None)],
+        workloads=[
+            WorkloadInfo("Deployment", "serving", "llm", LabelSelector.parse("app=llm"), {}),
+            WorkloadInfo("Deployment", "batch", "b", LabelSelector.parse("app=b"), {}),
+        ],
+        nodes={},
+        namespaces=["serving", "batch"],
+    )
+    store = MetricsStore()
+    forecasts = WorkloadForecasts(
+        WorkloadDemand(
+            DemandBook(DemandSettings()),
+            store,
+            cluster,
+            rate_metric=RATE,
+            default_startup_s=120,
+            max_age_s=75,
+            clock=lambda: T0 + 60,
+        ),
+        rate_namespaces=lambda: frozenset({"serving"}),
+    )
+    for t in range(0, 60, 5):
+        now = T0 + t
+        values = {
+            ObjectRef(POD, "llm-0", "serving"): MetricPoint(5.0, now),
+            ObjectRef(POD, "b-0", "batch"): MetricPoint(1.0, now),
+        }
+        forecasts.observe(Snapshot(now, values={RATE: values}))
+    assert set(forecasts.inputs) == {ObjectRef("Deployment", "llm", "serving")}
+    assert forecasts.book.current(ObjectRef("Deployment", "b", "batch")) is None
+    catalogue = load_catalogue()
+    provider = MetricsProvider(catalogue, store, cluster, clock=lambda: T0 + 60, forecasts=forecasts)
+    client = await aiohttp_client(
+        make_app(
+            provider,
+            Discovery(catalogue, forecasts=tuple(METRICS)),
+            AdapterMetrics(lambda: []),
+            ready=lambda: (True, ""),
+        )
+    )
+    body = await _get(client, f"{CUSTOM}/deployments.apps/llm/workload_requests_per_second")
+    assert hpa.object_metric(body) == 5_000
+    batch = "/apis/custom.metrics.k8s.io/v1beta2/namespaces/batch/deployments.apps"
+    body = await _get(client, f"{batch}/b/forecast_requests_per_second", 404)
+    assert (
+        "the rate is read in namespace batch only once an HPA or a request asks for a forecast there" in body["message"]
+    )
+    body = await _get(
+        client, "/apis/external.metrics.k8s.io/v1beta1/namespaces/batch/forecast_requests_per_second", 404
+    )
+    assert "the rate is read in namespace batch only once" in body["message"]  # the workload is listed, with why
+    body = await _get(client, f"{batch}/nope/forecast_requests_per_second", 404)
+    assert 'deployments "nope" not found in namespace batch' in body["message"]

@@ -26,6 +26,7 @@ from gpuscale.model import POD, ObjectRef
 from gpuscale.settings import AdapterSettings
 from gpuscale.sources.prometheus import PrometheusSource
 from tests.cluster.controlplane import free_port
+from tests.cluster.metrics_stack import llm_deployment
 from tests.e2e.backends import Backends, static_job
 
 pytestmark = pytest.mark.e2e
@@ -83,6 +84,32 @@ def _hpa(namespace: str, metric: str) -> dict:
     }  # fmt: skip
 
 
+def _deployment(namespace: str) -> dict:
+    """metrics_stack's llm Deployment, in ``namespace``, scaled to 0 (only the object is needed)."""
+    deployment = llm_deployment()
+    deployment["metadata"]["namespace"] = namespace
+    deployment["spec"]["replicas"] = 0
+    return deployment
+
+
+def _forecast_hpa(namespace: str) -> dict:
+    described = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm"}
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "by-forecast", "namespace": namespace},
+        "spec": {
+            "scaleTargetRef": described,
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "metrics": [
+                {"type": "Object", "object": {"describedObject": described, "metric": {"name": "forecast_desired_replicas"},
+                 "target": {"type": "AverageValue", "averageValue": "1"}}}
+            ],
+        },
+    }  # fmt: skip
+
+
 @contextlib.asynccontextmanager
 async def adapter_over_prometheus(tmp_path, kubeconfig: str, **settings: object):
     """The adapter (in this process, ready) reading a real Prometheus that scrapes the Exporter page."""
@@ -129,10 +156,9 @@ async def test_an_hpa_makes_its_metric_refreshed_and_an_unreferenced_one_is_serv
                    "labels": {"app": "llm"}}, "spec": {"containers": [{"name": "main", "image": "llm:1"}]}}  # fmt: skip
             rest.post(f"/api/v1/namespaces/{namespace}/pods", pod).expect(201, 409)
     try:
-        # NB: forecasts fetch their rate metric in every namespace whatever the HPAs name (DemandDriven.always);
-        # off here, so that "no HPA" means "nothing fetched".
+        # NB: forecasts on (the default): their rate metric is fetched only where a forecast is named
         async with adapter_over_prometheus(
-            tmp_path, str(control_plane.admin), keep_warm=300.0, log_level="warning", forecast=False
+            tmp_path, str(control_plane.admin), keep_warm=300.0, log_level="warning"
         ) as adapter:
             demand, source, pipeline = adapter.demand.demand, adapter.demand.source, adapter.pipeline
             await _until(lambda: adapter.demand.hpas.synced, timeout=30, what="the HPA list")
@@ -189,8 +215,41 @@ async def test_an_hpa_makes_its_metric_refreshed_and_an_unreferenced_one_is_serv
                 async with http.get(f"{adapter.url}{C2}") as answer:
                     listed = {r["name"].split("/", 1)[1] for r in (await answer.json())["resources"]}
                 assert listed >= {m.name for m in catalogue if m.resources} and "gpu_memory_used_bytes" in listed
+
+            # A forecast an HPA names in demand-cold: the forecasts' rate metric is fetched there, and only
+            # there, and only demand-cold's workloads are forecast (the others cost nothing).
+            rate = "inference_requests_per_second"
+            assert not [ns for m, ns in demand.fetched if m == rate]
+            for namespace in (HOT, COLD):
+                rest.post(f"/apis/apps/v1/namespaces/{namespace}/deployments", _deployment(namespace)).expect(201)
+            rest.post(f"/apis/autoscaling/v2/namespaces/{COLD}/horizontalpodautoscalers", _forecast_hpa(COLD)).expect(201)  # fmt: skip
+            await _until(lambda: (rate, COLD) in demand.fetched, timeout=20, what="the forecast's rate fetched")
+            assert [ns for m, ns in demand.fetched if m == rate] == [COLD]
+            assert any("vllm:request_success_total" in q and COLD in q for q in source.promql), source.promql
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{adapter.url}/metrics") as answer:
+                    exposition = await answer.text()
+                assert (
+                    f'gpuscale_forecast_available{{kind="Deployment",name="llm",namespace="{COLD}"}} 0.0' in exposition
+                )
+                assert f'namespace="{HOT}"' not in exposition.split("gpuscale_forecast_available", 1)[1]
+                # Asked for in demand-hot: answered at once (no history to wait for), saying why; its rate is
+                # fetched from then on, and the forecast starts from nothing (10 minutes absent).
+                url = f"{adapter.url}{C2}/namespaces/{HOT}/deployments.apps/llm/forecast_requests_per_second"
+                started = time.monotonic()
+                async with http.get(url) as answer:
+                    assert answer.status == 404, await answer.text()
+                    message = (await answer.json())["message"]
+                assert time.monotonic() - started < 1.0  # NB: a refresh every 1 s: it did not wait for one
+                assert f"the rate is read in namespace {HOT} only once an HPA or a request asks" in message
+                await _until(lambda: (rate, HOT) in demand.fetched, timeout=20, what="the asked-for rate fetched")
+                async with http.get(url) as answer:
+                    message = (await answer.json())["message"]
+                # NB: the page has no request counter: read there, the rate is a gap; never a made-up value
+                assert answer.status == 404 and "no request-rate history; a forecast needs 600 s" in message, message
     finally:
         rest.delete(f"/apis/autoscaling/v2/namespaces/{HOT}/horizontalpodautoscalers/by-gpu")
+        rest.delete(f"/apis/autoscaling/v2/namespaces/{COLD}/horizontalpodautoscalers/by-forecast")
         for namespace in (HOT, COLD):
             rest.delete(f"/api/v1/namespaces/{namespace}")
 

@@ -18,6 +18,7 @@ from gpuscale.metrics.forecast import (
     model_spec,
     pinball_loss,
     rate_series,
+    sorted_quantile,
     walk_forward,
 )
 
@@ -81,6 +82,35 @@ def test_upper_quantile_is_the_residual_quantile_by_horizon():
     assert got is not None
     # np.quantile (linear) of [1, 2, 3, 4] at 0.9: position 2.7 → 3 + .7·(4 − 3) = 3.7
     assert (got.mean, got.upper, got.residuals, got.history_steps) == (10.0, pytest.approx(13.7), 4, 5)
+
+
+def test_sorted_quantile_is_numpys_to_the_bit():
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 17, 240):
+        for q in (0.0, 0.01, 0.5, 0.9, 0.99, 1.0):
+            values = rng.normal(0, 10, n)
+            assert sorted_quantile(sorted(values.tolist()), q) == float(np.quantile(values, q)), (n, q)
+
+
+def test_upper_is_the_quantile_of_the_last_window_of_residuals():
+    """The window slides (the oldest residual leaves as each new one comes) and a new horizon empties it: the
+    sorted copy the quantile is read from stays the window's."""
+    rng = np.random.default_rng(8)
+    f = Forecaster(Naive(), horizon_steps=1, residual_window=10, min_history=1, min_residuals=1)
+    ys = rng.uniform(0, 20, 60).round(1)  # rounded: ties between residuals, removed one at a time
+    for i, y in enumerate(ys):
+        if i == 30:
+            f.reset_horizon(2)
+        f.observe(float(y))
+        got = f.forecast()
+        h = f.horizon_steps
+        start = 30 if i >= 30 else 0
+        residuals = [ys[t] - ys[t - h] for t in range(max(start + h, i - 9), i + 1)]
+        if not residuals:
+            assert got is None
+            continue
+        assert got is not None and got.residuals == len(residuals) == f.residual_count
+        assert got.upper == max(got.mean, got.mean + float(np.quantile(residuals, 0.9)))
 
 
 def test_residuals_are_those_of_forecasts_made_h_steps_earlier():

@@ -116,3 +116,56 @@ def test_ratio_metrics_fetch_both_terms(catalogue):
     terms = Demand(catalogue).terms([(ratio.name, "ml")])
     assert len(terms) == len({term_query(t, window_seconds=catalogue.window(ratio)) for t in ratio.terms})
     assert set(terms.values()) == {frozenset({"ml"})}
+
+
+RATE = "inference_requests_per_second"
+FORECASTS = dict.fromkeys(
+    ("forecast_requests_per_second", "forecast_desired_replicas", "workload_requests_per_second"), RATE
+)
+FORECAST_OBJECT = {
+    "type": "Object",
+    "object": {
+        "describedObject": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm"},
+        "metric": {"name": "forecast_desired_replicas"},
+        "target": {"type": "AverageValue", "averageValue": "1"},
+    },
+}
+
+
+def test_a_forecast_an_hpa_names_fetches_its_rate_in_that_namespace_only(catalogue):
+    demand = Demand(catalogue, derived=FORECASTS)
+    demand.set_referenced(references(hpa("serving", PODS, FORECAST_OBJECT)), now=0)
+    assert demand.wanted(now=0) == {("gpu_utilization", "serving"), (RATE, "serving")}
+    demand.begin(now=0)
+    assert demand.fetching(RATE) == {"serving"}  # what the forecasts update this refresh
+    assert demand.fetching("gpu_sm_active") == frozenset()
+    demand.completed()
+    assert demand.covers(RATE, "serving") and not demand.covers(RATE, "batch")
+    demand.begin_all()  # no HPA list: every namespace
+    assert demand.fetching(RATE) is None
+
+
+def test_without_derived_metrics_a_forecast_reference_fetches_nothing(catalogue):
+    demand = Demand(catalogue)  # forecasts off
+    demand.set_referenced(references(hpa("serving", FORECAST_OBJECT)), now=0)
+    assert demand.wanted(now=0) == frozenset()
+
+
+def test_a_forecast_request_warms_its_rate_and_never_waits(catalogue):
+    """One refresh cannot give a forecast 10 minutes of history: the request is answered at once (absent, saying
+    why), and the rate is fetched in its namespace from the next refresh on, kept warm like any request's."""
+    demand = Demand(catalogue, keep_warm_seconds=60, derived=FORECASTS)
+    demand.begin(now=0)
+    demand.completed()
+    assert demand.note_request("forecast_requests_per_second", "web", now=10) is True  # does not wait
+    assert demand.wanted(now=11) == {(RATE, "web")}
+    demand.begin(now=11)
+    demand.completed()
+    assert demand.note_request("workload_requests_per_second", "web", now=50) is True
+    assert (RATE, "web") in demand.wanted(now=110) and (RATE, "web") not in demand.wanted(now=111)
+    assert demand.note_request(RATE, "other", now=0) is False  # the rate itself: waits, as any catalogue metric
+
+
+def test_a_derived_metric_must_read_a_catalogue_metric(catalogue):
+    with pytest.raises(ValueError, match="derived metrics read no_such_rate, which the catalogue does not have"):
+        Demand(catalogue, derived={"forecast_requests_per_second": "no_such_rate"})
