@@ -1,5 +1,6 @@
-"""Event-loop lag during a 10,000-GPU refresh by the embedded scraper: pages parsed in a worker thread (the adapter)
-against the same refresh parsing on the loop (as before, and as a one-shot ``top`` does).
+"""Event-loop lag during a 10,000-GPU refresh by the embedded scraper: scrapes on a loop of their own in a thread (the
+adapter, ``ScrapeSource(off_loop=True)``) against the same refresh on the serving loop (as before, and as a one-shot
+``top`` does).
 
 The pages are bench_refresh.py's (1,250 dcgm-exporter pages of 8 H100 and 1,000 Triton pages), served over HTTP by
 a child process on loopback, one path per exporter. The adapter's source (``ScrapeSource`` with
@@ -49,7 +50,7 @@ def _serve_pages(queue: mp.Queue) -> None:  # the child process
     asyncio.run(main())
 
 
-async def measure(port: int, cycles: int, *, in_thread: bool) -> tuple[list[float], list[float], float]:
+async def measure(port: int, cycles: int, *, off_loop: bool) -> tuple[list[float], list[float], float]:
     from gpuscale.metrics.attribution import Attributor, Target
     from gpuscale.metrics.catalogue import load_catalogue
     from gpuscale.metrics.store import MetricsStore
@@ -66,7 +67,7 @@ async def measure(port: int, cycles: int, *, in_thread: bool) -> tuple[list[floa
         history_seconds=600,
         timeout_seconds=30,
         publish_early=True,
-        parse_in_thread=in_thread,
+        off_loop=off_loop,
     )
     pipeline = Pipeline(catalogue, source, MetricsStore(), Attributor(Target))
     await pipeline.refresh_once()  # warm: connections
@@ -105,8 +106,8 @@ def main() -> None:
         print(f"{NODES} dcgm-exporter pages (8 GPUs each) + {TRITON_PODS} Triton pages over HTTP; "
               f"switch interval {args.switch_interval:g} s")  # fmt: skip
         print(f"{'':36}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'refresh s':>11}")
-        for label, in_thread in (("gpuscale (parse in a thread)", True), ("peer: parse on the loop", False)):
-            rest, during, wall = asyncio.run(measure(port, args.cycles, in_thread=in_thread))
+        for label, off_loop in (("gpuscale (scrapes off the loop)", True), ("peer: scrapes on the loop", False)):
+            rest, during, wall = asyncio.run(measure(port, args.cycles, off_loop=off_loop))
             for name, xs in ((f"{label}, at rest", rest), (f"{label}, refresh", during)):
                 print(f"{name:<36}{1e3 * pct(xs, 50):>9.2f}{1e3 * pct(xs, 99):>9.2f}{1e3 * max(xs):>9.2f}", end="")
                 print(f"{wall:>11.2f}" if xs is during else "")

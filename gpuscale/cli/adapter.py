@@ -162,7 +162,7 @@ async def start_adapter(
             timeout_seconds=_capped("--scrape-timeout", settings.scrape_timeout, settings),
             max_body_bytes=settings.max_body_bytes,
             publish_early=True,
-            parse_in_thread=True,
+            off_loop=True,
         )
         source = scrape
         if settings.discover_exporters:

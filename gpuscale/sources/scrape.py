@@ -28,6 +28,7 @@ from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.histograms import BUCKET_SUFFIX, quantiles
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
 from gpuscale.sources.bounded import read_bounded, size_text
+from gpuscale.sources.loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
 _name_of = operator.attrgetter("name")
@@ -106,19 +107,23 @@ class ScrapeSource:
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
         publish_early: bool = False,
-        parse_in_thread: bool = False,
+        off_loop: bool = False,
     ) -> None:
         """``publish_early``: a refresh returns once half the targets have answered and the others had twice
         that long again; a slower target's scrape goes on (until its timeout) and lands in the next refresh.
         The adapter uses it so one hung exporter never delays every other pod's values; a one-shot ``top``
         waits for every target.
 
-        ``parse_in_thread``: each page is parsed and read in a worker thread (the adapter: at 10,000 GPUs the
-        parse is ~1.6 s of CPU per refresh, which on the event loop kept requests queued behind the parse of
-        every page that had arrived; in a thread the loop takes the interpreter back every switch interval).
-        A one-shot ``top`` parses on the loop (no hand-over per page)."""
+        ``off_loop``: scrapes run on an event loop of their own, in a thread (the adapter). At 10,000 GPUs a
+        refresh is 2,250 HTTP exchanges and ~1.6 s of parsing; on the serving loop a request waited behind every
+        scrape callback that was ready before it (benchmarks/bench_scrape_lag.py). On their own loop they only
+        share the interpreter, which the serving loop takes back every switch interval. A one-shot ``top``
+        scrapes on its own loop anyway."""
+        if off_loop and session is not None:
+            raise ValueError("off_loop scrapes make their own session, on their own loop")
         self._publish_early = publish_early
-        self._parse_in_thread = parse_in_thread
+        self._off_loop = off_loop
+        self._thread: LoopThread | None = None
         self._targets = {u: _Target(u) for u in dict.fromkeys(urls)}
         self._series = frozenset(series)
         self._windowed = frozenset(windowed_series)
@@ -144,6 +149,16 @@ class ScrapeSource:
             self._targets.setdefault(url, _Target(url))
 
     async def close(self) -> None:
+        if self._thread is None:
+            await self._close()
+            return
+        thread, self._thread = self._thread, None
+        try:
+            await thread.run(self._close())
+        finally:
+            thread.stop()
+
+    async def _close(self) -> None:
         inflight = [t.inflight for t in self._targets.values() if t.inflight is not None and not t.inflight.done()]
         for task in inflight:
             task.cancel()
@@ -156,6 +171,14 @@ class ScrapeSource:
 
     async def refresh(self, *, now: float) -> None:
         """Scrape every target. With ``publish_early``, return once the bulk has answered (see __init__)."""
+        if not self._off_loop:
+            await self._refresh()
+            return
+        if self._thread is None:
+            self._thread = LoopThread("gpuscale-scrape")
+        await self._thread.run(self._refresh())
+
+    async def _refresh(self) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(headers={"Accept": _ACCEPT, "User-Agent": "gpuscale"})
         if not self._publish_early:
@@ -202,10 +225,7 @@ class ScrapeSource:
         async with self._semaphore:
             try:
                 text, openmetrics = await self._fetch(target.url)
-                if self._parse_in_thread:
-                    count, reading = await asyncio.to_thread(self._read_page, text, openmetrics, target.url, started)
-                else:
-                    count, reading = self._read_page(text, openmetrics, target.url, started)
+                count, reading = self._read_page(text, openmetrics, target.url, started)
             except SourceUnavailable as e:
                 self._failed(target, started, e.kind, e.reason)
                 return
@@ -284,7 +304,7 @@ class ScrapeSource:
         self._commit(target, self._collect(samples, url=url, timestamp=timestamp), timestamp=timestamp)
 
     def _read_page(self, text: str, openmetrics: bool, url: str, started: float) -> tuple[int, _Reading]:
-        """A page → (its number of samples, what gpuscale keeps of them). Pure: safe in a worker thread."""
+        """A page → (its number of samples, what gpuscale keeps of them)."""
         samples = parse_samples(text, source=url, openmetrics=openmetrics or None)
         # NB: samples are stamped with the request's start, as Prometheus does; stamping after reading and
         # parsing let a busy event loop skew rate windows (up to 15 % on a loaded machine).
@@ -321,9 +341,13 @@ class ScrapeSource:
     def _commit(self, target: _Target, reading: _Reading, *, timestamp: float) -> None:
         target.latest = reading.latest
         target.latest_at = timestamp
-        target.history.append((timestamp, reading.windowed))
-        while target.history and target.history[0][0] < timestamp - self._history_seconds:
-            target.history.popleft()
+        # NB: a new deque, never the one a reader may be walking: the build thread reads while late scrapes commit
+        # (publish_early), on the scrape thread when off_loop.
+        history = target.history.copy()
+        history.append((timestamp, reading.windowed))
+        while history and history[0][0] < timestamp - self._history_seconds:
+            history.popleft()
+        target.history = history
 
     def read(self, query: TermQuery) -> list[SeriesValue]:
         out: list[SeriesValue] = []

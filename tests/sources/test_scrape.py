@@ -53,20 +53,22 @@ async def exporter(aiohttp_server):
     return e
 
 
-_PARSE_IN_THREAD = [False]
+_OFF_LOOP = [False]
 
 
-@pytest.fixture(autouse=True, params=[False, True], ids=["parse-on-loop", "parse-in-thread"])
-def parse_in_thread(request):
-    """Sources made by make_source parse on the loop (top) and in a worker thread (the adapter): same results."""
-    _PARSE_IN_THREAD[0] = request.param
+@pytest.fixture(autouse=True, params=[False, True], ids=["on-the-loop", "off-loop"])
+def off_loop(request):
+    """Sources made by make_source scrape on the caller's loop (top) and on a loop of their own in a thread (the
+    adapter): same values, faults and reasons."""
+    _OFF_LOOP[0] = request.param
     yield request.param
-    _PARSE_IN_THREAD[0] = False
+    _OFF_LOOP[0] = False
 
 
 def make_source(url, clock, **kw):
     catalogue = load_catalogue()
-    kw.setdefault("parse_in_thread", _PARSE_IN_THREAD[0])
+    if "session" not in kw:
+        kw.setdefault("off_loop", _OFF_LOOP[0])
     return ScrapeSource(
         [url],
         series=catalogue.series_names,
@@ -309,6 +311,7 @@ async def test_a_hung_exporter_does_not_hold_back_the_others(aiohttp_server):
         timeout_seconds=2.0,
         clock=lambda: clock[0],
         publish_early=True,
+        off_loop=_OFF_LOOP[0],
     )
     await source.refresh(now=clock[0])
     assert len(source.read(GAUGE)) == 24  # 3 × 8 GPUs
@@ -332,9 +335,9 @@ async def test_a_hung_exporter_does_not_hold_back_the_others(aiohttp_server):
     await source.close()
 
 
-async def test_a_page_parsed_in_a_thread_leaves_the_loop_free(exporter, monkeypatch):
-    """The adapter's mode: while a page's parse is stalled on purpose, the event loop keeps running (an HPA request
-    would be served); the page's values arrive once the parse ends."""
+async def test_scrapes_off_the_loop_leave_the_loop_free(exporter, monkeypatch):
+    """The adapter's mode: while a page's parse is stalled on purpose, the caller's event loop keeps running (an HPA
+    request would be served); the page's values arrive once the parse ends."""
     import threading
 
     import gpuscale.sources.scrape as scrape
@@ -349,7 +352,7 @@ async def test_a_page_parsed_in_a_thread_leaves_the_loop_free(exporter, monkeypa
 
     monkeypatch.setattr(scrape, "parse_samples", stalled)
     clock = [1000.0]
-    source = make_source(exporter.url, clock, parse_in_thread=True)
+    source = make_source(exporter.url, clock, off_loop=True)
     refresh = asyncio.create_task(source.refresh(now=clock[0]))
     try:
         assert await asyncio.to_thread(entered.wait, 10)
