@@ -110,3 +110,36 @@ async def test_each_targets_last_problem_is_exposed_bounded_and_escaped():
     assert degraded == {"http://10.0.0.3:9400/metrics": 0.0, "http://10.0.0.4:9400/metrics": 1.0}
     code, out = await promtool_check(text)
     assert code == 0, out
+
+
+def test_request_counts_and_latencies_read_exactly_as_if_observed_one_by_one(monkeypatch):
+    # The request path counts in plain dictionaries, added to the families when the registry is collected.
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from gpuscale.adapter import selfmetrics
+    from gpuscale.adapter.selfmetrics import REQUEST_BUCKETS
+
+    metrics = AdapterMetrics(lambda: [])
+    registry = CollectorRegistry()
+    reference = Histogram("reference", "observed one by one", ["group"], buckets=REQUEST_BUCKETS, registry=registry)
+    group = "custom.metrics.k8s.io"
+    for scrape in (1, 2):  # and again after a collection emptied what was pending
+        for seconds in (0.0001, 0.0005, 0.00050001, 0.001, 0.3, 1.0, 7.0, 0.0):
+            monkeypatch.setattr(selfmetrics.time, "perf_counter", lambda seconds=seconds: seconds)
+            metrics.observe_request(group, "pods", 200 if seconds < 1 else 503, 0.0)
+            reference.labels(group).observe(seconds)
+            metrics.count_answer("prepared")
+        text = generate_latest(metrics.registry).decode()
+        for le in [str(b) for b in REQUEST_BUCKETS] + ["+Inf"]:
+            ours = metrics.registry.get_sample_value(
+                "gpuscale_adapter_request_duration_seconds_bucket", {"group": group, "le": le}
+            )
+            assert ours == registry.get_sample_value("reference_bucket", {"group": group, "le": le}), le
+        for suffix in ("count", "sum"):
+            ours = metrics.registry.get_sample_value(
+                f"gpuscale_adapter_request_duration_seconds_{suffix}", {"group": group}
+            )
+            assert ours == registry.get_sample_value(f"reference_{suffix}", {"group": group})
+        requests = f'gpuscale_adapter_requests_total{{code="%s",group="{group}",resource="pods"}}'
+        assert f"{requests % 200} {6.0 * scrape}" in text and f"{requests % 503} {2.0 * scrape}" in text
+        assert f'gpuscale_adapter_answers_total{{how="prepared"}} {8.0 * scrape}' in text
