@@ -336,18 +336,22 @@ def test_values_by_selector_are_by_selectors_items_whatever_is_missing_or_stale(
     cluster = _serving_cluster()
     pods = [ObjectRef(POD, f"web-{i}", "serving") for i in range(4)]
     fresh = [MetricPoint(10.0 + i, now - i, 60.0 if i % 2 else None) for i in range(4)]
+    other = ObjectRef(POD, "elsewhere", "serving")
     cases = {
         "all fresh": dict(zip(pods, fresh, strict=True)),
+        "again, new points": dict(zip(pods, [p._replace(value=p.value + 1) for p in fresh], strict=True)),
+        "another order": dict(reversed(list(zip(pods, fresh, strict=True)))),
+        "one more object": {other: fresh[0], **dict(zip(pods, fresh, strict=True))},
         "one missing": dict(zip(pods[:2] + pods[3:], fresh[:2] + fresh[3:], strict=True)),
         "one stale": {**dict(zip(pods, fresh, strict=True)), pods[1]: MetricPoint(5.0, now, stale=True)},
         "one too old": {**dict(zip(pods, fresh, strict=True)), pods[2]: MetricPoint(5.0, now - 3600)},
         "all too old": {p: MetricPoint(1.0, now - 3600) for p in pods},
         "none": {},
     }
-    for case, values in cases.items():
-        reader = MetricsStore()
-        reader.update(Snapshot(values={"gpu_utilization": values}, taken_at=now))
-        provider = MetricsProvider(CATALOGUE, reader, cluster, clock=lambda: now)
+    reader = MetricsStore()
+    provider = MetricsProvider(CATALOGUE, reader, cluster, clock=lambda: now)  # NB: one, across the snapshots
+    for case, values in [*cases.items(), *cases.items()]:
+        reader.update(Snapshot(values={"gpu_utilization": dict(values)}, taken_at=now))
         for text, _ in SELECTED:
             selector = LabelSelector.parse(text.replace("%3D", "=").replace("%21", "!").replace("+", " "))
             args = ("pods", "serving", selector, "gpu_utilization", LabelSelector.everything())
