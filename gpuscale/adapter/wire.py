@@ -96,12 +96,12 @@ class _Memo(dict):
 
     __slots__ = ("_fn", "_size")
 
-    def __init__(self, fn: Callable[[Any], str], size: int) -> None:
+    def __init__(self, fn: Callable[[Any], Any], size: int) -> None:
         super().__init__()
         self._fn = fn
         self._size = size
 
-    def __missing__(self, key: Any) -> str:
+    def __missing__(self, key: Any) -> Any:
         value = self._fn(key)
         if len(self) >= self._size:
             self.clear()
@@ -117,27 +117,27 @@ class ItemEncoder:
 
     An item's JSON is a part fixed by (version, metric, object, echoed selector) — described object, names,
     selector — then the point's timestamp, window and value. The fixed parts are kept across snapshots
-    (objects outlive refreshes), one table per (version, metric, selector); the point's fields are written
-    from small tables keyed by their values. When all values of an answer share one timestamp and window —
-    every value of one Prometheus query does — the part between head and value is one string for the whole
-    answer, so writing N values is N lookups in two tables and one ``str.join``, run by C (``map``, ``zip``;
-    no Python bytecode per value once the tables know the object and the value). Safe to share between the
-    event loop and a refresh thread (dict reads and writes only); bounded by ``max_heads`` per table and
-    ``max_tables``.
+    (objects outlive refreshes), one table per (version, metric, selector), and per selection as a list; the
+    point's fields are written from small tables keyed by their values. When all values of an answer share
+    one timestamp and window — every value of one Prometheus query does — the part between head and value is
+    written once per answer, so N values are N lookups in one table and one ``bytes.join``, run by C (``map``,
+    ``zip``; no Python bytecode per value once the table knows the value). All parts are bytes (JSON text is
+    ASCII here), so the join is the only copy of the body. Safe to share between the event loop and a refresh
+    thread (dict reads and writes only); bounded by ``max_heads`` per table and ``max_tables``.
     """
 
     def __init__(self, *, max_heads: int = 200_000, max_tables: int = 4096) -> None:
         self._tables: dict[tuple[str, str, str], _Memo] = {}
         self._max_heads = max_heads
         self._max_tables = max_tables
-        self._timestamps = _Memo(_timestamp_json, 4096)
+        self._timestamps = _Memo(lambda ts: _timestamp_json(ts).encode(), 4096)
         self._windows = {
-            version: _Memo(lambda w, key=key: f'{key}{round(w)},"value":' if w else ',"value":', 1024)  # type: ignore[misc]
+            version: _Memo(lambda w, key=key: (f'{key}{round(w)},"value":' if w else ',"value":').encode(), 1024)  # type: ignore[misc]
             for version, key in (("v1beta1", ',"window":'), ("v1beta2", ',"windowSeconds":'))
         }
-        self._values: dict[str, _Memo] = {}  # the text after an item's value (its tail) → value → text
+        self._values: dict[bytes, _Memo] = {}  # what follows an item's value (its tail) → value → its text
         # (version, metric, echoed, id(objs)) → (objs, their heads): a selection's heads while it is the same list
-        self._selections: dict[tuple[str, str, str, int], tuple[Collection[ObjectRef], list[str]]] = {}
+        self._selections: dict[tuple[str, str, str, int], tuple[Collection[ObjectRef], list[bytes]]] = {}
 
     def _table(self, version: str, metric: str, echoed: str) -> _Memo:
         key = (version, metric, echoed)
@@ -151,19 +151,39 @@ class ItemEncoder:
             else:
                 middle = f',"metric":{{"name":{metric_json},"selector":{echoed}}},"timestamp":'
 
-            def head(obj: ObjectRef) -> str:
-                return f'{{"describedObject":{json.dumps(described_object(obj), separators=(",", ":"))}{middle}'
+            def head(obj: ObjectRef) -> bytes:
+                return (
+                    f'{{"describedObject":{json.dumps(described_object(obj), separators=(",", ":"))}{middle}'.encode()
+                )
 
             table = self._tables[key] = _Memo(head, self._max_heads)
         return table
 
-    def _valued(self, tail: str) -> _Memo:
+    def _valued(self, tail: bytes) -> _Memo:
         table = self._values.get(tail)
         if table is None:
             if len(self._values) >= self._max_tables:
                 self._values.clear()
-            table = self._values[tail] = _Memo(lambda v: _value_json(v) + tail, 65536)
+            table = self._values[tail] = _Memo(lambda v: _value_json(v).encode() + tail, 65536)
         return table
+
+    def _heads(self, version: str, metric: str, echoed: str, objs: Collection[ObjectRef]) -> list[bytes]:
+        """Each object's head, every one but the first after the comma that ends the item before it."""
+        # NB: the provider hands the same list for a selection until the watch cache changes: its heads are kept
+        # with it (a lookup per object by ObjectRef was half the cost of a 100-pod answer), keyed by its id while
+        # the entry holds the list itself (so the id is not reused meanwhile). One-object answers (by name) are
+        # not kept: their list is new every time.
+        key = (version, metric, echoed, id(objs))
+        kept = self._selections.get(key)
+        if kept is not None and kept[0] is objs:
+            return kept[1]
+        heads = list(map(self._table(version, metric, echoed).__getitem__, objs))
+        heads[1:] = map(b",".__add__, heads[1:])
+        if len(heads) > 1:
+            if len(self._selections) >= self._max_tables:
+                self._selections.clear()
+            self._selections[key] = (objs, heads)
+        return heads
 
     def custom(self, version: str, metric: str, items: list, selector: dict | None) -> bytes:
         """The body for these items (anything with ``obj`` and ``point``)."""
@@ -179,22 +199,8 @@ class ItemEncoder:
         echoed: str,
     ) -> bytes:
         """The body for ``objs`` and their ``points`` (same order); ``echoed``: the selector's JSON (``null``)."""
-        # NB: each item ends with its tail and a comma; the last comma is cut below
-        tail = f',"selector":{echoed}}},' if version == "v1beta1" else "},"
-        # NB: the provider hands the same list for a selection until the watch cache changes: its heads are kept
-        # with it (a lookup per object by ObjectRef was half the cost of a 100-pod answer), keyed by its id while
-        # the entry holds the list itself (so the id is not reused meanwhile). One-object answers (by name) are
-        # not kept: their list is new every time.
-        key = (version, metric, echoed, id(objs))
-        kept = self._selections.get(key)
-        if kept is not None and kept[0] is objs:
-            heads = kept[1]
-        else:
-            heads = list(map(self._table(version, metric, echoed).__getitem__, objs))
-            if len(heads) > 1:
-                if len(self._selections) >= self._max_tables:
-                    self._selections.clear()
-                self._selections[key] = (objs, heads)
+        tail = f',"selector":{echoed}}}'.encode() if version == "v1beta1" else b"}"
+        heads = self._heads(version, metric, echoed, objs)
         values = map(self._valued(tail).__getitem__, map(_VALUE, points))
         windows = self._windows[version]
         timestamps = set(map(_TIMESTAMP, points))
@@ -207,4 +213,4 @@ class ItemEncoder:
             windowed = map(windows.__getitem__, map(_WINDOW, points))
             pieces = zip(heads, stamps, windowed, values, strict=True)  # type: ignore[assignment]
         head = f'{{"kind":"MetricValueList","apiVersion":"{CUSTOM_GROUP}/{version}","metadata":{{}},"items":['
-        return (head + "".join(chain.from_iterable(pieces))[:-1] + "]}").encode()
+        return b"".join(chain((head.encode(),), chain.from_iterable(pieces), (b"]}",)))
