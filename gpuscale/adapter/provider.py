@@ -61,10 +61,11 @@ class _Layout:
     """One metric's stored objects in the store's order. Snapshots that store the same objects in the same order
     (every refresh while no pod comes or goes) share one, so positions found in it stay valid across refreshes."""
 
-    __slots__ = ("_index", "keys")
+    __slots__ = ("_index", "kept", "keys")
 
     def __init__(self, keys: list[ObjectRef]) -> None:
         self.keys = keys
+        self.kept = False  # seen in a second snapshot: worth finding positions in (else they are read by key)
         self._index: dict[ObjectRef, int] | None = None
 
     def reader(self, objs: Collection[ObjectRef]) -> Callable[[list], Sequence[MetricPoint]] | None:
@@ -102,12 +103,16 @@ class _Columns:
         if entry is None or entry[0] is not store or entry[1] != version:
             keys = list(values)
             layout = self._layouts.get(metric)
-            if layout is None or layout.keys != keys:
+            if layout is not None and layout.keys == keys:
+                layout.kept = True
+            else:
                 layout = self._layouts[metric] = _Layout(keys)
             if len(self._recent) >= 16:
                 self._recent.clear()
             entry = self._recent[(id(store), metric)] = (store, version, layout, list(values.values()))
         _, _, layout, points = entry
+        if not layout.kept:
+            return None  # NB: a source whose order changes every refresh would rebuild positions every time
         kept = self._readers.get(selection)
         if kept is None or kept[0] is not layout:
             if len(self._readers) > 4096:
