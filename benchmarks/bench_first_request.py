@@ -18,6 +18,11 @@ Modes, one server process each, alternated over ``--rounds``:
 * ``on request`` — no preparation: the first request after a refresh builds its body;
 * ``bare aiohttp`` — the floor: a handler returning a precomputed body of the adapter's median answer size.
 
+Both adapter modes are served by the adapter's own runner (``AdapterRunner``, as ``gpuscale adapter`` serves),
+so a URL asked before takes its fast path (adapter/fastpath.py). The two snapshots store the same pods in the
+same order, every value with one sample time, as consecutive refreshes from one Prometheus query do (there the
+time moves on with each refresh; here both share it); the values differ.
+
 Load: Debian ``wrk`` (C, one thread pinned to core 1, keep-alive connections, a Lua script cycling through
 the K paths), after a 2 s warm-up. Printed: req/s and latency p50/p99 as wrk reports them, and requests per
 CPU-second of the server process (all its threads, the preparation included) — the machine is shared, and
