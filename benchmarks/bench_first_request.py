@@ -42,6 +42,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -81,6 +82,7 @@ def _paths(pods: int, per_hpa: int) -> list[str]:
 
 def _serve(mode: str, pods: int, per_hpa: int, interval: float | None, queue: mp.Queue) -> None:  # the child process
     os.sched_setaffinity(0, {0})
+    sys.setswitchinterval(0.001)  # NB: as `gpuscale adapter` runs (cli/main.py); bare aiohttp has one thread
     from aiohttp import web
 
     from gpuscale.adapter.answers import AnswerCache
