@@ -18,11 +18,14 @@ from pydantic import BaseModel
 from gpuscale.metrics.attribution import Attributor, Target
 from gpuscale.metrics.devices import DEVICE_SERIES, gpu_statuses, read_devices
 from gpuscale.metrics.diagnosis import (
+    _DCGM_FIELDS,
+    _INT_FIELDS,
     KNOWN_DCGM_NAMES,
     GpuSignals,
     Severity,
     Verdict,
     VerdictCode,
+    _reported,
     diagnose,
     load_policy,
     signals_from_dcgm,
@@ -118,3 +121,38 @@ def test_models_with_validators_are_refused():
 
 def test_device_series_are_known():
     assert set(DEVICE_SERIES) <= KNOWN_DCGM_NAMES
+
+
+ALL_REPORTED = st.fixed_dictionaries({n: st.floats(0, 1e4) | st.integers(0, 99) for n in DEVICE_SERIES})
+SPECIAL = [math.nan, math.inf, -math.inf, 1.5e14, -1.5e14, 9.2e18]
+
+
+def signals_by_definition(values, xid_counts, mig_profile) -> GpuSignals:
+    """GpuSignals field by field as diagnosis defines them: the first spelling (newer name, its ``_total``
+    form, then older aliases) whose value is reported (finite, not a DCGM blank) — validated."""
+    fields: dict = {}
+    for field, names in _DCGM_FIELDS.items():
+        spellings = [spelling for name in names for spelling in (name, f"{name}_total")]
+        reported = [values[n] for n in spellings if n in values and _reported(values[n]) is not None]
+        if reported:
+            fields[field] = int(reported[0]) if field in _INT_FIELDS else float(reported[0])
+    if xid_counts is not None:
+        fields["xid_counts"] = {int(c): int(n) for c, n in xid_counts.items() if c and (_reported(n) or 0) > 0}
+    elif "DCGM_EXP_XID_ERRORS_COUNT" in values or "DCGM_EXP_XID_ERRORS_COUNT_total" in values:
+        fields["xid_counts"] = {}
+    return GpuSignals.model_validate(fields | {"mig_profile": mig_profile})
+
+
+@given(
+    st.dictionaries(st.sampled_from(NAMES), VALUES, max_size=20)
+    | ALL_REPORTED  # the fast path
+    | ALL_REPORTED.flatmap(  # … but for one value: NaN, ±Inf or a DCGM blank
+        lambda values: st.tuples(st.sampled_from(sorted(values)), st.sampled_from(SPECIAL)).map(
+            lambda one: values | {one[0]: one[1]}
+        )
+    ),
+    st.none() | st.dictionaries(st.sampled_from([0, 13, 79]), VALUES, max_size=2),
+)
+def test_signals_are_what_the_field_definitions_give(values, xid_counts):
+    signals = signals_from_dcgm(values, xid_counts=xid_counts)
+    assert signals.model_dump_json() == signals_by_definition(values, xid_counts, None).model_dump_json()
