@@ -498,6 +498,7 @@ def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> Prome
         max_body_flag="--prometheus-max-response-size",
         fresh_within_seconds=max(catalogue.max_age(m) for m in catalogue.metrics),
         decode_in="process" if settings.prometheus_decode_process else "thread",
+        off_loop=True,
     )
 
 

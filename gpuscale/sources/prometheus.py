@@ -117,6 +117,7 @@ from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
 from gpuscale.sources.bounded import read_bounded, size_text
 from gpuscale.sources.decoder_process import DecoderProcess
+from gpuscale.sources.loop_thread import LoopThread
 from gpuscale.sources.prom_answer import Answer, LabelSets, PlannedQuery, decode_body, read_answer, short
 
 __all__ = [
@@ -325,6 +326,8 @@ class PrometheusSource:
     the catalogue's longest max-age, so an old sample is never answered as a fresh one.
     ``decode_in`` is where answers are decoded: ``"thread"`` (a worker thread of this process) or ``"process"``
     (a child process, sources/decoder_process.py: the adapter's choice, so that no decode holds its GIL).
+    ``off_loop``: queries run on an event loop of their own, in a thread (the adapter: the ~1,000 callbacks
+    that read a 10,000-GPU refresh's bodies never queue in front of a request's on the serving loop).
     Unreadable credential files raise ConfigError here, so a bad flag fails at start.
     """
 
@@ -348,6 +351,7 @@ class PrometheusSource:
         clock: Callable[[], float] = time.time,
         fresh_within_seconds: float | None = None,
         decode_in: Literal["thread", "process"] = "thread",
+        off_loop: bool = False,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -380,6 +384,10 @@ class PrometheusSource:
         if decode_in not in ("thread", "process"):
             raise ValueError(f"decode_in must be 'thread' or 'process', not {decode_in!r}")
         self._decoder = DecoderProcess(self.display_url) if decode_in == "process" else None
+        if off_loop and session is not None:
+            raise ValueError("an off_loop source makes its own session, on its own loop")
+        self._off_loop = off_loop
+        self._thread: LoopThread | None = None
         self._refreshes = 0
         self._session = session
         self._own_session = session is None
@@ -411,6 +419,16 @@ class PrometheusSource:
         self._scope = None if scope is None else dict(scope)
 
     async def close(self) -> None:
+        if self._thread is None:
+            await self._close()
+            return
+        thread, self._thread = self._thread, None
+        try:
+            await thread.run(self._close())
+        finally:
+            thread.stop()
+
+    async def _close(self) -> None:
         if self._decoder is not None:
             await self._decoder.close()
         if self._own_session and self._session is not None:
@@ -426,6 +444,14 @@ class PrometheusSource:
         The instant is the source's own clock (wall time unless a test injects one), not ``now``: the
         pipeline's clock may be simulated while the server's data is real.
         """
+        if not self._off_loop:
+            await self._refresh()
+            return
+        if self._thread is None:
+            self._thread = LoopThread("gpuscale-prometheus")
+        await self._thread.run(self._refresh())
+
+    async def _refresh(self) -> None:
         started = self._clock()
         self._refreshes += 1
         # NB: equal label sets share one dict within a refresh; the index itself is dropped when the refresh

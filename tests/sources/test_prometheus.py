@@ -123,7 +123,8 @@ _DECODE_IN = ["thread"]
 @pytest.fixture(autouse=True, params=["thread", "process"])
 def decode_in(request):
     """Every test of a source built by source_for runs with answers decoded in a worker thread (top, controller)
-    and in the decoder process (the adapter): the same values, faults and reasons either way."""
+    and as the adapter runs it (decoder process, queries on a loop of their own): the same values, faults and
+    reasons either way."""
     _DECODE_IN[0] = request.param
     yield request.param
     _DECODE_IN[0] = "thread"
@@ -132,6 +133,8 @@ def decode_in(request):
 def source_for(url: str, *terms: TermQuery, clock: list[float] | None = None, **kw: Any) -> PrometheusSource:
     clock = clock if clock is not None else [T0]
     kw.setdefault("decode_in", _DECODE_IN[0])
+    if "session" not in kw:
+        kw.setdefault("off_loop", _DECODE_IN[0] == "process")  # NB: the adapter's way: both, or neither
     return PrometheusSource(url, queries=terms or (GAUGE,), clock=lambda: clock[0], **kw)
 
 
