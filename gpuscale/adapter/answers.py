@@ -71,7 +71,8 @@ def answer(provider: MetricsProvider, query: MetricQuery, encoder: ItemEncoder) 
         values = Values.of(
             provider.by_name(query.resource, query.namespace, query.name, query.metric, query.metric_selector)
         )
-    body = encoder.values(query.version, query.metric, values.objs, values.points, _echo(query.metric_selector))
+    echoed = _echo(query.metric_selector)
+    body = encoder.values(query.version, query.metric, values.objs, values.points, echoed, stamps=values.stamps)
     return body, provider.expires(query.metric, values.oldest)
 
 

@@ -109,11 +109,9 @@ class FastPath:
     def usable(self) -> bool:
         """Whether this app's requests can take the fast path at all (module docstring); once it is frozen."""
         app = self._app
-        handlers = getattr(app, "_middlewares_handlers", None)
         return (
             app.frozen
-            and handlers is not None
-            and all(new_style for _, new_style in handlers)
+            and all(getattr(m, "__middleware_version__", None) == 1 for m in app.middlewares)
             and len(app.on_response_prepare) == 0
         )
 
@@ -132,8 +130,9 @@ class FastPath:
             return PreparedResponse(request.writer, self._answer(request, query, resource))
 
         handler: Handler = answer
-        # NB: as web.Application._handle wraps a route's handler (aiohttp's own order, innermost first)
-        for middleware, _ in self._app._middlewares_handlers:  # type: ignore[union-attr]
+        # NB: as web.Application._handle wraps a route's handler, the first middleware outermost; without the one
+        # aiohttp adds to set the match info's current app, which is this app already (one app, no sub-apps)
+        for middleware in reversed(self._app.middlewares):
             handler = functools.partial(middleware, handler=handler)
         self._targets[target] = _Target(handler, dict(match_info), match_info.route)
 

@@ -47,6 +47,7 @@ class Values(NamedTuple):
     objs: Collection[ObjectRef]
     points: Collection[MetricPoint]
     oldest: float  # the oldest point's timestamp (0.0 when there are none): when the answer turns stale
+    stamps: Collection[float] | None = None  # the points' distinct timestamps, when known (the encoder needs them)
 
     @classmethod
     def of(cls, items: list[Item]) -> Values:
@@ -352,13 +353,14 @@ class MetricsProvider:
                 points = self._columns.points(self.store, metric.name, selection, objs)
             if points is None:
                 points = list(map(values.get, objs))
-            if not all(points):  # NB: pods without a value (None) are left out, as by_selector leaves them out
-                present = list(map(is_not, points, repeat(None)))
-                objs, points = list(compress(objs, present)), list(compress(points, present))
+                if not all(points):  # NB: pods without a value (None) are left out, as by_selector leaves them out
+                    present = list(map(is_not, points, repeat(None)))
+                    objs, points = list(compress(objs, present)), list(compress(points, present))
             if points and not any(map(_STALE, points)):
-                oldest = min(map(_TIMESTAMP, points))
+                stamps = set(map(_TIMESTAMP, points))
+                oldest = min(stamps)
                 if oldest >= self.clock() - self.catalogue.max_age(metric):
-                    return Values(objs, points, oldest)  # type: ignore[arg-type]
+                    return Values(objs, points, oldest, stamps)  # type: ignore[arg-type]
         return Values.of(self.by_selector(resource, namespace, selector, metric_name, metric_selector))
 
     def _stored_selection(self, metric: str, namespace: str, selector: LabelSelector) -> list[ObjectRef]:

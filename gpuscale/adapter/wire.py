@@ -197,13 +197,16 @@ class ItemEncoder:
         objs: Collection[ObjectRef],
         points: Collection[MetricPoint],
         echoed: str,
+        *,
+        stamps: Collection[float] | None = None,
     ) -> bytes:
-        """The body for ``objs`` and their ``points`` (same order); ``echoed``: the selector's JSON (``null``)."""
+        """The body for ``objs`` and their ``points`` (same order); ``echoed``: the selector's JSON (``null``);
+        ``stamps``: the points' distinct timestamps, when the caller has them."""
         tail = f',"selector":{echoed}}}'.encode() if version == "v1beta1" else b"}"
         heads = self._heads(version, metric, echoed, objs)
         values = map(self._valued(tail).__getitem__, map(_VALUE, points))
         windows = self._windows[version]
-        timestamps = set(map(_TIMESTAMP, points))
+        timestamps = set(stamps) if stamps is not None else set(map(_TIMESTAMP, points))
         spans = set(map(_WINDOW, points))
         if len(timestamps) == 1 and len(spans) == 1:
             middle = self._timestamps[timestamps.pop()] + windows[spans.pop()]
