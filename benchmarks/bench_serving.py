@@ -47,6 +47,7 @@ def _serve(port_queue: mp.Queue) -> None:  # the child process
     from gpuscale.adapter.discovery import Discovery
     from gpuscale.adapter.provider import MetricsProvider
     from gpuscale.adapter.selfmetrics import AdapterMetrics
+    from gpuscale.adapter.transport import AdapterRunner, RejectionLog
     from gpuscale.metrics.aggregation import build_snapshot
     from gpuscale.metrics.attribution import Attributor, Target
     from gpuscale.metrics.catalogue import load_catalogue
@@ -71,7 +72,8 @@ def _serve(port_queue: mp.Queue) -> None:  # the child process
     app = make_app(provider, Discovery(catalogue), AdapterMetrics(lambda: [source]), ready=lambda: (True, ""))
 
     async def main() -> None:
-        runner = web.AppRunner(app, access_log=None)
+        # NB: the adapter's own runner, as `gpuscale adapter` serves (its fast path for URLs asked before)
+        runner = AdapterRunner(app, rejections=RejectionLog(), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
