@@ -20,6 +20,10 @@ whole catalogue, on the same source) and ``rich.table.Table`` rendering the same
 skips it: ~4 s). ``--no-triton`` leaves out the inference endpoints (dcgm-exporters only).
 
     .venv/bin/python benchmarks/bench_top.py [--nodes 1250] [--repeats 5] [--no-rich-peer] [--no-triton]
+
+``--dump DIR`` times nothing: it writes what `top` prints for this fleet (views pods, gpus and nodes; -A and
+-n team-03; table, wide and json; default, verdict and util order) into DIR, one file each, so that two
+checkouts can be compared byte for byte (``diff -r``) after a change meant to keep the output as it is.
 """
 
 from __future__ import annotations
@@ -188,12 +192,48 @@ def one_run(cluster: Cluster, repeat: int) -> tuple[Stages, str, int]:
     return stages, table_text, len(doc.items)
 
 
+def dump(data: Cluster, directory: Path) -> None:
+    """Every view's output on this fleet, one file per (view, scope, format, order): see ``--dump``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    policy, inference = load_policy(), inference_catalogue(load_catalogue())
+    now = 1_790_000_000.0
+    for view in ("pods", "gpus", "nodes"):
+        settings = data.settings.model_copy(update={"view": view})
+        sources, explicit = _metrics_sources(settings, inference, max_age=60.0)
+        (source,) = sources
+        assert isinstance(source, ScrapeSource)
+        t0_samples = parse_samples(data.t0_text)
+        for url in data.triton_targets:
+            source.ingest(url, t0_samples, timestamp=now - 15)
+        for url, text in {**data.dcgm, **dict.fromkeys(data.triton_targets, data.t1_text)}.items():
+            source.ingest(url, parse_samples(text, source=url), timestamp=now)
+        for namespace in (None, "team-03"):
+            selection = Selection(view, None if view == "nodes" else namespace, None, None)
+            collector = SourcesCollector(
+                sources,
+                Attributor(target_resolver(explicit, None)),
+                selection=selection,
+                policy=policy,
+                inference=inference,
+                max_age_seconds=60.0,
+            )
+            doc = collector.build([], now=now)
+            for output in ("table", "wide", "json"):
+                for order in (None, "verdict", "util") if output != "json" else (None,):
+                    options = RenderOptions(policy, doc.scope, width=120 if output == "table" else None)
+                    ordered = doc.model_copy(update={"items": sort_items(view, doc.items, order)})
+                    name = f"{view}-{namespace or 'all'}-{output}-{order or 'name'}.txt"
+                    (directory / name).write_text(render(ordered, output, options).plain())
+    print(f"wrote {len(list(directory.iterdir()))} files to {directory}")
+
+
 def main() -> int:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("--nodes", type=int, default=1250, help="GPU nodes (8 × H100 each; default 1250)")
     options.add_argument("--repeats", type=int, default=5, help="timed repeats (default 5)")
     options.add_argument("--no-rich-peer", action="store_true", help="skip the rich.table.Table peer (~6 s)")
     options.add_argument("--no-triton", action="store_true", help="DCGM exporters only (no inference endpoints)")
+    options.add_argument("--dump", type=Path, metavar="DIR", help="write every view's output into DIR, time nothing")
     args = options.parse_args()
 
     started = time.perf_counter()
@@ -208,6 +248,9 @@ def main() -> int:
         (FIXTURES / "triton.prom").read_text(),
         TopSettings(view="pods", all_namespaces=True, scrape_url=scrape_urls),
     )
+    if args.dump:
+        dump(data, args.dump)
+        return 0
     size = sum(map(len, dcgm.values())) + len(triton_targets) * len(data.t1_text)
     print(
         f"Python {sys.version.split()[0]}; {args.nodes} nodes × 8 GPUs = {args.nodes * 8} GPUs, {pods} pods, "
