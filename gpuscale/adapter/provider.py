@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import time
+import weakref
 from collections.abc import Callable, Collection, Hashable, Sequence
 from itertools import compress, repeat
 from operator import is_not, itemgetter
@@ -88,7 +89,7 @@ class _Columns:
     reading a 100-pod answer; a position is an index into one list per snapshot and metric."""
 
     def __init__(self) -> None:
-        self._recent: dict[tuple[int, str], tuple[MetricsReader, int, _Layout, list[MetricPoint]]] = {}
+        self._recent: dict[str, list[tuple[weakref.ref, int, _Layout, list[MetricPoint]]]] = {}
         self._layouts: dict[str, _Layout] = {}
         self._readers: dict[Hashable, tuple[_Layout, Callable[[list], Sequence[MetricPoint]] | None]] = {}
 
@@ -97,20 +98,25 @@ class _Columns:
     ) -> Sequence[MetricPoint] | None:
         """``objs``' points in ``store`` (``selection`` names ``objs`` for as long as it is this list); None when
         some are not stored (the caller reads by key)."""
-        # NB: per store and version (the refresh's thread and the event loop each read their own, so a few are
-        # kept), keyed by id while the entry holds the store itself
+        # NB: per store and version, the latest two per metric: the event loop's store and the one a refresh is
+        # preparing answers from. Held weakly: an entry keeps its metric's points alive, never a whole snapshot.
         values, version = store.values(metric), store.version
-        entry = self._recent.get((id(store), metric))
-        if entry is None or entry[0] is not store or entry[1] != version:
+        recent = self._recent.get(metric, [])
+        entry = next((e for e in recent if e[0]() is store and e[1] == version), None)
+        if entry is None:
             keys = list(values)
             layout = self._layouts.get(metric)
             if layout is not None and layout.keys == keys:
                 layout.kept = True
             else:
                 layout = self._layouts[metric] = _Layout(keys)
-            if len(self._recent) >= 16:
-                self._recent.clear()
-            entry = self._recent[(id(store), metric)] = (store, version, layout, list(values.values()))
+            try:
+                held = weakref.ref(store)
+            except TypeError:  # NB: a store that cannot be referenced weakly is read by key
+                return None
+            entry = (held, version, layout, list(values.values()))
+            others = [e for e in recent if e[0]() not in (None, store)]
+            self._recent[metric] = [*others[-1:], entry]
         _, _, layout, points = entry
         if not layout.kept:
             return None  # NB: a source whose order changes every refresh would rebuild positions every time
