@@ -291,9 +291,11 @@ def signals_from_dcgm(
             if -_DCGM_BLANK_FLOOR < value < _DCGM_BLANK_FLOOR:
                 fields[field] = int(value) if integer else float(value)
                 break
+    if fields.get("last_xid", 0) < 0:
+        del fields["last_xid"]  # NB: Xids are positive; a negative gauge is a broken exporter, not an Xid
     window: dict[int, int] | None = None
     if xid_counts is not None:
-        window = {int(code): int(n) for code, n in xid_counts.items() if int(code) and (_reported(n) or 0) > 0}
+        window = {int(code): int(n) for code, n in xid_counts.items() if int(code) > 0 and (_reported(n) or 0) > 0}
     elif _XID_WINDOW in values or f"{_XID_WINDOW}_total" in values:
         window = {}
     fields["xid_counts"] = window

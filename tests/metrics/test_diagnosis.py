@@ -421,6 +421,16 @@ def test_signals_from_dcgm_xid_window():
     assert signals_from_dcgm({}, xid_counts={94: 1.0, 63: 0.0}).xid_counts == {94: 1}
 
 
+def test_a_negative_xid_from_a_broken_exporter_is_not_an_xid(policy):
+    """Xids are positive: a negative gauge or window label is not reported (it crashed diagnose with a
+    ValidationError from the Xid table before), and the GPU still gets a verdict."""
+    values = {"DCGM_FI_DEV_XID_ERRORS": -1.0, "DCGM_FI_DEV_GPU_UTIL": 50.0}
+    signals = signals_from_dcgm(values, xid_counts={-5: 2.0, 79: 1.0})
+    assert signals.last_xid is None and signals.xid_counts == {79: 1}
+    assert diagnose(signals, policy).code
+    assert diagnose(signals_from_dcgm(values), policy).code
+
+
 # --- the policy files ----------------------------------------------------------------------------------
 
 
