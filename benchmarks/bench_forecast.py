@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -144,8 +145,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="100,1000,5000")
     parser.add_argument("--loop-workloads", type=int, default=5000, help="fleet of the event-loop comparison")
+    parser.add_argument(
+        "--switch-interval", type=float, default=0.001, help="sys.setswitchinterval, as `gpuscale adapter` sets it"
+    )
     args = parser.parse_args()
-    print(f"load average {os.getloadavg()[0]:.2f}")
+    sys.setswitchinterval(args.switch_interval)
+    print(f"load average {os.getloadavg()[0]:.2f}, switch interval {args.switch_interval * 1e3:g} ms")
     print("| workloads | holt ms/refresh | µs/workload | naive ms/refresh | holt ÷ naive |")
     print("|---|---|---|---|---|")
     for n in (int(x) for x in args.workloads.split(",")):
