@@ -25,7 +25,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -40,6 +39,7 @@ import yaml
 
 from tests.cluster.pki import ClientCert, Pki
 from tests.cluster.rest import Rest
+from tests.ports import free_port
 
 __all__ = [
     "BUILD",
@@ -87,12 +87,6 @@ def cached_binaries() -> Path:
             f"the real control plane is not built yet (run: bash tests/cluster/build): {answer.stderr.strip()}"
         )
     return Path(answer.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

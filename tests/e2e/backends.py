@@ -32,7 +32,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,16 +45,12 @@ import aiohttp
 import pytest
 import yaml
 
+from tests.ports import free_port
+
 PROMETHEUS = shutil.which("prometheus")
 VICTORIA_METRICS = shutil.which("victoria-metrics")
 
 Kind = Literal["prometheus", "victoria-metrics"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def require(binary: str | None, name: str) -> str:

@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import yaml
 
 from gpuscale.sim.cluster import SimCluster
 from tests.adapter import hpa
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -32,12 +32,6 @@ if KUBECTL is None:  # NB: .ci/setup installs it; a missing kubectl is a broken 
 C1 = "/apis/custom.metrics.k8s.io/v1beta1"
 C2 = "/apis/custom.metrics.k8s.io/v1beta2"
 EXT = "/apis/external.metrics.k8s.io/v1beta1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def run(*args: str, timeout: float = 20) -> tuple[int, str, str]:
