@@ -228,6 +228,9 @@ class MetricsStack:
         return getattr(self, name)
 
 
+APISERVICES = ("v1beta1.custom.metrics.k8s.io", "v1beta2.custom.metrics.k8s.io", "v1beta1.external.metrics.k8s.io")
+
+
 def start_metrics_stack(plane: ControlPlane, work: Path) -> Iterator[MetricsStack]:
     """deploy/base applied server-side, the adapter running as its ServiceAccount on the Service's ClusterIP."""
     applied = plane.kubectl("apply", "--server-side", "--field-manager=gpuscale-test", "-k", str(REPO / "deploy/base"))
@@ -241,11 +244,7 @@ def start_metrics_stack(plane: ControlPlane, work: Path) -> Iterator[MetricsStac
         port = free_port()
         patch = [{"op": "replace", "path": "/spec/ports/0/port", "value": port}]
         rest.patch("/api/v1/namespaces/gpuscale/services/gpuscale-adapter", patch, "json").expect(200)
-        for name in (
-            "v1beta1.custom.metrics.k8s.io",
-            "v1beta2.custom.metrics.k8s.io",
-            "v1beta1.external.metrics.k8s.io",
-        ):
+        for name in APISERVICES:
             rest.patch(
                 f"/apis/apiregistration.k8s.io/v1/apiservices/{name}", {"spec": {"service": {"port": port}}}
             ).expect(200)
@@ -257,7 +256,7 @@ def start_metrics_stack(plane: ControlPlane, work: Path) -> Iterator[MetricsStac
     serving.cert_chain_pems[0].write_to_path(str(cert))
     serving.private_key_pem.write_to_path(str(key))
     bundle = base64.b64encode(ca.cert_pem.bytes()).decode()
-    for name in ("v1beta1.custom.metrics.k8s.io", "v1beta2.custom.metrics.k8s.io", "v1beta1.external.metrics.k8s.io"):
+    for name in APISERVICES:
         rest.patch(f"/apis/apiregistration.k8s.io/v1/apiservices/{name}", {"spec": {"caBundle": bundle}}).expect(200)
 
     # NB: the aggregator's availability check wants a ready endpoint behind the Service, which the endpointslice
@@ -300,14 +299,19 @@ def start_metrics_stack(plane: ControlPlane, work: Path) -> Iterator[MetricsStac
     try:
 
         def available() -> bool | str:  # True, or why not (truthy; the loop below reads it)
+            # NB: every APIService, each checked by the aggregator on its own: a test read v1beta1 right after a
+            # v1beta2 answer and got 503 ServiceUnavailable while only v1beta2 was known to be Available.
             assert proc.poll() is None, (work / "adapter.log").read_text()
-            item = rest.get("/apis/apiregistration.k8s.io/v1/apiservices/v1beta2.custom.metrics.k8s.io").body
-            conditions = {c["type"]: c for c in item["status"].get("conditions", [])}
-            ready = conditions.get("Available", {})
-            return ready.get("status") == "True" or f"not available: {ready.get('reason')}: {ready.get('message')}"
+            for name in APISERVICES:
+                item = rest.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{name}").body
+                conditions = {c["type"]: c for c in item["status"].get("conditions", [])}
+                ready = conditions.get("Available", {})
+                if ready.get("status") != "True":
+                    return f"{name} not available: {ready.get('reason')}: {ready.get('message')}"
+            return True
 
         try:
-            until(lambda: available() is True, timeout=60, what="APIService v1beta2.custom.metrics.k8s.io Available")
+            until(lambda: available() is True, timeout=60, what="every APIService of the adapter Available")
         except AssertionError as e:
             raise AssertionError(
                 f"{e}\n{available() or ''}\nadapter log: {(work / 'adapter.log').read_text()[-1500:]}"
