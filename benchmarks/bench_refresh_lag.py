@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,6 +50,30 @@ async def lag_at_rest(seconds: float = 1.0) -> list[float]:
     stop.set()
     await task
     return lags
+
+
+async def lag_during(refresh: Callable[[], Awaitable[object]], cycles: int) -> tuple[list[float], float]:
+    """The probe's lags while ``refresh`` runs, ``cycles`` times over, and the median wall time of one refresh."""
+    lags: list[float] = []
+    walls = []
+    for _ in range(cycles):
+        stop = asyncio.Event()
+        task = asyncio.create_task(probe(lags, stop))
+        t0 = time.perf_counter()
+        await refresh()
+        walls.append(time.perf_counter() - t0)
+        stop.set()
+        await task
+    return lags, sorted(walls)[len(walls) // 2]
+
+
+def print_lags(label: str, rest: list[float], during: list[float], wall: float, width: int = 36) -> None:
+    """Two rows (at rest, during a refresh: p50, p99, max ms) and the ratio the goal is about."""
+    for name, xs in ((f"{label}, at rest", rest), (f"{label}, refresh", during)):
+        print(f"{name:<{width}}{1e3 * pct(xs, 50):>9.2f}{1e3 * pct(xs, 99):>9.2f}{1e3 * max(xs):>9.2f}", end="")
+        print(f"{wall:>11.2f}" if xs is during else "")
+    ratio = pct(during, 99) / max(pct(rest, 99), 1e-4)
+    print(f"  p99 during refresh / p99 at rest: {ratio:.1f}x [goal <= 2x]")
 
 
 async def measure(
@@ -81,30 +106,19 @@ async def measure(
         async def same_thread(fn, *a, **kw):  # type: ignore[no-untyped-def]
             return fn(*a, **kw)
 
-        refresh = inline_refresh
+        async def refresh() -> None:
+            promsource.asyncio.to_thread = same_thread  # type: ignore[attr-defined]
+            try:
+                await inline_refresh()
+            finally:
+                promsource.asyncio.to_thread = real_to_thread  # type: ignore[attr-defined]
     else:
         refresh = pipeline.refresh_once
     await pipeline.refresh_once()  # warm: connections, plans
     rest = await lag_at_rest()
-    during: list[float] = []
-    walls = []
-    for _ in range(cycles):
-        stop = asyncio.Event()
-        task = asyncio.create_task(probe(during, stop))
-        t0 = time.perf_counter()
-        if on_loop:
-            promsource.asyncio.to_thread = same_thread  # type: ignore[attr-defined]
-            try:
-                await refresh()
-            finally:
-                promsource.asyncio.to_thread = real_to_thread  # type: ignore[attr-defined]
-        else:
-            await refresh()
-        walls.append(time.perf_counter() - t0)
-        stop.set()
-        await task
+    during, wall = await lag_during(refresh, cycles)
     await source.close()
-    return rest, during, sorted(walls)[len(walls) // 2]
+    return rest, during, wall
 
 
 def main() -> None:
@@ -122,11 +136,7 @@ def main() -> None:
         )
         for label, on_loop, decode_in in modes:
             rest, during, wall = asyncio.run(measure(port, args.cycles, on_loop=on_loop, decode_in=decode_in))
-            for name, xs in ((f"{label}, at rest", rest), (f"{label}, refresh", during)):
-                print(f"{name:<34}{1e3 * pct(xs, 50):>9.2f}{1e3 * pct(xs, 99):>9.2f}{1e3 * max(xs):>9.2f}", end="")
-                print(f"{wall:>11.2f}" if xs is during else "")
-            ratio = pct(during, 99) / max(pct(rest, 99), 1e-4)
-            print(f"  p99 during refresh / p99 at rest: {ratio:.1f}x [goal <= 2x]")
+            print_lags(label, rest, during, wall, width=34)
 
 
 if __name__ == "__main__":

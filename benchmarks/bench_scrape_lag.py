@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_refresh import NODES, TRITON_PODS, scrape_pages
-from bench_refresh_lag import pct, probe
+from bench_refresh_lag import lag_at_rest, lag_during, print_lags
 
 
 def _serve_pages(queue: mp.Queue) -> None:  # the child process
@@ -71,24 +71,10 @@ async def measure(port: int, cycles: int, *, off_loop: bool) -> tuple[list[float
     )
     pipeline = Pipeline(catalogue, source, MetricsStore(), Attributor(Target))
     await pipeline.refresh_once()  # warm: connections
-    rest: list[float] = []
-    stop = asyncio.Event()
-    task = asyncio.create_task(probe(rest, stop))
-    await asyncio.sleep(1.0)
-    stop.set()
-    await task
-    during: list[float] = []
-    walls = []
-    for _ in range(cycles):
-        stop = asyncio.Event()
-        task = asyncio.create_task(probe(during, stop))
-        t0 = time.perf_counter()
-        await pipeline.refresh_once()
-        walls.append(time.perf_counter() - t0)
-        stop.set()
-        await task
+    rest = await lag_at_rest()
+    during, wall = await lag_during(pipeline.refresh_once, cycles)
     await source.close()
-    return rest, during, sorted(walls)[len(walls) // 2]
+    return rest, during, wall
 
 
 def main() -> None:
@@ -108,11 +94,7 @@ def main() -> None:
         print(f"{'':36}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'refresh s':>11}")
         for label, off_loop in (("gpuscale (scrapes off the loop)", True), ("peer: scrapes on the loop", False)):
             rest, during, wall = asyncio.run(measure(port, args.cycles, off_loop=off_loop))
-            for name, xs in ((f"{label}, at rest", rest), (f"{label}, refresh", during)):
-                print(f"{name:<36}{1e3 * pct(xs, 50):>9.2f}{1e3 * pct(xs, 99):>9.2f}{1e3 * max(xs):>9.2f}", end="")
-                print(f"{wall:>11.2f}" if xs is during else "")
-            ratio = pct(during, 99) / max(pct(rest, 99), 1e-4)
-            print(f"  p99 during refresh / p99 at rest: {ratio:.1f}x [goal <= 2x]")
+            print_lags(label, rest, during, wall)
     finally:
         server.terminate()
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["LoopThread"]
+__all__ = ["IoLoop", "LoopThread"]
 
 T = TypeVar("T")
 
@@ -39,3 +39,34 @@ class LoopThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
             self.loop.close()
+
+
+class IoLoop:
+    """Where a source does its I/O: the caller's loop, or (``own``) a LoopThread started on first use.
+
+    One place for what every source that offers ``off_loop`` needs: ``run`` a refresh there, ``close`` there
+    (sessions and tasks belong to the loop that made them) and then stop the thread.
+    """
+
+    def __init__(self, name: str, *, own: bool) -> None:
+        self._name = name
+        self._own = own
+        self._thread: LoopThread | None = None
+
+    async def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if not self._own:
+            return await coroutine
+        if self._thread is None:
+            self._thread = LoopThread(self._name)
+        return await self._thread.run(coroutine)
+
+    async def close(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run ``coroutine`` (the source's own closing) where the I/O ran, then stop the thread if any."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            await coroutine
+            return
+        try:
+            await thread.run(coroutine)
+        finally:
+            thread.stop()

@@ -117,7 +117,7 @@ from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
 from gpuscale.sources.bounded import read_bounded, size_text
 from gpuscale.sources.decoder_process import DecoderProcess
-from gpuscale.sources.loop_thread import LoopThread
+from gpuscale.sources.loop_thread import IoLoop
 from gpuscale.sources.prom_answer import Answer, LabelSets, PlannedQuery, decode_body, read_answer, short
 
 __all__ = [
@@ -386,8 +386,7 @@ class PrometheusSource:
         self._decoder = DecoderProcess(self.display_url) if decode_in == "process" else None
         if off_loop and session is not None:
             raise ValueError("an off_loop source makes its own session, on its own loop")
-        self._off_loop = off_loop
-        self._thread: LoopThread | None = None
+        self._io = IoLoop("gpuscale-prometheus", own=off_loop)
         self._refreshes = 0
         self._session = session
         self._own_session = session is None
@@ -419,14 +418,7 @@ class PrometheusSource:
         self._scope = None if scope is None else dict(scope)
 
     async def close(self) -> None:
-        if self._thread is None:
-            await self._close()
-            return
-        thread, self._thread = self._thread, None
-        try:
-            await thread.run(self._close())
-        finally:
-            thread.stop()
+        await self._io.close(self._close())
 
     async def _close(self) -> None:
         if self._decoder is not None:
@@ -444,12 +436,7 @@ class PrometheusSource:
         The instant is the source's own clock (wall time unless a test injects one), not ``now``: the
         pipeline's clock may be simulated while the server's data is real.
         """
-        if not self._off_loop:
-            await self._refresh()
-            return
-        if self._thread is None:
-            self._thread = LoopThread("gpuscale-prometheus")
-        await self._thread.run(self._refresh())
+        await self._io.run(self._refresh())
 
     async def _refresh(self) -> None:
         started = self._clock()

@@ -28,7 +28,7 @@ from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.histograms import BUCKET_SUFFIX, quantiles
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
 from gpuscale.sources.bounded import read_bounded, size_text
-from gpuscale.sources.loop_thread import LoopThread
+from gpuscale.sources.loop_thread import IoLoop
 
 log = logging.getLogger(__name__)
 _name_of = operator.attrgetter("name")
@@ -122,8 +122,7 @@ class ScrapeSource:
         if off_loop and session is not None:
             raise ValueError("off_loop scrapes make their own session, on their own loop")
         self._publish_early = publish_early
-        self._off_loop = off_loop
-        self._thread: LoopThread | None = None
+        self._io = IoLoop("gpuscale-scrape", own=off_loop)
         self._targets = {u: _Target(u) for u in dict.fromkeys(urls)}
         self._series = frozenset(series)
         self._windowed = frozenset(windowed_series)
@@ -149,14 +148,7 @@ class ScrapeSource:
             self._targets.setdefault(url, _Target(url))
 
     async def close(self) -> None:
-        if self._thread is None:
-            await self._close()
-            return
-        thread, self._thread = self._thread, None
-        try:
-            await thread.run(self._close())
-        finally:
-            thread.stop()
+        await self._io.close(self._close())
 
     async def _close(self) -> None:
         inflight = [t.inflight for t in self._targets.values() if t.inflight is not None and not t.inflight.done()]
@@ -171,12 +163,7 @@ class ScrapeSource:
 
     async def refresh(self, *, now: float) -> None:
         """Scrape every target. With ``publish_early``, return once the bulk has answered (see __init__)."""
-        if not self._off_loop:
-            await self._refresh()
-            return
-        if self._thread is None:
-            self._thread = LoopThread("gpuscale-scrape")
-        await self._thread.run(self._refresh())
+        await self._io.run(self._refresh())
 
     async def _refresh(self) -> None:
         if self._session is None:
