@@ -57,6 +57,14 @@ def namespace(name: str) -> ObjectRef:
 _MAX_MILLI = 2**63 - 1
 _DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
 _MILLI = Decimal(1000)
+# NB: the largest float whose milli value fits int64 (9223372036854774.0; the float above it, ...776, is past
+# 2⁶³ / 1000), so one comparison decides whether a value can be served, in Python or numpy alike.
+QUANTITY_MAX = math.nextafter(2**63 / 1000, 0.0)
+
+
+def representable(value: float) -> bool:
+    """Whether ``value`` can be served as a Kubernetes quantity (``milli_value`` would not raise); False for NaN."""
+    return -QUANTITY_MAX <= value <= QUANTITY_MAX
 
 
 class QuantityError(ValueError):

@@ -6,10 +6,11 @@ rather than as of the last refresh.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -18,7 +19,24 @@ from prometheus_client.registry import Collector
 from gpuscale.buildinfo import register_build_info
 from gpuscale.errors import one_line
 from gpuscale.metrics.series import HealthReporter
-from gpuscale.metrics.store import MetricsStore, Snapshot
+from gpuscale.metrics.store import (
+    BAD_TIMESTAMP,
+    FUTURE_TIMESTAMP,
+    NOT_FINITE,
+    OUT_OF_RANGE,
+    MetricsStore,
+    Snapshot,
+)
+
+log = logging.getLogger(__name__)
+
+# What each reason of gpuscale_adapter_values_dropped means, for the one log line per metric and reason.
+_DROPPED_BECAUSE = {
+    NOT_FINITE: "the source gave NaN or ±Inf",
+    OUT_OF_RANGE: "outside the metric's range in the catalogue, or beyond what a Kubernetes quantity holds",
+    BAD_TIMESTAMP: "the sample time is not a time (NaN, ±Inf, at or before 1970)",
+    FUTURE_TIMESTAMP: "the sample time is ahead of this adapter's clock (a broken source or clock; check NTP)",
+}
 
 
 class _SourceCollector(Collector):
@@ -144,6 +162,14 @@ class AdapterMetrics:
         self.series = Gauge(
             "gpuscale_store_series", "Series values folded in the last refresh.", registry=self.registry
         )
+        self.dropped_values = Counter(
+            "gpuscale_adapter_values_dropped",
+            "Values left out of the answers, per refresh, by metric and reason (not_finite, out_of_range, "
+            "bad_timestamp, future_timestamp): the objects they describe answer as if they had none.",
+            ["metric", "reason"],
+            registry=self.registry,
+        )
+        self._dropped_seen: set[tuple[str, str]] = set()  # (metric, reason) said in the log already
         self.registry.register(_SourceCollector(sources, clock))
 
     def count_answer(self, how: str) -> None:
@@ -200,6 +226,23 @@ class AdapterMetrics:
         self.refresh_timestamp.set(snapshot.taken_at)
         self.devices.set(snapshot.device_count)
         self.series.set(snapshot.series_count)
+        self.count_dropped(snapshot.dropped)
+
+    def count_dropped(self, dropped: Mapping[tuple[str, str], int]) -> None:
+        """Count values left out by (metric, reason); the first time a metric loses values for a reason, say so
+        once in the log (a bad series stays bad for every refresh: a line each time would drown the log)."""
+        for (metric, reason), count in dropped.items():
+            self.dropped_values.labels(metric, reason).inc(count)
+            if (metric, reason) not in self._dropped_seen:
+                self._dropped_seen.add((metric, reason))
+                log.warning(
+                    "%s: %d value(s) left out of the answers: %s (%s; counted in gpuscale_adapter_values_dropped_total "
+                    "from now on, not logged again)",
+                    metric,
+                    count,
+                    reason,
+                    _DROPPED_BECAUSE.get(reason, reason),
+                )
 
 
 __all__ = ["AdapterMetrics", "MetricsStore"]

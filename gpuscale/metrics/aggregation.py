@@ -6,6 +6,18 @@ its labels so metric label selectors can be applied at request time by merging t
 Values older than the metric's max-age are left out when fresher ones exist for the same object; when
 only stale ones exist the object gets a stale marker, so readers answer 503 instead of serving an old
 number as new.
+
+Checked here, once per refresh, so that nothing downstream (the answers, the request fast path) re-checks: a
+series whose time is not a time (NaN, ±Inf, at or before the epoch) or is ahead of the refresh's clock by more
+than ``FUTURE_SKEW_SECONDS``, or whose value is NaN/±Inf, is left out; per metric, so is a series whose value
+lies outside the catalogue's range (``MetricDefinition.bounds``: a negative utilisation, 9.3e15 requests), and
+an object whose finished value does. Each is counted in ``Snapshot.dropped`` by metric and reason. The rest of
+the refresh, other series of the same object included, is unaffected.
+
+NB: a time ahead of the clock is refused rather than taken as "now": both sources stamp samples on the
+adapter's own clock (the scrape's start; the ``time`` of a Prometheus instant query, which the answer echoes), so
+such a time is never a real sample's, and both keep a failed read's values with their old times — taken as now,
+a value stamped a year ahead would be fresh again at every refresh of an outage, whatever the max-age.
 """
 
 from __future__ import annotations
@@ -19,11 +31,25 @@ import numpy as np
 from gpuscale.metrics.attribution import Device
 from gpuscale.metrics.catalogue import Catalogue, MetricDefinition, Term
 from gpuscale.metrics.series import SeriesValue, TermQuery
-from gpuscale.metrics.store import DeviceColumns, LabelledPart, MetricPoint, Partial, Snapshot
-from gpuscale.model import ObjectRef
+from gpuscale.metrics.store import (
+    BAD_TIMESTAMP,
+    FUTURE_TIMESTAMP,
+    NOT_FINITE,
+    OUT_OF_RANGE,
+    DeviceColumns,
+    LabelledPart,
+    MetricPoint,
+    Partial,
+    Snapshot,
+)
+from gpuscale.model import QUANTITY_MAX, ObjectRef
 
 Reader = Callable[[TermQuery], list[SeriesValue]]
 Attribute = Callable[[str, dict[str, str], str], Device]
+
+# How far ahead of the refresh's clock a sample's time may be (clocks of one host read a few ms apart, a
+# simulated exporter's stamp a scrape interval ahead); beyond it the sample is refused (module docstring).
+FUTURE_SKEW_SECONDS = 5.0
 
 
 def term_query(term: Term, *, window_seconds: float) -> TermQuery:
@@ -48,21 +74,33 @@ def queries(catalogue: Catalogue) -> list[TermQuery]:
 
 
 class _Columns:
-    """One term's finite series values as arrays: device index, value, sample time, window (NaN: none)."""
+    """One term's usable series values as arrays: device index, value, sample time, window (NaN: none).
+
+    ``dropped``: how many series were left out, by reason (module docstring); a histogram quantile's NaN (no
+    request in the window) is no value rather than a fault, so it is left out uncounted.
+    """
 
     def __init__(
-        self, values: list[SeriesValue], attribute: Attribute, index: dict[int, int], devices: list[Device]
+        self,
+        values: list[SeriesValue],
+        attribute: Attribute,
+        index: dict[int, int],
+        devices: list[Device],
+        *,
+        now: float,
+        nan_is_empty: bool = False,
     ) -> None:
         # NB: column-wise (zip, map, numpy) rather than one Python loop over the series: this runs for each
         # of ~100,000 series per refresh at 10,000 GPUs, and the attribute call is then the only per-series
         # Python frame left.
         names, labels, val, ts, targets, win = zip(*values, strict=True) if values else ((),) * 6
         self.val = np.array(val, dtype=float)
-        finite = np.isfinite(self.val)
-        if not finite.all():  # NaN/Inf from an exporter never becomes a number, nor a device
-            keep = finite.tolist()
-            names, labels, ts, targets, win = (tuple(compress(c, keep)) for c in (names, labels, ts, targets, win))
-            self.val = self.val[finite]
+        self.ts = np.array(ts, dtype=float)
+        keep, self.dropped = _usable(self.val, self.ts, now=now, nan_is_empty=nan_is_empty)
+        if keep is not None:  # NB: a broken series never becomes a number, nor a device
+            kept = keep.tolist()
+            names, labels, targets, win = (tuple(compress(c, kept)) for c in (names, labels, targets, win))
+            self.val, self.ts = self.val[keep], self.ts[keep]
         found = list(map(attribute, names, labels, targets))
         ids = list(map(id, found))
         # New devices are numbered in order of first appearance, as the series come.
@@ -71,14 +109,51 @@ class _Columns:
                 index[key] = len(devices)
                 devices.append(device)
         self.dev = np.fromiter(map(index.__getitem__, ids), dtype=np.intp, count=len(ids))
-        self.ts = np.array(ts, dtype=float)
         self.win = np.array(win, dtype=float)  # NB: numpy reads None (a gauge's window) as NaN
+        with np.errstate(invalid="ignore"):
+            self.win[~((self.win > 0.0) & (self.win < np.inf))] = np.nan  # NB: a window is a span, or none
+
+
+def _usable(val: np.ndarray, ts: np.ndarray, *, now: float, nan_is_empty: bool) -> tuple[np.ndarray | None, dict]:
+    """Which series to keep (None: all of them) and how many were refused, by reason; one reason each, the
+    time's first."""
+    with np.errstate(invalid="ignore"):
+        bad_time = ~(ts > 0.0) | (ts == np.inf)  # NB: NaN compares False, so it lands here
+        future = ~bad_time & (ts > now + FUTURE_SKEW_SECONDS)
+    not_finite = ~np.isfinite(val) & ~bad_time & ~future
+    if not (bad_time.any() or future.any() or not_finite.any()):
+        return None, {}
+    counted = not_finite & ~np.isnan(val) if nan_is_empty else not_finite
+    dropped = {
+        reason: n for reason, n in ((BAD_TIMESTAMP, int(bad_time.sum())), (FUTURE_TIMESTAMP, int(future.sum()))) if n
+    }
+    if counted.any():
+        dropped[NOT_FINITE] = int(counted.sum())
+    return ~(bad_time | future | not_finite), dropped
+
+
+def _in_range(metric: MetricDefinition, side: int, val: np.ndarray) -> np.ndarray:
+    """Which of a term's series values this metric may use (the module docstring says why per series).
+
+    A mean's or max's numerator is one device's value of the metric, held to the whole range; a sum's to its
+    sign and a quantity's limits (several devices add up to the value); a ratio's terms to the sign only, when
+    the metric cannot be negative (their quotient is checked per object)."""
+    nonnegative = metric.minimum is not None and metric.minimum >= 0
+    if metric.aggregate == "ratio" or side:
+        return val >= 0.0 if nonnegative else np.ones(len(val), dtype=bool)
+    with np.errstate(over="ignore"):
+        scaled = val * metric.scale
+    low, high = metric.bounds
+    if metric.aggregate == "sum":
+        low, high = (0.0 if nonnegative else -QUANTITY_MAX), QUANTITY_MAX
+    return (low <= scaled) & (scaled <= high)
 
 
 def _device_columns(
-    terms: list[_Columns | None], n: int, index: dict[int, int], *, oldest_fresh: float
-) -> DeviceColumns:
-    """Fold a metric's terms into per-device sums (numerator = term 0, denominator = term 1)."""
+    metric: MetricDefinition, terms: list[_Columns | None], n: int, index: dict[int, int], *, oldest_fresh: float
+) -> tuple[DeviceColumns, int]:
+    """Fold a metric's terms into per-device sums (numerator = term 0, denominator = term 1); also how many
+    series were out of the metric's range (left out: ``_in_range``)."""
     c = {
         "numerator": np.zeros(n),
         "denominator": np.zeros(n),
@@ -91,15 +166,21 @@ def _device_columns(
         "stale_newest": np.full(n, -np.inf),
     }
     present = np.zeros(n, dtype=bool)
+    out_of_range = 0
     for side, cols in enumerate(terms):
         if cols is None or not len(cols.dev):
             continue
-        fresh = cols.ts >= oldest_fresh
-        dev, val = cols.dev[fresh], cols.val[fresh]
-        present[cols.dev] = True
-        np.maximum.at(c["stale_newest"], cols.dev[~fresh], cols.ts[~fresh])
-        np.minimum.at(c["oldest"], dev, cols.ts[fresh])
-        np.maximum.at(c["window_seconds"], dev, np.nan_to_num(cols.win[fresh], nan=-np.inf))
+        all_dev, all_val, all_ts, all_win = cols.dev, cols.val, cols.ts, cols.win
+        usable = _in_range(metric, side, all_val)
+        if not usable.all():
+            out_of_range += int(len(usable) - usable.sum())
+            all_dev, all_val, all_ts, all_win = all_dev[usable], all_val[usable], all_ts[usable], all_win[usable]
+        fresh = all_ts >= oldest_fresh
+        dev, val = all_dev[fresh], all_val[fresh]
+        present[all_dev] = True
+        np.maximum.at(c["stale_newest"], all_dev[~fresh], all_ts[~fresh])
+        np.minimum.at(c["oldest"], dev, all_ts[fresh])
+        np.maximum.at(c["window_seconds"], dev, np.nan_to_num(all_win[fresh], nan=-np.inf))
         if side == 0:
             c["numerator"] += np.bincount(dev, weights=val, minlength=n)
             np.maximum.at(c["maximum"], dev, val)
@@ -108,7 +189,7 @@ def _device_columns(
             c["denominator"] += np.bincount(dev, weights=val, minlength=n)
             c["has_denominator"][dev] = True
     c["devices"] = c["has_numerator"].astype(float)  # a mean counts devices, not series
-    return DeviceColumns(index, present, c)
+    return DeviceColumns(index, present, c), out_of_range
 
 
 class _Membership:
@@ -170,8 +251,11 @@ def build_snapshot(catalogue: Catalogue, read: Reader, attribute: Attribute, *, 
             if query not in columns:
                 values = read(query)
                 snapshot.series_count += len(values)
-                columns[query] = _Columns(values, attribute, index, devices)
+                nan_is_empty = query.input == "histogram_quantile"
+                columns[query] = _Columns(values, attribute, index, devices, now=now, nan_is_empty=nan_is_empty)
             terms.append(columns[query])
+            for reason, n in columns[query].dropped.items():
+                _count(snapshot, metric.name, reason, n)
         per_metric.append((metric, terms))
     members: dict[ObjectRef, list[Device]] = {}
     for device in devices:
@@ -185,15 +269,26 @@ def build_snapshot(catalogue: Catalogue, read: Reader, attribute: Attribute, *, 
             snapshot.values[metric.name] = {}
             continue
         oldest_fresh = now - catalogue.max_age(metric)
-        device_columns = _device_columns(terms, len(devices), index, oldest_fresh=oldest_fresh)
+        device_columns, series_out = _device_columns(metric, terms, len(devices), index, oldest_fresh=oldest_fresh)
         snapshot.device_partials[metric.name] = device_columns
-        snapshot.values[metric.name] = _totals(metric, membership, device_columns) if members else {}
+        values, objects_out = _totals(metric, membership, device_columns) if members else ({}, 0)
+        snapshot.values[metric.name] = values
+        _count(snapshot, metric.name, OUT_OF_RANGE, series_out + objects_out)
     snapshot.device_count = len({d.physical for d in devices if d.physical[0] == "gpu"})
     return snapshot
 
 
-def _totals(metric: MetricDefinition, m: _Membership, columns: DeviceColumns) -> dict[ObjectRef, MetricPoint]:
-    """Each object's value: the sum of its member devices' partials, finished per the catalogue."""
+def _count(snapshot: Snapshot, metric: str, reason: str, n: int) -> None:
+    if n:
+        key = (metric, reason)
+        snapshot.dropped[key] = snapshot.dropped.get(key, 0) + n
+
+
+def _totals(
+    metric: MetricDefinition, m: _Membership, columns: DeviceColumns
+) -> tuple[dict[ObjectRef, MetricPoint], int]:
+    """Each object's value: the sum of its member devices' partials, finished per the catalogue; and how many
+    objects' values were out of the metric's range (left out, as if they had none)."""
     c = columns.columns
     d = m.pair_devices
     use = columns.present[d]
@@ -214,7 +309,7 @@ def _totals(metric: MetricDefinition, m: _Membership, columns: DeviceColumns) ->
     t_oldest = total(c["oldest"], np.minimum, np.inf)
     t_window = total(c["window_seconds"], np.maximum, -np.inf)
     t_stale = total(c["stale_newest"], np.maximum, -np.inf)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if metric.aggregate == "mean":
             value = t_num / t_count
         elif metric.aggregate == "sum":
@@ -228,14 +323,19 @@ def _totals(metric: MetricDefinition, m: _Membership, columns: DeviceColumns) ->
         value = value * metric.scale
     complete = found & t_has_num & (t_has_den if metric.aggregate == "ratio" else True)
     objects = m.objects
-    # NB: NaN/Inf (e.g. a ratio with a zero denominator) never becomes a value: the reader sees "no value".
-    good = np.flatnonzero(complete & np.isfinite(value))
+    # NB: NaN (e.g. a ratio with a zero denominator) never becomes a value: the reader sees "no value"; nor
+    # does a value out of range (the sum of in-range series can overflow a quantity), which is counted.
+    low, high = metric.bounds
+    with np.errstate(invalid="ignore"):
+        in_range = (low <= value) & (value <= high)
+    good = np.flatnonzero(complete & in_range)
+    out_of_range = int(np.count_nonzero(complete & ~in_range & ~np.isnan(value)))
     windows = [w if w > -math.inf else None for w in t_window[good].tolist()]
     points = _points(value[good], t_oldest[good], windows)
     out = dict(zip(map(objects.__getitem__, good.tolist()), points, strict=True))
     for i in np.flatnonzero(found & ~complete & (t_stale > -np.inf)).tolist():
         out[objects[i]] = MetricPoint(math.nan, float(t_stale[i]), None, True)
-    return out
+    return out, out_of_range
 
 
 def _points(values: np.ndarray, timestamps: np.ndarray, windows: list[float | None]) -> Iterator[MetricPoint]:
@@ -260,7 +360,10 @@ def finish_parts(metric: MetricDefinition, parts: list[LabelledPart]) -> MetricP
             seen.add(part.physical)
         merged.merge(part.partial)
     floor = metric.denominator.floor if metric.denominator else 0.0
-    return merged.finish(metric.aggregate, scale=metric.scale, floor=floor)
+    point = merged.finish(metric.aggregate, scale=metric.scale, floor=floor)
+    low, high = metric.bounds
+    # NB: parts come from in-range series, yet a sum of some of them can still exceed the range
+    return point if point is None or point.stale or low <= point.value <= high else None
 
 
 def mean_of(points: list[MetricPoint]) -> MetricPoint | None:

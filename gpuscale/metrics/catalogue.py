@@ -8,6 +8,7 @@ users add entries to the YAML file. An invalid file raises ConfigError naming th
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from functools import cached_property
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gpuscale.config import Seconds, read_yaml, validate
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
+from gpuscale.model import QUANTITY_MAX
 from gpuscale.policy_files import CATALOGUE_FILE, policy_file, shipped
 
 DEFAULT_CATALOGUE_PATH = shipped(CATALOGUE_FILE)
@@ -119,6 +121,10 @@ class MetricDefinition(_Strict):
     external: bool = False
     max_age: Seconds | None = None
     window: Seconds | None = None
+    # The physical range of the served value (after ``scale``), either end open when None: a value outside it
+    # (a negative utilisation, a queue of -3) is a broken exporter's, left out of answers like a missing one.
+    minimum: float | None = None
+    maximum: float | None = None
 
     @field_validator("unit")
     @classmethod
@@ -146,7 +152,16 @@ class MetricDefinition(_Strict):
             Term(series=self.series, input=self.input, quantile=self.quantile, match=self.match)  # validates
         elif self.quantile is not None:
             raise ValueError("'quantile' belongs in the 'numerator' when one is given")
+        _check_range(self.minimum, self.maximum)
         return self
+
+    @cached_property
+    def bounds(self) -> tuple[float, float]:
+        """The lowest and highest value that may be served (inclusive): the catalogue's range within what a
+        Kubernetes quantity can say. ``low <= v <= high`` is False for NaN, so one comparison checks all."""
+        low = -QUANTITY_MAX if self.minimum is None else max(self.minimum, -QUANTITY_MAX)
+        high = QUANTITY_MAX if self.maximum is None else min(self.maximum, QUANTITY_MAX)
+        return low, high
 
     @cached_property
     def terms(self) -> tuple[Term, Term | None]:
@@ -155,6 +170,14 @@ class MetricDefinition(_Strict):
             series=self.series or [], input=self.input, quantile=self.quantile, match=self.match
         )
         return num, self.denominator
+
+
+def _check_range(minimum: float | None, maximum: float | None) -> None:
+    for name, bound in (("minimum", minimum), ("maximum", maximum)):
+        if bound is not None and not math.isfinite(bound):
+            raise ValueError(f"'{name}' must be a finite number, got {bound!r}")
+    if minimum is not None and maximum is not None and minimum > maximum:
+        raise ValueError(f"'minimum' ({minimum:g}) is above 'maximum' ({maximum:g})")
 
 
 class Defaults(_Strict):

@@ -133,6 +133,14 @@ class DeviceColumns:
         return bool(self.present.any())
 
 
+# Why a value was left out of the store or an answer: a small fixed set, a metric label (selfmetrics).
+NOT_FINITE = "not_finite"  # NaN or ±Inf from the source
+OUT_OF_RANGE = "out_of_range"  # outside the catalogue's range, or beyond what a Kubernetes quantity can hold
+BAD_TIMESTAMP = "bad_timestamp"  # a sample time that is not a finite time after the epoch
+FUTURE_TIMESTAMP = "future_timestamp"  # a sample time ahead of the adapter's clock by more than the skew allowed
+DROP_REASONS = (NOT_FINITE, OUT_OF_RANGE, BAD_TIMESTAMP, FUTURE_TIMESTAMP)
+
+
 @dataclass(slots=True)
 class Snapshot:
     """Everything one refresh computed. Built by ``aggregation.build_snapshot``; immutable once stored."""
@@ -145,6 +153,9 @@ class Snapshot:
     device_partials: dict[str, DeviceColumns] = field(default_factory=dict)
     device_count: int = 0  # physical GPUs
     series_count: int = 0  # series read from the source (each distinct term once)
+    # (metric, reason) → values this refresh left out (reason: one of DROP_REASONS); a series a term of several
+    # metrics reads counts once for each
+    dropped: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def parts(self, metric: str, obj: ObjectRef) -> list[LabelledPart]:
         partials = self.device_partials.get(metric)
