@@ -20,15 +20,18 @@ Served metrics (Object: deployments.apps / statefulsets.apps; External: one item
 
 A workload with too little history has no value (404 naming what it lacks), never a guess; /metrics shows
 every workload's state (gpuscale_forecast_available, _history_seconds). The forecast timestamps its last step,
-so a failing source turns it stale (503) like any other metric.
+so a failing source turns it stale (503) like any other metric. A value no quantity can hold (a rate summed past
+9.2e15) is left out like a missing one, and counted once per update by metric and reason (``count_dropped``:
+the adapter's gpuscale_adapter_values_dropped_total).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -36,9 +39,9 @@ from prometheus_client.registry import Collector
 
 from gpuscale.errors import MetricNotFound, MetricStale, ObjectNotFound, one_line
 from gpuscale.metrics.demand import WorkloadForecast, WorkloadState
-from gpuscale.metrics.store import MetricPoint, MetricsStore, Snapshot
+from gpuscale.metrics.store import NOT_FINITE, OUT_OF_RANGE, MetricPoint, MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import CAPACITY_ANNOTATION, Inputs, WorkloadDemand
-from gpuscale.model import DEPLOYMENT, STATEFULSET, ObjectRef
+from gpuscale.model import DEPLOYMENT, STATEFULSET, ObjectRef, representable
 from gpuscale.selectors import LabelSelector
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,9 @@ FORECASTS: dict[str, Callable[[WorkloadForecast], float | None]] = {
 # the forecast's input, served from the first finished step (before the forecast is): "now" beside the forecast
 NOW = "workload_requests_per_second"
 METRICS: tuple[str, ...] = (NOW, *FORECASTS)
+# NB: below this magnitude a value stays a quantity after rounding to 9 digits (``served``); only values beyond
+# it are checked exactly, so the check of every workload's values at each update costs a comparison each.
+_SURELY_SERVABLE = 9.2e15
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class ForecastView:
     namespaces: frozenset[str] | None = None  # where the rate was read (None: every namespace)
     taken_at: float = float("-inf")  # the snapshot it was computed from
     update_seconds: float = 0.0  # its cost, in the refresh's worker thread
+    dropped: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (metric, reason) → values left out
 
 
 class WorkloadForecasts:
@@ -75,7 +82,11 @@ class WorkloadForecasts:
     with demand-driven refresh only those namespaces' workloads are updated (metrics/refresh_scope.py)."""
 
     def __init__(
-        self, demand: WorkloadDemand, *, rate_namespaces: Callable[[], Collection[str] | None] = lambda: None
+        self,
+        demand: WorkloadDemand,
+        *,
+        rate_namespaces: Callable[[], Collection[str] | None] = lambda: None,
+        count_dropped: Callable[[Mapping[tuple[str, str], int]], None] = lambda dropped: None,
     ) -> None:
         self.demand = demand
         self.book = demand.book
@@ -83,6 +94,7 @@ class WorkloadForecasts:
         self.max_age_s = demand.max_age_s
         self.clock = demand.clock
         self.rate_namespaces = rate_namespaces
+        self.count_dropped = count_dropped
         self.view = ForecastView()
         self.failures = 0  # updates that raised (the last view kept serving)
         self._updating = threading.Lock()  # NB: the book is one workload history per key: never two updates at once
@@ -109,12 +121,14 @@ class WorkloadForecasts:
                 reader = MetricsStore()
                 reader.update(snapshot)
                 self.demand.observe(reader, now=snapshot.taken_at, namespaces=namespaces)
+                states = self.book.states()
                 view = ForecastView(
                     self.demand.inputs,
-                    self.book.states(),
+                    states,
                     None if namespaces is None else frozenset(namespaces),
                     snapshot.taken_at,
                     time.perf_counter() - started,
+                    unservable(states),
                 )
             except Exception as e:  # NB: a failed update must not fail the refresh; the last view keeps serving
                 self.failures += 1
@@ -127,6 +141,8 @@ class WorkloadForecasts:
                 # NB: the old view is freed by the next update, in its thread: dropping ~10⁴ objects here took
                 # ~2.5 ms of the event loop at 5,000 workloads
                 self._retired, self.view = self.view, view
+                if view.dropped:
+                    self.count_dropped(view.dropped)
 
         return publish
 
@@ -173,10 +189,14 @@ class WorkloadForecasts:
                 "not serving a stale forecast",
                 retry_after_seconds=5,
             )
-        # NB: smoothing a steady 3 req/s gives 3.0000000000004, which a quantity ceils to 3001m; 9 significant
-        # digits are far finer than any forecast is good for.
+        value = served(value)
+        if not representable(value):
+            raise MetricNotFound(
+                f"no {metric} for {what}: its value {value!r} is not one a quantity can hold; left out "
+                "(counted in gpuscale_adapter_values_dropped_total)"
+            )
         # The window of a forecast is its horizon (what `gpuscale top workloads` shows as HORIZON).
-        return MetricPoint(float(f"{value:.9g}"), timestamp, horizon_s)
+        return MetricPoint(value, timestamp, horizon_s)
 
     def object_point(self, resource: str, namespace: str, name: str, metric: str) -> tuple[ObjectRef, MetricPoint]:
         key = ObjectRef(KINDS[resource], name, namespace)
@@ -225,6 +245,32 @@ class WorkloadForecasts:
             detail = "; ".join(reasons[:3]) or f"no Deployment or StatefulSet matches {selector}"
             raise MetricNotFound(f"no {metric} in namespace {namespace}: {detail}")
         return out
+
+
+def served(value: float) -> float:
+    """The value as served. NB: smoothing a steady 3 req/s gives 3.0000000000004, which a quantity ceils to 3001m;
+    9 significant digits are far finer than any forecast is good for."""
+    return float(f"{value:.9g}")
+
+
+def _values(state: WorkloadState) -> Iterator[tuple[str, float | None]]:
+    """(metric, value) of every forecast metric a state serves (None: it has none)."""
+    yield NOW, state.current[0] if state.current is not None else None
+    forecast = state.forecast
+    for metric, read in FORECASTS.items():
+        yield metric, read(forecast) if forecast is not None else None
+
+
+def unservable(states: Mapping[ObjectRef, WorkloadState]) -> dict[tuple[str, str], int]:
+    """(metric, reason) → how many of these states' values cannot be served (``_fresh`` leaves them out)."""
+    out: dict[tuple[str, str], int] = {}
+    for state in states.values():
+        for metric, value in _values(state):
+            if value is None or -_SURELY_SERVABLE < value < _SURELY_SERVABLE or representable(served(value)):
+                continue
+            key = (metric, OUT_OF_RANGE if math.isfinite(value) else NOT_FINITE)
+            out[key] = out.get(key, 0) + 1
+    return out
 
 
 class ForecastCollector(Collector):

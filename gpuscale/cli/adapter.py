@@ -191,6 +191,7 @@ async def start_adapter(
     )
     if forecasts is not None:
         selfmetrics.registry.register(ForecastCollector(forecasts))
+        forecasts.count_dropped = selfmetrics.count_dropped
 
     def on_refresh(snapshot: Snapshot, seconds: float) -> None:
         if demand is not None:

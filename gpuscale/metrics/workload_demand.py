@@ -56,25 +56,18 @@ class Inputs:
     capacity: float | None
 
 
-def _annotation(workload: Any, key: str) -> float | None:
-    text = (getattr(workload, "annotations", None) or {}).get(key)
-    if text is None:
-        return None
+# What each annotation may say (inclusive, in its unit); anything else is ignored, with one log line naming the
+# workload. NB: a capacity below a milli-request per second is no rate a quantity can say, and the desired replicas
+# (rate ÷ capacity) would run past a quantity's range ("1e-12" served 9.2e15 replicas); a start-up beyond a day is
+# no start-up a forecast could bridge, and its window (seconds, an int64 in the API) must stay a number.
+ANNOTATION_RANGES = {STARTUP_ANNOTATION: (0.001, 86_400.0), CAPACITY_ANNOTATION: (0.001, 1e12)}
+
+
+def _number(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        log.warning(
-            "%s %s/%s: annotation %s=%r is not a positive number; ignored",
-            workload.kind,
-            workload.namespace,
-            workload.name,
-            key,
-            text,
-        )
-        return None
-    return value
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def measured_startup(pods: Iterable[Any]) -> float | None:
@@ -134,6 +127,34 @@ class WorkloadDemand:
         self.clock = clock
         self.inputs: dict[ObjectRef, Inputs] = {}
         self.last_seconds = 0.0
+        self._ignored: dict[tuple[ObjectRef, str], str] = {}  # (workload, annotation) → the text logged as ignored
+
+    def _annotation(self, workload: Any, key: str) -> float | None:
+        """The annotation's number, or None when absent or not a number in ``ANNOTATION_RANGES`` (logged once per
+        workload and text, not at every refresh)."""
+        text = (getattr(workload, "annotations", None) or {}).get(key)
+        if text is None:
+            return None
+        value = _number(text)
+        low, high = ANNOTATION_RANGES[key]
+        if low <= value <= high:  # NB: False for NaN
+            return value
+        ref = (ObjectRef(workload.kind, workload.name, workload.namespace), key)
+        if self._ignored.get(ref) != text:
+            if len(self._ignored) > 10_000:
+                self._ignored.clear()  # NB: bounded; at worst a workload's line is said again
+            self._ignored[ref] = text
+            log.warning(
+                "%s %s/%s: annotation %s=%r is not a number from %g to %g; ignored",
+                workload.kind,
+                workload.namespace,
+                workload.name,
+                key,
+                str(text)[:64],
+                low,
+                high,
+            )
+        return None
 
     def _inputs(self, reader: MetricsReader, workload: Any, now: float, owned: dict[ObjectRef, list[Any]]) -> Inputs:
         key = ObjectRef(workload.kind, workload.name, workload.namespace)
@@ -144,12 +165,12 @@ class WorkloadDemand:
         points = reader.points(self.rate_metric, refs)
         fresh = [p.value for p in points.values() if not p.stale and p.timestamp >= now - self.max_age_s]
         rate = sum(fresh) if fresh else (0.0 if not pods else None)
-        horizon, source = _annotation(workload, STARTUP_ANNOTATION), "annotation"
+        horizon, source = self._annotation(workload, STARTUP_ANNOTATION), "annotation"
         if horizon is None:
             horizon, source = measured_startup(pods), "measured"
         if horizon is None:
             horizon, source = self.default_startup_s, "default"
-        return Inputs(rate, horizon, source, _annotation(workload, CAPACITY_ANNOTATION))
+        return Inputs(rate, horizon, source, self._annotation(workload, CAPACITY_ANNOTATION))
 
     def observe(
         self,
