@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 from pathlib import Path
@@ -24,10 +25,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuscale.config import HttpUrl, Instant, Seconds
 from gpuscale.errors import ConfigError
+from gpuscale.model import format_duration
 from gpuscale.policy_files import check_policies_dir
 from gpuscale.settings import add_arguments
 
 __all__ = ["ReportSettings", "add_report_arguments", "run_report"]
+
+# A year and a day: longer than any retention worth a right-sizing report, and the bound that keeps a typo
+# (--window 100000d: 144 M steps) from sizing arrays before the memory budget is even asked.
+MAX_WINDOW_SECONDS = 366 * 86400.0
+# DCGM updates its fields about once a second at the fastest; a finer step only multiplies the grid.
+MIN_STEP_SECONDS = 1.0
+_LATEST_END = 1e10  # epoch seconds (year 2286): a later --end is a typo, and no date a report can print
 
 
 class ReportSettings(BaseModel):
@@ -40,8 +49,8 @@ class ReportSettings(BaseModel):
     export: str | None = Field(None, description="also write the fetched history to this file (.npz, documented)")
     mode: str = Field("raw", description="raw (fetch samples) or summary (the TSDB summarises per series and chunk)")
     chunk: Seconds = Field(86400.0, gt=0, description="summary mode: the span one server-side summary covers")
-    window: Seconds = Field(7 * 86400.0, gt=0, description="how far back the history goes")
-    step: Seconds = Field(60.0, gt=0, description="sample spacing of the history")
+    window: Seconds = Field(7 * 86400.0, gt=0, description="how far back the history goes (at most 366d)")
+    step: Seconds = Field(60.0, gt=0, description="sample spacing of the history (at least 1s)")
     scrape_interval: Seconds | None = Field(
         None, gt=0, description="the exporters' scrape interval, which hours count per sample (default: measured)"
     )
@@ -71,6 +80,12 @@ class ReportSettings(BaseModel):
     max_response_size: int = Field(
         128 * 1024 * 1024, ge=1024, description="bytes: a bigger answer to one query is refused, not decoded"
     )
+    memory_budget: int = Field(
+        1536 * 1024 * 1024,
+        ge=64 * 1024 * 1024,
+        description="bytes the history and the report may take (raw mode and --from; checked before fetching and "
+        "as GPUs arrive); past it, one line suggesting --mode summary, a shorter --window or a coarser --step",
+    )
     no_progress: bool = Field(False, description="no progress bar (shown by default when stderr is a terminal)")
 
     @model_validator(mode="after")
@@ -89,8 +104,15 @@ class ReportSettings(BaseModel):
             raise ValueError("mode: --export and --from work on raw histories; summary mode keeps no samples")
         if self.configmap is not None and len(self.configmap.split("/")) != 2:
             raise ValueError(f"configmap: {self.configmap!r} is not NAMESPACE/NAME")
+        if not self.window <= MAX_WINDOW_SECONDS:  # NB: also NaN and inf, which a duration parses to
+            shown = format_duration(self.window) if math.isfinite(self.window) else str(self.window)
+            raise ValueError(f"window: {shown} is longer than a report covers (at most 366d)")
+        if self.step < MIN_STEP_SECONDS:
+            raise ValueError(f"step: {self.step:g}s is finer than DCGM samples (at least 1s)")
         if self.step > self.window:
             raise ValueError("step: longer than --window")
+        if self.end is not None and not 0 <= self.end <= _LATEST_END:
+            raise ValueError(f"end: {self.end:g} is not a time between 1970 and 2286")
         return self
 
 
@@ -124,6 +146,7 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
         series_batch=settings.series_batch,
         max_points=settings.max_points,
         max_response_bytes=settings.max_response_size,
+        memory_budget_bytes=settings.memory_budget,
         scrape_interval=settings.scrape_interval,
     )
     end = settings.end if settings.end is not None else now
@@ -226,7 +249,7 @@ def run_report(settings: ReportSettings) -> None:
     render = formatter(settings.output)
     now = time.time()
     if settings.from_file:
-        history = load_history(settings.from_file)
+        history = load_history(settings.from_file, memory_budget_bytes=settings.memory_budget)
     else:
         history = asyncio.run(_fetch(settings, now=now, policy=policy))
         if settings.export:

@@ -3,7 +3,7 @@
 The order: per-GPU activity and per-workload accumulators in one pass (``usage.collect``), then per workload its
 statistics and recommendations (``recommend``), then costs per pool and namespace, idle nodes, incidents and a
 timeline (``costs``). Gaps recorded by the source are carried to the report unchanged, plus what this step finds
-(pods without an owner, GPUs without any sample).
+(values outside their field's physical range, taken out first; pods without an owner, GPUs without any sample).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from gpuscale.metrics.history import History, PodRef
 from gpuscale.report.costs import fleet_costs, incidents, workload_cost
 from gpuscale.report.model import Report, Window, Workload
 from gpuscale.report.policy import ReportPolicy
+from gpuscale.report.ranges import gap_line, out_of_range, screen
 from gpuscale.report.recommend import workload_report
 from gpuscale.report.usage import WorkloadKey, WorkloadUsage, collect
 
@@ -31,13 +32,14 @@ APPROXIMATE_RAW = [
 def build_report(history: History, *, policy: ReportPolicy, generated_at: float) -> Report:
     rs = policy.rightsizing
     idle = policy.diagnosis.diagnosis.idle
+    rejected = screen(history)  # NB: before anything is counted: an impossible value is no sample
     usages, activities = collect(
         history,
         half_life_seconds=rs.half_life,
         idle_busy_percent=idle.busy_percent,
         idle_sm_active=idle.sm_active,
     )
-    gaps = list(history.gaps)
+    gaps = list(history.gaps) + [gap_line(name, r) for name, r in rejected.items()]
     silent = [g.key for g, a in zip(history.gpus, activities, strict=True) if not a.sampled.any()]
     if silent:
         shown = ", ".join(silent[:5]) + (f" and {len(silent) - 5} more" if len(silent) > 5 else "")
@@ -70,6 +72,7 @@ def build_report(history: History, *, policy: ReportPolicy, generated_at: float)
         window=Window(start=history.start, end=history.end, step_seconds=history.step_seconds),
         currency=policy.prices.currency,
         gaps=gaps,
+        out_of_range=out_of_range(rejected),
         workloads=workloads,
         pools=pools,
         namespaces=namespaces,

@@ -146,6 +146,18 @@ class Window(_Out):
     step_seconds: float
 
 
+class OutOfRange(_Out):
+    """Values of one DCGM field outside what it can physically hold: not counted anywhere (docs/report.md)."""
+
+    field: str = Field(description="the history field: gpu_util_percent, sm_active, fb_used_mib, …")
+    count: int = Field(description="values taken out of every figure")
+    low: float = Field(description="the field's physical range, lowest")
+    high: float = Field(description="the field's physical range, highest")
+    unit: str
+    lowest_seen: float = Field(description="the lowest of the values taken out")
+    highest_seen: float = Field(description="the highest of the values taken out")
+
+
 class Report(_Out):
     schema_: str = Field(SCHEMA, alias="schema")
     generated_at: float
@@ -156,6 +168,9 @@ class Report(_Out):
     window: Window
     currency: str
     gaps: list[str]
+    out_of_range: list[OutOfRange] = Field(
+        default_factory=list, description="values outside their field's physical range, kept out of every figure"
+    )
     workloads: list[Workload]
     pools: list[Group]
     namespaces: list[Group]

@@ -177,22 +177,28 @@ def estimate(
     upper_p: float = 0.95,
     cap: float | None = None,
 ) -> Estimate | None:
-    """The estimate of ``hist`` (None when empty). ``cap`` bounds the upper bound (100 % of a GPU, its memory)."""
+    """The estimate of ``hist`` (None when empty). ``cap`` bounds target and both bounds (100 % of a GPU, its
+    memory): a workload at 100 % has a target of 100 %, not 115 %, and lower ≤ target ≤ upper always holds."""
     if hist.empty:
         return None
     p50, p90, p95 = (hist.percentile(p) for p in (0.5, 0.9, 0.95))
     assert p50 is not None and p90 is not None and p95 is not None
     t, lo, up = (hist.percentile(p) or 0.0 for p in (target_p, lower_p, upper_p))
+    target = t * (1 + margin)
     upper = scaled(up * (1 + margin), conf=conf, multiplier=1.0, exponent=1.0)
+    lower = scaled(lo * (1 + margin), conf=conf, multiplier=0.001, exponent=-2.0)
     if cap is not None:
-        upper = min(upper, cap)
+        target, upper = min(target, cap), min(upper, cap)
+    # NB: with percentiles asked out of order (a policy's lower_p above its upper_p) the bounds still nest
+    upper = max(upper, target)
+    lower = min(lower, target)
     return Estimate(
         p50=p50,
         p90=p90,
         p95=p95,
         maximum=hist.maximum,
-        target=t * (1 + margin),
-        lower=scaled(lo * (1 + margin), conf=conf, multiplier=0.001, exponent=-2.0),
+        target=target,
+        lower=lower,
         upper=upper,
         confidence=conf,
         samples=hist.count,

@@ -46,12 +46,13 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import aiohttp
 import numpy as np
 
-from gpuscale.errors import SourceUnavailable, one_line
+from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.metrics.attribution import Target, attribute
 from gpuscale.metrics.history import FIELD_ALIASES, FIELDS, History, Owner, PodRef, clean, pool_of
 from gpuscale.model import format_duration
@@ -67,8 +68,50 @@ _TOO_LARGE = re.compile(
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
+_MAX_GPUS_PER_POD = 1024  # a GPU request above this is a broken series, not a pod's request
+
+# What raw mode holds per grid step, measured (docs/report.md "Memory"): the History's arrays, and the report's
+# working arrays (activity, busy and sampled flags per GPU; per pod held/busy/FB; per workload demand).
+BYTES_PER_STEP = 64  # the grid's times, decay weights, hour blocks and timeline, whatever the fleet
+BYTES_PER_GPU_STEP = 4 + 1 + 20  # the pod index (int32), presence (bool), the report's working arrays
+BYTES_PER_FIELD_STEP = 4  # one float32 per field a GPU reports
+
+
 class _TooLarge(Exception):
     pass
+
+
+@dataclass(slots=True)
+class GridBudget:
+    """Raw mode's memory, counted before it is allocated: the grid is GPUs × steps × fields, and a server (or a
+    file) decides the GPUs. Each new GPU and each field array is reserved first; past ``limit_bytes`` the run
+    stops with one line that says how to fit (ConfigError: the flag's limit, exit 2), never an out-of-memory kill.
+    """
+
+    limit_bytes: int
+    steps: int
+    gpus: int = 0
+    arrays: int = 0
+    field_names: set[str] = dataclass_field(default_factory=set)
+
+    def check(self, *, gpus: int, arrays: int, fields: int, what: str = "the history") -> None:
+        """Refuses when ``gpus`` GPUs holding ``arrays`` field arrays in all (``fields`` distinct) would not fit."""
+        need = self.steps * (BYTES_PER_STEP + gpus * BYTES_PER_GPU_STEP + arrays * BYTES_PER_FIELD_STEP)
+        if need > self.limit_bytes:
+            raise ConfigError(
+                f"{what} needs {need / 2**30:,.1f} GiB for {gpus:,} GPU(s) × {self.steps:,} steps × {fields} field(s), "
+                f"over --memory-budget {size_text(self.limit_bytes)}: use --mode summary, a shorter --window or a "
+                "coarser --step (or raise --memory-budget)"
+            )
+
+    def reserve_gpu(self) -> None:
+        self.check(gpus=self.gpus + 1, arrays=self.arrays, fields=len(self.field_names))
+        self.gpus += 1
+
+    def reserve_field(self, name: str) -> None:
+        self.check(gpus=self.gpus, arrays=self.arrays + 1, fields=len(self.field_names | {name}))
+        self.arrays += 1
+        self.field_names.add(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +124,8 @@ class FetchOptions:
     """Seconds between an exporter's samples; None: measured from the server (``_measure_interval``)."""
     max_response_bytes: int = 128 * 1024 * 1024
     """A bigger answer is refused (not decoded): a 300 MB answer took 5.8 GB of memory to decode."""
+    memory_budget_bytes: int = 1536 * 1024 * 1024
+    """What the History and the report's working arrays may take (``GridBudget``); past it, a one-line refusal."""
     series_batch: int = 50
     concurrency: int = 4
     exporter_pod_pattern: str = DEFAULT_EXPORTER_POD
@@ -140,6 +185,8 @@ class RangeClient:
                 body = None
             error = body.get("error") if isinstance(body, dict) else None
             message = one_line(str(error or text), 300)
+            if status == 200 and body is None:
+                message = f"the answer is not JSON (cut short?): {one_line(text, 120)}"
             if status in (400, 422, 503) and _TOO_LARGE.search(message):
                 raise _TooLarge(message)
             if status in _RETRY_STATUS:
@@ -247,9 +294,12 @@ async def fetch_history(
     start = float(np.floor(start / step) * step)
     steps = int(np.ceil((end - start) / step))
     history = History(start=start, step_seconds=step, steps=steps, source=client.url)
+    state = _Decoder(history, options)
+    state.budget.check(gpus=0, arrays=0, fields=0, what="the time grid alone")
     nodes = await client.label_values(
         "Hostname", match='{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_.*|DCGM_FI_DEV_FB_USED"}', start=start, end=end
     )
+    await _preflight(client, state.budget, at=start + steps * step)
     batches: list[list[str] | None] = (
         [nodes[i : i + options.series_batch] for i in range(0, len(nodes), options.series_batch)] if nodes else [None]
     )
@@ -267,7 +317,6 @@ async def fetch_history(
         for c in chunks
     ]
     bar = Progress(len(work), enabled=sys.stderr.isatty() if progress is None else progress)
-    state = _Decoder(history, options)
     interval = options.scrape_interval or await _measure_interval(client, start=start, end=start + steps * step)
     if interval is None:
         history.gaps.append(
@@ -289,6 +338,21 @@ async def fetch_history(
     state.finish(names)
     history.gaps += [f"partial answer: {w}" for w in client.warnings]
     return history
+
+
+async def _preflight(client: RangeClient, budget: GridBudget, *, at: float) -> None:
+    """Refuses a grid that cannot fit before anything is fetched: the DCGM series per field at the window's end
+    (one instant query, the server's lookback only) are the fleet as it is now. GPUs gone before the end are not
+    counted here; the decoder's reservations catch them as they arrive."""
+    names = "|".join(dict.fromkeys([*FIELDS.values(), *(a for aliases in FIELD_ALIASES.values() for a in aliases)]))
+    try:
+        result = await client.query(f'count by (__name__) ({{__name__=~"{names}"}})', at=at)
+    except _TooLarge:
+        return  # NB: a server too loaded to count is asked the real queries, which split; the decoder still counts
+    per_name = {_labels(r).get("__name__", ""): _number(r) or 0.0 for r in result}
+    counts = [int(min(c, 2**40)) for c in per_name.values() if c > 0]
+    if counts:
+        budget.check(gpus=max(counts), arrays=sum(counts), fields=len(counts), what="the history (DCGM series now)")
 
 
 async def _fetch_split(
@@ -336,9 +400,8 @@ async def _measure_interval(client: RangeClient, *, start: float, end: float) ->
     for at in (end, (start + end + hour) / 2, start + hour):
         result = await client.query(f"max(count_over_time({FIELDS['gpu_util_percent']}[{hour:g}s]))", at=at)
         for r in result:
-            value = r.get("value")
-            count = float(value[1]) if isinstance(value, list) and len(value) == 2 else 0.0
-            best = max(best, count) if np.isfinite(count) else best
+            count = _number(r)
+            best = max(best, count) if count is not None and np.isfinite(count) else best
     return hour / best if best >= 2 else None
 
 
@@ -347,6 +410,10 @@ class _Decoder:
 
     def __init__(self, history: History, options: FetchOptions) -> None:
         self.h = history
+        self.budget = GridBudget(limit_bytes=options.memory_budget_bytes, steps=history.steps)
+        self.dropped_series = 0  # a result entry that is not {"metric": {…}, "values": […]}
+        self.dropped_points = 0  # a point that is no [number, "number"] pair, or out of time order
+        self.outside = 0  # a point whose timestamp is not in the window
         self._exporter = re.compile(options.exporter_pod_pattern)
         self._gpus: dict[tuple[str, ...], Any] = {}
         self._seen: dict[str, int] = {}
@@ -354,12 +421,18 @@ class _Decoder:
         self.presence_window = history.step_seconds  # widened to the scrape interval once measured
         self._present: dict[tuple[str, ...], np.ndarray] = {}  # GPU → steps with a real sample (see ``finish``)
 
-    def add(self, fld: str, name: str, result: list[dict[str, Any]], *, shift: float = 0.0) -> None:
+    def add(self, fld: str, name: str, result: list[Any], *, shift: float = 0.0) -> None:
         h = self.h
         for series in result:
-            labels = series.get("metric") or {}
-            values = series.get("values") or []
+            labels, values = _series(series)
+            if labels is None:
+                self.dropped_series += 1
+                continue
             if not values:
+                continue
+            ts, vs, dropped = _points(values)
+            self.dropped_points += dropped
+            if not ts.size:
                 continue
             device = attribute(name, labels, Target(url=""))
             pod_ref = device.pod
@@ -368,6 +441,7 @@ class _Decoder:
             key = device.key[:4]
             gpu = self._gpus.get(key)
             if gpu is None:
+                self.budget.reserve_gpu()
                 uuid = device.key[2] or "?"
                 mig = labels.get("GPU_I_ID")
                 gpu = self._gpus[key] = h.new_gpu(
@@ -376,11 +450,12 @@ class _Decoder:
                     product=labels.get("modelName") or None,
                     mig_profile=labels.get("GPU_I_PROFILE") or None,
                 )
-            ts = np.fromiter((float(p[0]) for p in values), dtype=np.float64, count=len(values))
-            vs = clean(np.array([p[1] for p in values], dtype=np.float64))
-            idx = np.rint((ts - shift - h.start) / h.step_seconds).astype(np.int64)
-            ok = (idx >= 0) & (idx < h.steps)
-            idx, vs = idx[ok], vs[ok]
+            vs = clean(vs)
+            with np.errstate(invalid="ignore"):
+                idx = np.rint((ts - shift - h.start) / h.step_seconds)
+            ok = (idx >= 0) & (idx < h.steps)  # NB: a NaN or ±inf timestamp compares False: outside
+            self.outside += int(ts.size - ok.sum())
+            idx, vs = idx[ok].astype(np.int64), vs[ok]
             if idx.size:
                 self.first_sample = min(self.first_sample, float(ts[ok][0]))
             if fld == PRESENCE:
@@ -389,6 +464,7 @@ class _Decoder:
                 continue
             arr = gpu.values.get(fld)
             if arr is None:
+                self.budget.reserve_field(fld)
                 arr = gpu.values[fld] = h.empty_field()
             fill = np.isnan(arr[idx])  # NB: an alias never overwrites the newer spelling's samples
             arr[idx[fill]] = vs[fill]
@@ -399,6 +475,12 @@ class _Decoder:
 
     def finish(self, names: list[tuple[str, str]]) -> None:
         h = self.h
+        if self.dropped_series or self.dropped_points or self.outside:
+            h.gaps.append(
+                f"malformed answers: {self.dropped_series} series without a label map or value list, "
+                f'{self.dropped_points} point(s) not a [timestamp, "value"] pair or out of time order (duplicates '
+                f"included) and {self.outside} point(s) outside the window were dropped"
+            )
         blanked = 0
         for key, present in self._present.items():
             gpu = self._gpus.get(key)
@@ -425,6 +507,81 @@ class _Decoder:
                 f"no samples in the first {format_duration(lost)} of the window: the server's retention (or the "
                 "exporters' start) is shorter than the window"
             )
+
+
+def _series(series: Any) -> tuple[dict[str, str] | None, list[Any]]:
+    """A range answer's series as (labels, points); labels None when it is no series at all. Labels that are not
+    strings are left out: they cannot name a GPU or a pod."""
+    if not isinstance(series, dict) or not isinstance(series.get("metric", {}), dict):
+        return None, []
+    values = series.get("values")
+    if values is None:
+        values = []
+    if not isinstance(values, list):
+        return None, []
+    metric = series.get("metric", {})
+    return {k: v for k, v in metric.items() if isinstance(k, str) and isinstance(v, str)}, values
+
+
+def _points(values: list[Any]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Timestamps (float64) and values (float64, NaN/Inf kept for ``clean``) of a series' ``[t, "v"]`` pairs, in
+    strictly increasing time; how many points were dropped (not such a pair, or not after the one before)."""
+    try:
+        # NB: the fast path, one numpy conversion per column: values must all be strings (Prometheus' encoding),
+        # so a number, a bool or a list inferred into another dtype goes the slow way and is dropped there
+        ts = np.array([p[0] for p in values])
+        raw = np.array([p[1] for p in values])
+        if ts.ndim != 1 or ts.dtype.kind not in "if" or raw.ndim != 1 or raw.dtype.kind != "U":
+            raise ValueError("not [number, string] pairs")
+        ts, vs = ts.astype(np.float64), raw.astype(np.float64)
+        dropped = 0
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError):
+        ts, vs, dropped = _points_one_by_one(values)
+    if ts.size > 1 and not (np.diff(ts) > 0).all():
+        # keep a point only when it is later than every point before it: duplicates and rewinds are dropped
+        with np.errstate(invalid="ignore"):
+            later = np.concatenate(([True], ts[1:] > np.maximum.accumulate(ts)[:-1]))
+        dropped += int(ts.size - later.sum())
+        ts, vs = ts[later], vs[later]
+    return ts, vs, dropped
+
+
+def _points_one_by_one(values: list[Any]) -> tuple[np.ndarray, np.ndarray, int]:
+    ts: list[float] = []
+    vs: list[float] = []
+    for p in values:
+        t, v = _pair(p)
+        if t is not None and v is not None:
+            ts.append(t)
+            vs.append(v)
+    return np.array(ts, dtype=np.float64), np.array(vs, dtype=np.float64), len(values) - len(ts)
+
+
+def _pair(point: Any) -> tuple[float | None, float | None]:
+    if not isinstance(point, list) or len(point) != 2:
+        return None, None
+    t, v = point
+    if isinstance(t, bool) or not isinstance(t, int | float) or not isinstance(v, str):
+        return None, None
+    try:
+        return float(t), float(v)
+    except (ValueError, OverflowError):
+        return None, None
+
+
+def _number(sample: Any) -> float | None:
+    """The value of an instant answer's ``{"metric": …, "value": [t, "v"]}``; None when it is not one."""
+    if not isinstance(sample, dict):
+        return None
+    _, v = _pair(sample.get("value"))
+    return v
+
+
+def _labels(sample: Any) -> dict[str, str]:
+    metric = sample.get("metric") if isinstance(sample, dict) else None
+    if not isinstance(metric, dict):
+        return {}
+    return {k: v for k, v in metric.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _pod_of(labels: Mapping[str, str]) -> PodRef | None:
@@ -454,12 +611,12 @@ async def _identity(client: RangeClient, history: History, *, at: float, window:
     parents: dict[tuple[str, str, str], tuple[str, str]] = {}
     for kind, key, series in (("ReplicaSet", "replicaset", rs_owners), ("Job", "job_name", job_owners)):
         for s in series:
-            m = s.get("metric", {})
+            m = _labels(s)
             ns = m.get("exported_namespace") or m.get("namespace")
             if ns and m.get(key) and m.get("owner_kind") not in (None, "", "<none>"):
                 parents[(kind, ns, m[key])] = (m["owner_kind"], m.get("owner_name", ""))
     for s in owners:
-        m = s.get("metric", {})
+        m = _labels(s)
         ref = _pod_of(m)
         if ref is None:
             continue
@@ -470,16 +627,17 @@ async def _identity(client: RangeClient, history: History, *, at: float, window:
         kind, name = parents.get((kind, ref.namespace, name), (kind, name))
         history.owners[ref] = Owner(kind, name)
     for s in requests:
-        ref = _pod_of(s.get("metric", {}))
-        if ref is not None:
-            history.requests[ref] = history.requests.get(ref, 0.0) + float(s["value"][1])
+        ref, gpus = _pod_of(_labels(s)), _number(s)
+        # NB: a request is a whole, small number of GPUs; anything else is a broken series, not a request
+        if ref is not None and gpus is not None and 0 <= gpus <= _MAX_GPUS_PER_POD:
+            history.requests[ref] = history.requests.get(ref, 0.0) + gpus
     for s in startups:
-        ref = _pod_of(s.get("metric", {}))
-        seconds = float(s["value"][1])
-        if ref is not None and 0 <= seconds < 86400:  # NB: a pod restarted later than it turned Ready: unknown
+        ref, seconds = _pod_of(_labels(s)), _number(s)
+        # NB: a pod restarted later than it turned Ready gives a negative time: unknown
+        if ref is not None and seconds is not None and 0 <= seconds < 86400:
             history.startups[ref] = seconds
     for s in node_labels:
-        m = s.get("metric", {})
+        m = _labels(s)
         node, pool = m.get("node"), pool_of(m)
         if node and pool:
             history.node_pools[node] = pool
