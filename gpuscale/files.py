@@ -52,12 +52,12 @@ def read_bytes(path: FilePath, *, limit_bytes: int, what: str = "file", gunzip: 
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ConfigError(f"cannot read {what}: {e.strerror or e}", path=name) from None
+    try:
+        _check_regular(os.fstat(fd), limit_bytes=limit_bytes, what=what, name=name)
+    except ConfigError:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"cannot read {what}: {_kind(info.st_mode)}, not a regular file", path=name)
-        if info.st_size > limit_bytes:  # NB: compressed or not, refused before a byte is read
-            raise ConfigError(f"{what} larger than the {_size(limit_bytes)} limit ({_size(info.st_size)})", path=name)
         try:
             head = f.peek(2)[:2]
             if gunzip and head == _GZIP_MAGIC:
@@ -68,6 +68,13 @@ def read_bytes(path: FilePath, *, limit_bytes: int, what: str = "file", gunzip: 
     if len(data) > limit_bytes:
         raise ConfigError(f"{what} larger than the {_size(limit_bytes)} limit", path=name)
     return data
+
+
+def _check_regular(info: os.stat_result, *, limit_bytes: int, what: str, name: str) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"cannot read {what}: {_kind(info.st_mode)}, not a regular file", path=name)
+    if info.st_size > limit_bytes:  # NB: compressed or not, refused before a byte is read
+        raise ConfigError(f"{what} larger than the {_size(limit_bytes)} limit ({_size(info.st_size)})", path=name)
 
 
 def read_text(path: FilePath, *, limit_bytes: int, what: str = "file", gunzip: bool = False) -> str:

@@ -27,7 +27,7 @@ def check_grid(*, span_s: float, step_s: float, max_replicas: int, trace: str, h
     steps = math.ceil(span_s / step_s) + 1 if math.isfinite(span_s / step_s) else math.inf
     if steps > MAX_STEPS:
         raise ConfigError(
-            f"replaying {span_s:g} s in steps of {step_s:g} s takes {steps:,.0f} steps, more than the "
+            f"replaying {span_s:g} s in steps of {step_s:g} s takes {_count(steps)} steps, more than the "
             f"{MAX_STEPS:,} a replay may take: replay a window (--start, --duration) or a coarser step",
             path=trace,
         )
@@ -37,9 +37,13 @@ def check_grid(*, span_s: float, step_s: float, max_replicas: int, trace: str, h
         )
     if steps * max_replicas > MAX_REPLICA_STEPS:
         raise ConfigError(
-            f"spec.maxReplicas: {max_replicas:,} replicas × {steps:,} steps is more than the "
+            f"spec.maxReplicas: {max_replicas:,} replicas × {_count(steps)} steps is more than the "
             f"{MAX_REPLICA_STEPS:,} replica-steps a replay may take: lower maxReplicas, or replay a window "
             "(--start, --duration) or a coarser step",
             path=hpa,
         )
     return int(steps)
+
+
+def _count(n: float) -> str:
+    return f"{n:,.0f}" if n < 1e15 else f"{n:.2e}"

@@ -22,17 +22,22 @@ MAX_ROWS requests and token counts below MAX_TOKENS; a UTF-8 byte-order mark is 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from importlib.abc import Traversable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from gpuscale.errors import ConfigError
 from gpuscale.files import DATA_LIMIT_BYTES, decode_utf8, read_bytes
+
+_T = TypeVar("_T")
 
 MAX_ROWS = 5_000_000
 """Rows a trace (its requests), a metric history, an --external series or an @file of samples may hold
@@ -104,6 +109,21 @@ def read_trace(path: str | Path | Traversable) -> Trace:
     return parse_trace(text, source=str(path))
 
 
+def csv_errors(parse: Callable[..., _T]) -> Callable[..., _T]:
+    """``parse(text, source=...)`` with the csv module's own errors (a field over its 128 KiB limit, a NUL
+    byte) as a ConfigError naming the source."""
+
+    @functools.wraps(parse)
+    def parse_or_refuse(text: str, *, source: str) -> _T:
+        try:
+            return parse(text, source=source)
+        except csv.Error as e:
+            raise ConfigError(f"not CSV: {e}", path=source) from None
+
+    return parse_or_refuse
+
+
+@csv_errors
 def parse_trace(text: str, *, source: str) -> Trace:
     text = text.removeprefix("\ufeff")
     check_rows(text, source=source)
