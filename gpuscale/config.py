@@ -27,6 +27,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
 from pydantic.fields import FieldInfo
 
 from gpuscale.errors import ConfigError
+from gpuscale.files import CONFIG_LIMIT_BYTES, read_text
 from gpuscale.model import parse_duration
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -36,9 +37,12 @@ def _duration(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError('expected a duration such as "5s", "1m30s" or a number of seconds')
     try:
-        return parse_duration(value)
+        seconds = parse_duration(value)
     except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(str(e)) from e
+    if not math.isfinite(seconds):  # NB: "1e400" parses as a float: infinity is no duration
+        raise ValueError(f"{value!r} is not a finite duration")
+    return seconds
 
 
 Seconds = Annotated[float, BeforeValidator(_duration)]
@@ -177,13 +181,139 @@ class YamlMapping(dict[str, Any]):
     lines: dict[tuple[Any, ...], int]
 
 
-class _DuplicateKey(Exception):
-    pass
+MAX_YAML_NODES = 50_000
+"""Nodes a YAML file may hold once its aliases are expanded (the shipped catalogue has ~400; a 9-line "billion
+laughs" file expands to 10⁹): beyond it the file is refused instead of taking gigabytes."""
+MAX_YAML_DEPTH = 64
+"""Nesting a YAML file may have (a HorizontalPodAutoscaler nests 8 deep)."""
+
+
+class _Refused(yaml.YAMLError):
+    def __init__(self, mark: yaml.Mark | None, problem: str) -> None:
+        super().__init__(problem)
+        self.problem_mark = mark
+        self.problem = problem
+
+
+class _PyParser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
+    def __init__(self, text: str) -> None:
+        yaml.reader.Reader.__init__(self, text)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+
+
+try:  # NB: libyaml scans and parses ~30x faster than PyYAML's Python scanner (4 MiB scalar: 0.13 vs 3.9 s)
+    from yaml._yaml import CParser as _Parser
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    _Parser = _PyParser
+
+
+class _BoundedComposer(yaml.composer.Composer):
+    """PyYAML's composer, counting: each node's size with its aliases expanded (an alias costs what it names,
+    so a bomb is refused when the counts pass MAX_YAML_NODES, before anything is constructed), the nesting
+    depth, and keys given twice in one mapping (kube-apiserver's strict decoding refuses them; YAML loaders keep
+    the last silently, so an edited threshold could be undone by a forgotten copy further down)."""
+
+    def _start_counting(self) -> None:
+        self._sizes: dict[int, int] = {}
+        self._depth = 0
+        self._composed = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            node = super().compose_node(parent, index)
+            if id(node) not in self._sizes:
+                raise _Refused(mark, "an alias refers to a node that contains it (a recursive alias)")
+            return node
+        self._depth += 1
+        self._composed += 1
+        mark = self.peek_event().start_mark
+        if self._depth > MAX_YAML_DEPTH:
+            raise _Refused(mark, f"nested deeper than {MAX_YAML_DEPTH} levels")
+        if self._composed > MAX_YAML_NODES:
+            raise _Refused(mark, f"more than {MAX_YAML_NODES:,} nodes")
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        self._sizes[id(node)] = size = 1 + self._children_size(node)
+        if size > MAX_YAML_NODES:
+            raise _Refused(mark, f"more than {MAX_YAML_NODES:,} nodes once its aliases are expanded")
+        return node
+
+    def _children_size(self, node: yaml.Node) -> int:
+        if isinstance(node, yaml.SequenceNode):
+            return sum(self._sizes[id(item)] for item in node.value)
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in seen:
+                        first = seen[key.value]
+                        raise _Refused(key.start_mark, f"key {key.value!r} appears twice (first on line {first})")
+                    seen[key.value] = key.start_mark.line + 1
+            return sum(self._sizes[id(k)] + self._sizes[id(v)] for k, v in node.value)
+        return 0
+
+
+class _Loader(_Parser, _BoundedComposer, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):  # type: ignore[misc, valid-type]
+    """yaml.safe_load's rules (plain data, no Python objects) with _BoundedComposer's limits."""
+
+    def __init__(self, text: str) -> None:
+        _Parser.__init__(self, text)
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+        self._start_counting()
+
+    # NB: libyaml's parser brings a composer of its own, without the limits: use PyYAML's, on its events
+    check_node = yaml.composer.Composer.check_node
+    get_node = yaml.composer.Composer.get_node
+    get_single_node = yaml.composer.Composer.get_single_node
+
+
+def _compose(text: str, path: str) -> tuple[_Loader, list[yaml.Node]]:
+    """Every document's node tree, within the limits; ConfigError naming ``path`` and the line otherwise."""
+    loader = _Loader(text)
+    nodes = []
+    try:
+        while loader.check_node():
+            nodes.append(loader.get_node())
+    except yaml.YAMLError as e:
+        loader.dispose()
+        raise _yaml_error(e, path) from None
+    return loader, nodes
+
+
+def _yaml_error(e: yaml.YAMLError, path: str) -> ConfigError:
+    mark = getattr(e, "problem_mark", None)
+    problem = " ".join(str(getattr(e, "problem", None) or e).split())
+    if isinstance(e, _Refused):  # NB: a limit or a key given twice: the line is enough
+        return ConfigError(f"line {mark.line + 1}: {problem}" if mark else problem, path=path)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    return ConfigError(f"{where}invalid YAML: {problem}", path=path)
+
+
+def load_yaml_documents(text: str, *, path: str) -> list[tuple[Any, dict[tuple[Any, ...], int]]]:
+    """Each document of ``text`` as plain data (what yaml.safe_load_all gives), with each field path's line;
+    within MAX_YAML_NODES and MAX_YAML_DEPTH, no key twice in a mapping. ConfigError naming ``path`` otherwise."""
+    loader, nodes = _compose(text, path)
+    try:
+        out = []
+        for node in nodes:
+            lines: dict[tuple[Any, ...], int] = {}
+            _lines(node, (), lines)
+            out.append((loader.construct_document(node), lines))
+        return out
+    except yaml.YAMLError as e:
+        raise _yaml_error(e, path) from None
+    except (ValueError, TypeError, OverflowError) as e:  # NB: e.g. a timestamp out of range
+        raise ConfigError(f"invalid YAML: {' '.join(str(e).split())}", path=path) from None
+    finally:
+        loader.dispose()
 
 
 def _lines(node: yaml.Node | None, path: tuple[Any, ...], out: dict[tuple[Any, ...], int]) -> None:
-    """Each field path's line, into ``out``; _DuplicateKey for a key given twice in one mapping (YAML loaders keep
-    the last silently, so an edited threshold could be undone by a forgotten copy further down)."""
+    """Each field path's line, into ``out`` (an alias's paths too: the composer bounded their number)."""
     if node is None:
         return
     out.setdefault(path, node.start_mark.line + 1)
@@ -193,49 +323,25 @@ def _lines(node: yaml.Node | None, path: tuple[Any, ...], out: dict[tuple[Any, .
             if isinstance(key, yaml.ScalarNode) and key.tag.endswith(":int"):
                 with contextlib.suppress(ValueError):
                     name = int(key.value)
-            line = key.start_mark.line + 1
-            if (*path, name) in out:
-                first = out[(*path, name)]
-                raise _DuplicateKey(f"line {line}: key {key.value!r} appears twice (first on line {first})")
-            out[(*path, name)] = line
+            out.setdefault((*path, name), key.start_mark.line + 1)
             _lines(value, (*path, name), out)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _lines(item, (*path, i), out)
 
 
-def read_yaml(path: Path | Traversable) -> dict[str, Any]:
-    """A YAML mapping from ``path``; ConfigError naming the file (and line/column) otherwise."""
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"cannot read file: {e.strerror}", path=str(path)) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise ConfigError(
-            f"line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); save the file as UTF-8",
-            path=str(path),
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = " ".join(str(getattr(e, "problem", None) or e).split())
-        raise ConfigError(f"{where}invalid YAML: {problem}", path=str(path)) from None
-    except (ValueError, TypeError, RecursionError) as e:  # NB: e.g. a timestamp out of range, deep nesting
-        raise ConfigError(f"invalid YAML: {' '.join(str(e).split())}", path=str(path)) from None
+def read_yaml(path: Path | Traversable, *, what: str = "file") -> dict[str, Any]:
+    """A YAML mapping from ``path`` (at most CONFIG_LIMIT_BYTES, one document); ConfigError naming the file (and
+    line/column) otherwise."""
+    text = read_text(path, limit_bytes=CONFIG_LIMIT_BYTES, what=what)
+    documents = load_yaml_documents(text, path=str(path))
+    if len(documents) > 1:
+        raise ConfigError(f"expected one YAML document, found {len(documents)}", path=str(path))
+    data, lines = documents[0] if documents else (None, {})
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", path=str(path))
     located = YamlMapping(data)
-    located.lines = {}
-    try:
-        _lines(node, (), located.lines)
-    except _DuplicateKey as e:
-        raise ConfigError(str(e), path=str(path)) from None
+    located.lines = lines
     return located
 
 

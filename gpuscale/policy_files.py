@@ -9,6 +9,7 @@ shipped ones, so a ConfigMap with only ``metrics.yaml`` is enough to change the 
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
@@ -49,7 +50,7 @@ def policy_file(name: str, directory: str | Path | None = None) -> PolicyPath:
     """``directory/name`` when ``directory`` holds it, else the shipped file."""
     if directory is not None:
         candidate = Path(directory) / name
-        if candidate.is_file():
+        if os.path.lexists(candidate):  # NB: a FIFO or a directory of that name is refused when read, not skipped
             return candidate
     return shipped(name)
 
@@ -59,6 +60,6 @@ def check_policies_dir(directory: str | Path, *, flag: str = "--policies") -> Pa
     path = Path(directory)
     if not path.is_dir():
         raise ConfigError(f"{flag}: {path}: not a directory")
-    if not any((path / name).is_file() for name in POLICY_FILES):
+    if not any(os.path.lexists(path / name) for name in POLICY_FILES):
         raise ConfigError(f"{flag}: {path}: holds none of {', '.join(POLICY_FILES)}")
     return path

@@ -25,6 +25,7 @@ CORE = (
     "gpuscale.pricing",
     "gpuscale.selectors",
     "gpuscale.config",
+    "gpuscale.files",
     "gpuscale.errors",
     "gpuscale.policy_files",
     "gpuscale.disruption",

@@ -13,7 +13,6 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Literal
 
 import aiohttp
@@ -24,11 +23,13 @@ from rich.table import Table
 
 from gpuscale.config import HttpUrl, Seconds, parse_instant
 from gpuscale.errors import ConfigError, SourceUnavailable
-from gpuscale.hpa import Readiness, parse_manifests
+from gpuscale.files import CONFIG_LIMIT_BYTES, DATA_LIMIT_BYTES, read_text
+from gpuscale.hpa import SYNC_PERIOD_SECONDS, Readiness, parse_manifests
 from gpuscale.hpa.replicas import CPU_INITIALIZATION_PERIOD_SECONDS, INITIAL_READINESS_DELAY_SECONDS
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.policy_files import check_policies_dir
+from gpuscale.replay.budget import check_grid
 from gpuscale.replay.distributions import Distribution, parse_distribution
 from gpuscale.replay.general import ServiceProfile
 from gpuscale.replay.history import (
@@ -44,15 +45,16 @@ from gpuscale.replay.history import (
 from gpuscale.replay.results import SCHEMA, Outcome
 from gpuscale.replay.serving import ServingProfile
 from gpuscale.replay.signals import CpuProfile, check_metrics
-from gpuscale.replay.simulate import ReplaySettings, replay
-from gpuscale.replay.traces import Trace, read_trace
+from gpuscale.replay.simulate import ReplaySettings, check_budget, replay
+from gpuscale.replay.traces import MAX_ROWS, Trace, read_trace
 
 _PROFILE = ServingProfile()
 _CPU = CpuProfile()
 
 
 class SimulateSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NB: no NaN or ±Infinity in any number: one would reach the results and make `-o json` print invalid JSON
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     hpa: list[str] = Field(default_factory=list, description="autoscaling/v2 HPA manifest (repeatable)")
     trace: str | None = Field(
@@ -193,10 +195,7 @@ class SimulateSettings(BaseModel):
 def load_hpas(paths: list[str]) -> list[tuple[str, HorizontalPodAutoscaler]]:
     out = []
     for path in paths:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read HPA manifest: {e.strerror}", path=path) from None
+        text = read_text(path, limit_bytes=CONFIG_LIMIT_BYTES, what="HPA manifest")
         out.extend((path, hpa) for hpa in parse_manifests(text, source=path))
     return out
 
@@ -214,10 +213,17 @@ def run_simulate(settings: SimulateSettings) -> dict:
     trace = read_trace(settings.trace).window(start_s=settings.start, duration_s=settings.duration)
     if not len(trace):
         raise ConfigError("no requests in the chosen window (--start/--duration)", path=settings.trace)
+    if len(trace) * settings.rate_scale > MAX_ROWS:
+        raise ConfigError(
+            f"--rate-scale {settings.rate_scale:g}: {len(trace):,} requests × {settings.rate_scale:g} is more than "
+            f"the {MAX_ROWS:,} requests a replay may take"
+        )
     trace = trace.scaled(settings.rate_scale, seed=settings.seed)
     profile, replay_settings = settings.profile(trace), settings.replay_settings()
     if settings.swap_time and trace.model is None:
         raise ConfigError("--swap-time needs a trace with a 'model' column", path=settings.trace)
+    for source, hpa in hpas:
+        check_budget(trace, hpa, profile=profile, settings=replay_settings, trace_source=settings.trace, source=source)
     outcomes = [
         replay(
             trace,
@@ -268,11 +274,9 @@ def read_externals(specs: list[str]) -> dict[str, Series]:
     for spec in specs:
         name, _, path = spec.partition("=@")
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(
-                f"--external {name}: cannot read: {getattr(e, 'strerror', None) or e}", path=path
-            ) from None
+            text = read_text(path, limit_bytes=DATA_LIMIT_BYTES, what="series")
+        except ConfigError as e:
+            raise ConfigError(f"--external {name}: {str(e).removeprefix(f'{e.path}: ')}", path=e.path) from None
         out[name.strip()] = parse_series_csv(text, source=path)
     return out
 
@@ -297,10 +301,7 @@ def run_history(settings: SimulateSettings, hpas: list[tuple[str, HorizontalPodA
                     path=source,
                 )
     if settings.history:
-        try:
-            text = Path(settings.history).read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read metric history: {e.strerror}", path=settings.history) from None
+        text = read_text(settings.history, limit_bytes=DATA_LIMIT_BYTES, what="metric history")
         history, name = parse_history_csv(text, source=settings.history), settings.history
     else:
         assert settings.prometheus_url is not None
@@ -308,6 +309,14 @@ def run_history(settings: SimulateSettings, hpas: list[tuple[str, HorizontalPodA
         name = settings.prometheus_url
     history = history.with_external(externals)
     check_history(history, hpas, source=name)
+    for source, hpa in hpas:
+        check_grid(
+            span_s=history.end - history.start,
+            step_s=SYNC_PERIOD_SECONDS,
+            max_replicas=hpa.spec.max_replicas,
+            trace=name,
+            hpa=source,
+        )
     outcomes = [
         replay_history(
             history, hpa, source=source, conserve=settings.conserve_load, initial_replicas=settings.initial_replicas
@@ -436,7 +445,11 @@ def main_simulate(settings: SimulateSettings) -> None:
         except OSError as e:
             raise ConfigError(f"--html {settings.html}: {e.strerror or e}") from e
     if settings.output == "json":
-        sys.stdout.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        try:
+            text = json.dumps(doc, indent=1, sort_keys=True, allow_nan=False)
+        except ValueError as e:  # NB: a NaN or Infinity would be invalid JSON: never printed, and a bug to fix
+            raise ConfigError(f"the result holds a number JSON cannot carry ({e}); please report this command") from e
+        sys.stdout.write(text + "\n")
     else:
         console = Console(width=max(Console().width, 110))
         render_table(doc, console)

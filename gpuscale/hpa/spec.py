@@ -13,13 +13,13 @@ modelled, so it is refused with that reason rather than silently ignored.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpuscale.config import validate
+from gpuscale.config import YamlMapping, load_yaml_documents, validate
 from gpuscale.errors import ConfigError
 from gpuscale.model import QuantityError, milli_value, parse_quantity
 
@@ -29,14 +29,69 @@ DEFAULT_TOLERANCE = 0.1  # --horizontal-pod-autoscaler-tolerance
 DEFAULT_DOWNSCALE_STABILIZATION_SECONDS = 300  # --horizontal-pod-autoscaler-downscale-stabilization
 
 
+# What the API server's decoding and validation.go refuse, mirrored here (kube-apiserver v1.37):
+# - an int32 field (minReplicas, maxReplicas, averageUtilization, a policy's value and periodSeconds,
+#   stabilizationWindowSeconds) takes a JSON integer in int32's range: Go's decoder refuses true, "10", 10.5,
+#   10.0 and 1e30 ("cannot unmarshal ... into Go struct field ... of type int32"): Strict + the int32 bounds;
+# - a Quantity (value, averageValue, tolerance) is a string in Quantity syntax or a number, never a bool;
+# - a key given twice is refused by strict decoding (gpuscale.config's YAML loader refuses it in any file);
+# - unknown keys are refused (extra="forbid", strict field validation);
+# - names: metadata.name a DNS subdomain, metadata.namespace a DNS label, scaleTargetRef kind/name and metric
+#   names valid path segments (ValidateCrossVersionObjectReference, validateMetricIdentifier).
+# Beyond the API server: a quantity whose MilliValue leaves int64 (1e400, 1e20) is refused, because the
+# controller computes in MilliValue and such a target has no meaning there (apimachinery saturates it).
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _int32(value: int) -> int:
+    # NB: a validator, not Field(ge, le): those would override each field's own tighter bounds
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise ValueError(f"must fit in an int32 ({INT32_MIN} to {INT32_MAX})")
+    return value
+
+
+Int32 = Annotated[int, Strict(), AfterValidator(_int32)]
+
+
 def _milli(value: Any) -> int:
     """A quantity ("500m", 8, "1.5k") → its MilliValue (rounded up, as apimachinery does)."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError('must be a quantity such as 8, "500m" or "1.5k"')
     try:
         return milli_value(parse_quantity(str(value)))
-    except (ValueError, QuantityError) as e:
+    except QuantityError as e:
+        raise ValueError(f"out of range: the controller computes in int64 thousandths ({e})") from None
+    except OverflowError:
+        raise ValueError("out of range: the controller computes in int64 thousandths") from None
+    except ValueError as e:
         raise ValueError(f"not a quantity: {value!r}") from e
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _path_segment(name: str) -> str:
+    """apimachinery's IsValidPathSegmentName: the name goes into a URL path."""
+    if name in (".", "..") or "/" in name or "%" in name:
+        raise ValueError(f"may not be '.' or '..' and may not contain '/' or '%' (got {name!r})")
+    return name
+
+
+def _dns_subdomain(name: str) -> str:
+    if len(name) > 253 or not all(_DNS_LABEL.match(part) for part in name.split(".")):
+        raise ValueError(
+            f"must be a lowercase RFC 1123 subdomain (a-z, 0-9, '-', '.'; at most 253 characters; got {name!r})"
+        )
+    return name
+
+
+def _dns_label(name: str) -> str:
+    if len(name) > 63 or not _DNS_LABEL.match(name):
+        raise ValueError(f"must be a lowercase RFC 1123 label (a-z, 0-9, '-'; at most 63 characters; got {name!r})")
+    return name
+
+
+PathSegment = Annotated[str, Strict(), Field(min_length=1), AfterValidator(_path_segment)]
 
 
 Milli = Annotated[int, BeforeValidator(_milli)]
@@ -48,7 +103,7 @@ class _K8s(BaseModel):
 
 
 class MetricIdentifier(_K8s):
-    name: str = Field(min_length=1)
+    name: PathSegment
     selector: dict[str, Any] | None = None
 
 
@@ -56,7 +111,7 @@ class MetricTarget(_K8s):
     type: Literal["Utilization", "Value", "AverageValue"]
     value: Milli | None = None
     average_value: Milli | None = None
-    average_utilization: int | None = None
+    average_utilization: Int32 | None = None
 
     @model_validator(mode="after")
     def _positive(self) -> MetricTarget:
@@ -69,8 +124,8 @@ class MetricTarget(_K8s):
 
 
 class CrossVersionObjectReference(_K8s):
-    kind: str = Field(min_length=1)
-    name: str = Field(min_length=1)
+    kind: PathSegment
+    name: PathSegment
     api_version: str | None = None
 
 
@@ -109,7 +164,7 @@ class ExternalMetricSource(_K8s):
 
 
 class ResourceMetricSource(_K8s):
-    name: str = Field(min_length=1)
+    name: Annotated[str, Strict(), Field(min_length=1)]
     target: MetricTarget
 
     @model_validator(mode="after")
@@ -164,12 +219,12 @@ class MetricSpec(_K8s):
 
 class HPAScalingPolicy(_K8s):
     type: Literal["Pods", "Percent"]
-    value: int = Field(gt=0)
-    period_seconds: int = Field(gt=0, le=MAX_PERIOD_SECONDS)
+    value: Int32 = Field(gt=0)
+    period_seconds: Int32 = Field(gt=0, le=MAX_PERIOD_SECONDS)
 
 
 class HPAScalingRules(_K8s):
-    stabilization_window_seconds: int | None = Field(None, ge=0, le=MAX_STABILIZATION_WINDOW_SECONDS)
+    stabilization_window_seconds: Int32 | None = Field(None, ge=0, le=MAX_STABILIZATION_WINDOW_SECONDS)
     select_policy: Literal["Max", "Min", "Disabled"] | None = None
     policies: list[HPAScalingPolicy] | None = None
     tolerance: Milli | None = None
@@ -190,8 +245,8 @@ class HorizontalPodAutoscalerBehavior(_K8s):
 
 class HorizontalPodAutoscalerSpec(_K8s):
     scale_target_ref: CrossVersionObjectReference
-    min_replicas: int | None = Field(None, ge=0)
-    max_replicas: int = Field(ge=1)
+    min_replicas: Int32 | None = Field(None, ge=0)
+    max_replicas: Int32 = Field(ge=1)
     metrics: list[MetricSpec] = Field(default_factory=list)
     behavior: HorizontalPodAutoscalerBehavior | None = None
 
@@ -214,8 +269,8 @@ class HorizontalPodAutoscalerSpec(_K8s):
 
 class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
-    name: str = Field(min_length=1)
-    namespace: str = "default"
+    name: Annotated[str, Strict(), AfterValidator(_dns_subdomain)]
+    namespace: Annotated[str, Strict(), AfterValidator(_dns_label)] = "default"
 
 
 class HorizontalPodAutoscaler(_K8s):
@@ -285,16 +340,11 @@ def effective_rules(
 def parse_manifests(text: str, *, source: str) -> list[HorizontalPodAutoscaler]:
     """Every autoscaling/v2 HorizontalPodAutoscaler in a (multi-document) YAML text; other kinds are skipped.
 
-    ConfigError names ``source``, the document (when there are several) and the field path.
+    ConfigError names ``source``, the document (when there are several), the field path and its line.
     """
-    try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ConfigError(f"{where}invalid YAML: {getattr(e, 'problem', e)}", path=source) from None
+    documents = [(d, lines) for d, lines in load_yaml_documents(text, path=source) if d is not None]
     out = []
-    for i, doc in enumerate(documents):
+    for i, (doc, lines) in enumerate(documents):
         where = f"{source} (document {i + 1})" if len(documents) > 1 else source
         if not isinstance(doc, dict):
             raise ConfigError("expected a Kubernetes object (a mapping)", path=where)
@@ -302,7 +352,9 @@ def parse_manifests(text: str, *, source: str) -> list[HorizontalPodAutoscaler]:
             continue
         if doc.get("apiVersion") != "autoscaling/v2":
             raise ConfigError(f"apiVersion: expected autoscaling/v2 (got {doc.get('apiVersion')!r})", path=where)
-        out.append(validate(HorizontalPodAutoscaler, doc, where))
+        located = YamlMapping(doc)
+        located.lines = lines
+        out.append(validate(HorizontalPodAutoscaler, located, where))
     if not out:
         raise ConfigError("no autoscaling/v2 HorizontalPodAutoscaler in the file", path=source)
     return out

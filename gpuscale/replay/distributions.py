@@ -8,8 +8,9 @@ Used for ``--service-time``, ``--startup`` and ``--swap-time`` of ``gpuscale sim
     @file.csv                       resampled (uniformly, with replacement) from the file's numbers: one per
                                     line, seconds, an optional header line; blank lines ignored
 
-Draws come from the replay's seeded generator, so the same seed gives the same bytes. Every duration is ≥ 0;
-a value that is not is an error naming the flag (and the file and line).
+Draws come from the replay's seeded generator, so the same seed gives the same bytes. Every duration is a
+finite number of seconds in [0, MAX_DURATION_S] (so means and sums of them stay finite); a value that is not
+is an error naming the flag (and the file and line). A file is read within gpuscale/files.py's limits.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from gpuscale.errors import ConfigError
+from gpuscale.files import DATA_LIMIT_BYTES, read_text
 from gpuscale.model import parse_duration
+from gpuscale.replay.traces import check_rows
+
+MAX_DURATION_S = 1e9
+"""The longest duration any flag or sample may give (~32 years)."""
 
 Z95 = 1.6448536269514722  # the standard normal's 95th percentile
 
@@ -114,8 +119,8 @@ def _seconds(value: str, *, flag: str, what: str) -> float:
         seconds = float(parse_duration(value.strip()))
     except (ValueError, TypeError, OverflowError):
         raise ConfigError(f"{flag}: {what} is not a duration like 1.8s or 250ms (got {value!r})") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(f"{flag}: {what} must be a finite duration ≥ 0 (got {value!r})")
+    if not 0 <= seconds <= MAX_DURATION_S:  # NB: false for NaN too
+        raise ConfigError(f"{flag}: {what} must be a duration from 0 to {MAX_DURATION_S:g} s (got {value!r})")
     return seconds
 
 
@@ -124,9 +129,11 @@ _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 def _from_file(path: str, *, flag: str) -> Distribution:
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{flag}: cannot read samples: {getattr(e, 'strerror', None) or e}", path=path) from None
+        text = read_text(path, limit_bytes=DATA_LIMIT_BYTES, what="samples")
+        check_rows(text, source=path)
+    except ConfigError as e:
+        raise ConfigError(f"{flag}: {str(e).removeprefix(f'{e.path}: ')}", path=e.path) from None
+    lines = text.splitlines()
     values = []
     for line_no, line in enumerate(lines, 1):
         cell = line.split(",")[0].strip()
@@ -137,8 +144,10 @@ def _from_file(path: str, *, flag: str) -> Distribution:
                 continue  # a header
             raise ConfigError(f"{flag}: line {line_no}: not a number of seconds (got {cell!r})", path=path)
         v = float(cell)
-        if v < 0:
-            raise ConfigError(f"{flag}: line {line_no}: a duration must be ≥ 0 (got {cell})", path=path)
+        if not 0 <= v <= MAX_DURATION_S:
+            raise ConfigError(
+                f"{flag}: line {line_no}: a duration must be from 0 to {MAX_DURATION_S:g} s (got {cell})", path=path
+            )
         values.append(v)
     if not values:
         raise ConfigError(f"{flag}: no samples in the file", path=path)

@@ -27,7 +27,7 @@ from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscal
 from gpuscale.metrics.catalogue import MetricDefinition, Term
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.model import milli_value
-from gpuscale.replay.traces import parse_timestamp
+from gpuscale.replay.traces import check_rows, csv_errors, parse_timestamp
 
 _HEADER = ("timestamp", "pod", "metric", "value")
 STALENESS_S = 300.0
@@ -91,7 +91,10 @@ def history_from_samples(samples: Mapping[str, Mapping[str, list[tuple[float, fl
     return MetricHistory(series, float(start), float(end))
 
 
+@csv_errors
 def parse_history_csv(text: str, *, source: str) -> MetricHistory:
+    text = text.removeprefix("\ufeff")
+    check_rows(text, source=source)
     reader = csv.reader(io.StringIO(text))
     header = [h.strip() for h in next(reader, [])]
     if tuple(header[:4]) != _HEADER:
@@ -180,8 +183,11 @@ def check_history(history: MetricHistory, hpas: list[tuple[str, HorizontalPodAut
                 )
 
 
+@csv_errors
 def parse_series_csv(text: str, *, source: str) -> Series:
     """CSV ``timestamp,value`` (seconds or ISO 8601, sorted) → one series."""
+    text = text.removeprefix("\ufeff")
+    check_rows(text, source=source)
     reader = csv.reader(io.StringIO(text))
     header = [h.strip() for h in next(reader, [])]
     if header[:2] != ["timestamp", "value"]:

@@ -19,6 +19,7 @@ import numpy as np
 from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, Decision, PodInfo, Readiness
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import Catalogue
+from gpuscale.replay.budget import check_grid
 from gpuscale.replay.distributions import Distribution, constant
 from gpuscale.replay.general import GeneralServingModel, ServiceProfile
 from gpuscale.replay.history import Series
@@ -127,6 +128,33 @@ def replay(
     )
 
 
+def check_budget(
+    trace: Trace,
+    hpa: HorizontalPodAutoscaler,
+    *,
+    profile: ServingProfile | ServiceProfile,
+    settings: ReplaySettings,
+    trace_source: str,
+    source: str,
+) -> None:
+    """ConfigError naming the trace or the manifest when replaying ``trace`` through ``hpa`` is past the budget
+    (gpuscale/replay/budget.py): checked before any replica or array is made."""
+    check_grid(
+        span_s=trace.duration_s + settings.max_tail_s,
+        step_s=model_step_s(profile, settings),
+        max_replicas=hpa.spec.max_replicas,
+        trace=trace_source,
+        hpa=source,
+    )
+
+
+def model_step_s(profile: ServingProfile | ServiceProfile, settings: ReplaySettings) -> float:
+    """The step the serving model (and so the replay's clock) advances by."""
+    if isinstance(profile, ServingProfile):
+        return settings.step_s
+    return settings.general_step_s or settings.refresh_s
+
+
 def make_model(
     trace: Trace, *, profile: ServingProfile | ServiceProfile, settings: ReplaySettings
 ) -> ServingModel | GeneralServingModel:
@@ -143,7 +171,7 @@ def make_model(
     if settings.swap_time is not None:
         swap_s = np.asarray(settings.swap_time.draw(draws, len(trace)), dtype=np.float64)
     return GeneralServingModel(
-        trace, profile=profile, service_s=service_s, swap_s=swap_s, step_s=settings.general_step_s or settings.refresh_s
+        trace, profile=profile, service_s=service_s, swap_s=swap_s, step_s=model_step_s(profile, settings)
     )
 
 

@@ -14,22 +14,37 @@ Formats, chosen by the file's content (``.gz`` is read transparently):
 Equal timestamps are valid (a coarse clock, a burst logged in the same millisecond) and kept in file order;
 so are zero costs. Bad rows are errors naming the file, the line and the field: unsorted timestamps, missing,
 non-integer or negative token counts, missing or negative service times. Offsets start at 0.
+
+Limits: the file holds at most DATA_LIMIT_BYTES once decompressed (gpuscale/files.py), at most
+MAX_ROWS requests and token counts below MAX_TOKENS; a UTF-8 byte-order mark is skipped.
 """
 
 from __future__ import annotations
 
 import csv
-import gzip
+import functools
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from importlib.abc import Traversable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from gpuscale.errors import ConfigError
+from gpuscale.files import DATA_LIMIT_BYTES, decode_utf8, read_bytes
+
+_T = TypeVar("_T")
+
+MAX_ROWS = 5_000_000
+"""Rows a trace (its requests), a metric history, an --external series or an @file of samples may hold
+(docs/simulate.md's longest benchmark has 2.2 million requests); counted as lines first, so a larger file is
+refused before a row is parsed."""
+MAX_TOKENS = 10**9
+"""Tokens one request may have in or out (a model's context is < 10⁷); held as int64 counts."""
 
 
 @dataclass(frozen=True)
@@ -88,19 +103,30 @@ class Trace:
 
 def read_trace(path: str | Path | Traversable) -> Trace:
     """Load a trace file (any format above); ConfigError naming the file, line and field otherwise."""
-    if isinstance(path, str):
-        path = Path(path)
-    try:
-        raw = path.read_bytes()
-        text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
-        raise ConfigError(f"cannot read trace: {getattr(e, 'strerror', None) or e}", path=str(path)) from None
-    except UnicodeDecodeError:
-        raise ConfigError("not a text file (expected CSV or JSON lines)", path=str(path)) from None
+    raw = read_bytes(path, limit_bytes=DATA_LIMIT_BYTES, what="trace", gunzip=True)
+    text = decode_utf8(raw, path=str(path))
+    del raw  # NB: a 256 MiB trace need not be held twice while it is parsed
     return parse_trace(text, source=str(path))
 
 
+def csv_errors(parse: Callable[..., _T]) -> Callable[..., _T]:
+    """``parse(text, source=...)`` with the csv module's own errors (a field over its 128 KiB limit, a NUL
+    byte) as a ConfigError naming the source."""
+
+    @functools.wraps(parse)
+    def parse_or_refuse(text: str, *, source: str) -> _T:
+        try:
+            return parse(text, source=source)
+        except csv.Error as e:
+            raise ConfigError(f"not CSV: {e}", path=source) from None
+
+    return parse_or_refuse
+
+
+@csv_errors
 def parse_trace(text: str, *, source: str) -> Trace:
+    text = text.removeprefix("\ufeff")
+    check_rows(text, source=source)
     first = text.lstrip()[:1]
     name = Path(source).name.removesuffix(".gz")
     if first != "{":
@@ -118,6 +144,12 @@ def parse_trace(text: str, *, source: str) -> Trace:
         np.asarray(outputs, dtype=np.int64),
         origin=float(times[0]),
     )
+
+
+def check_rows(text: str, *, source: str) -> None:
+    """ConfigError when ``text`` has more lines than MAX_ROWS and a header."""
+    if text.count("\n") > MAX_ROWS + 1:  # NB: the header, and the last line's newline
+        raise ConfigError(f"more than {MAX_ROWS:,} rows (the limit of a trace, history or samples file)", path=source)
 
 
 def _arrivals(
@@ -213,6 +245,8 @@ def _tokens(value: object, *, field: str, line: int, source: str) -> int:
         raise ConfigError(f"line {line}: {field} must be a whole number of tokens (got {value!r})", path=source)
     if n < 0:
         raise ConfigError(f"line {line}: {field} must not be negative (got {n})", path=source)
+    if n >= MAX_TOKENS:
+        raise ConfigError(f"line {line}: {field} must be below {MAX_TOKENS:,} (got {n})", path=source)
     return n
 
 
@@ -228,11 +262,18 @@ def _jsonl_rows(text: str, source: str) -> list[Row]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"line {line_no}: not JSON: {e.msg}", path=source) from None
+        except ValueError as e:  # NB: e.g. an integer of more than 4,300 digits
+            raise ConfigError(f"line {line_no}: not JSON: {e}", path=source) from None
+        except RecursionError:  # NB: json nests by recursion; [[[[…10,000 deep would end in a traceback
+            raise ConfigError(f"line {line_no}: JSON nested too deep for a trace row", path=source) from None
         if not isinstance(obj, dict):
             raise ConfigError(f"line {line_no}: expected a JSON object", path=source)
         ts = obj.get("timestamp")
-        if isinstance(ts, bool) or not isinstance(ts, int | float):
-            raise ConfigError(f"line {line_no}: timestamp must be a number of milliseconds (got {ts!r})", path=source)
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not abs(ts) < 1e300:
+            shown = ts if not isinstance(ts, int) or abs(ts) < 1e300 else "an integer too large for a float"
+            raise ConfigError(
+                f"line {line_no}: timestamp must be a finite number of milliseconds (got {shown!r})", path=source
+            )
         ins = _tokens(obj.get("input_length"), field="input_length", line=line_no, source=source)
         outs = _tokens(obj.get("output_length"), field="output_length", line=line_no, source=source)
         out.append((line_no, ts / 1000.0, ins, outs))

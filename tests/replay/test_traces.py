@@ -114,7 +114,7 @@ def test_unreadable_files(tmp_path):
     with pytest.raises(ConfigError, match="cannot read trace"):
         read_trace(tmp_path / "missing.csv")
     (tmp_path / "b.bin").write_bytes(b"\xff\xfe\x00binary")
-    with pytest.raises(ConfigError, match="not a text file"):
+    with pytest.raises(ConfigError, match="line 1: not UTF-8 text"):
         read_trace(tmp_path / "b.bin")
 
 
