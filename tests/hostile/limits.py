@@ -8,12 +8,13 @@ ends that child with MemoryError (a traceback: the test fails) instead of taking
 
 from __future__ import annotations
 
+import atexit
+import base64
+import json
 import os
-import resource
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,44 @@ class Outcome:
         return "Traceback (most recent call last)" in self.stderr
 
 
+class _Zygote:
+    """The fork server (tests/hostile/zygote.py) of this test process, started on first use and ended with it."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.hostile.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            # NB: one BLAS thread, so that no thread of numpy's is running when the server forks.
+            env={**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
+            cwd=REPO,
+            text=True,
+        )
+        ready = proc.stdout.readline()
+        if not ready:
+            raise RuntimeError("the hostile suite's fork server did not start")
+        atexit.register(proc.kill)
+        return proc
+
+    def run(self, request: dict) -> dict:
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.proc = self._start()
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            reply = self.proc.stdout.readline()
+        if not reply:
+            raise RuntimeError("the hostile suite's fork server ended")
+        return json.loads(reply)
+
+
+_ZYGOTE = _Zygote()
+
+
 def run_cli(
     argv: list[str],
     *,
@@ -49,63 +88,21 @@ def run_cli(
     stdin: bytes | None = None,
     cwd: Path | None = None,
 ) -> Outcome:
-    """``python -m gpuscale *argv`` from this checkout, capped; the child's peak RSS from its rusage."""
+    """``gpuscale *argv`` from this checkout in a process of its own, capped; its own peak RSS (wait4).
 
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
-
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuscale", *argv],
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=cap,
-        env=env,
-        cwd=cwd,
+    The process is forked from a server that has gpuscale imported already (tests/hostile/zygote.py), so a
+    case costs its own work, not an interpreter's start-up."""
+    reply = _ZYGOTE.run(
+        {
+            "argv": list(argv),
+            "seconds": seconds,
+            "cap": cap_bytes,
+            "stdin": base64.b64encode(stdin).decode() if stdin is not None else None,
+            "cwd": str(cwd) if cwd is not None else None,
+            "env": {**os.environ, "PYTHONPATH": str(REPO)},
+        }
     )
-    # Output is drained by threads while this thread reaps the child with wait4, which gives this child's own
-    # peak RSS (communicate() would reap it through waitpid and lose its rusage).
-    chunks: dict[str, bytes] = {}
-
-    def drain(name: str, stream) -> None:
-        chunks[name] = stream.read()
-
-    readers = [
-        threading.Thread(target=drain, args=(n, s), daemon=True)
-        for n, s in (("out", proc.stdout), ("err", proc.stderr))
-    ]
-    for r in readers:
-        r.start()
-    if stdin is not None:
-        try:
-            proc.stdin.write(stdin)
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-    code: int | None = None
-    peak = 0
-    deadline = start + seconds
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            code = os.waitstatus_to_exitcode(status)
-            peak = usage.ru_maxrss * 1024
-            proc.returncode = code
-            break
-        if time.monotonic() > deadline:
-            proc.kill()
-            _, _, usage = os.wait4(proc.pid, 0)
-            peak = usage.ru_maxrss * 1024
-            proc.returncode = -9
-            break
-        time.sleep(0.02)  # polling a child's exit: no fixed wait for readiness
-    for r in readers:
-        r.join(timeout=5)
-    elapsed = time.monotonic() - start
-    out, err = chunks.get("out", b""), chunks.get("err", b"")
-    return Outcome(code, out.decode(errors="replace"), err.decode(errors="replace"), elapsed, peak)
+    return Outcome(reply["code"], reply["out"], reply["err"], reply["seconds"], reply["peak"])
 
 
 def assert_refused_cleanly(outcome: Outcome, *, says: str | None = None) -> None:
