@@ -131,6 +131,17 @@ def access_rules(objects) -> list[AccessRule]:
     return rules
 
 
+def _selected_name(field_selector: str) -> str:
+    """The name a list or watch is authorized for, as the API server's RequestInfo sets it: the value of a
+    ``metadata.name=`` (or ``==``) term of its field selector, "" without one."""
+    for term in field_selector.split(","):
+        for operator in ("==", "="):
+            key, found, value = term.partition(operator)
+            if found and key == "metadata.name" and not value.startswith("="):
+                return value
+    return ""
+
+
 def attributes(method: str, path_qs: str) -> dict[str, Any] | None:
     """A request's SubjectAccessReview resourceAttributes (None for discovery, which every user may read)."""
     url = urlsplit(path_qs)
@@ -145,10 +156,13 @@ def attributes(method: str, path_qs: str) -> dict[str, Any] | None:
     if rest[0] == "namespaces" and len(rest) > 2:
         namespace, rest = rest[1], rest[2:]
     name = rest[1] if len(rest) > 1 else ""
-    watch = parse_qs(url.query).get("watch", ["false"])[0] in ("1", "true")
+    query = parse_qs(url.query)
+    watch = query.get("watch", ["false"])[0] in ("1", "true")
     verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
     if verb is None:
         verb = "get" if name else ("watch" if watch else "list")
+        if not name:
+            name = _selected_name(query.get("fieldSelector", [""])[0])
     return {
         "verb": verb,
         "group": group,

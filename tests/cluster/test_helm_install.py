@@ -98,7 +98,8 @@ def release(helm, plane, exporter, tmp_path_factory):
 def _path(obj: dict) -> str:
     """The object's URL path on the API server (the kinds the chart installs)."""
     group, _, version = obj["apiVersion"].rpartition("/")
-    plural = "priorityclasses" if obj["kind"] == "PriorityClass" else obj["kind"].lower() + "s"
+    kind = obj["kind"].lower()
+    plural = kind[:-1] + "ies" if kind.endswith("y") else kind + ("es" if kind.endswith("s") else "s")
     base = f"/apis/{group}/{version}" if group else f"/api/{version}"
     namespace = obj["metadata"].get("namespace")
     return f"{base}/namespaces/{namespace}/{plural}/{obj['metadata']['name']}" if namespace else f"{base}/{plural}/{obj['metadata']['name']}"  # fmt: skip
@@ -108,7 +109,8 @@ def test_helm_install_creates_every_object_of_the_chart(plane, release):
     rest = plane.rest()
     kinds = {o["kind"] for o in release["objects"]}
     assert kinds >= {"Deployment", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "RoleBinding",
-                     "Role", "PodDisruptionBudget", "PriorityClass", "APIService", "ConfigMap", "Secret"}  # fmt: skip
+                     "Role", "PodDisruptionBudget", "PriorityClass", "APIService", "ConfigMap", "Secret",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}  # fmt: skip
     for obj in release["objects"]:
         got = rest.get(_path(obj))
         assert got.status == 200, f"{obj['kind']} {obj['metadata']['name']}: {got.status} {got.body}"

@@ -21,7 +21,16 @@ app.kubernetes.io/component: {{ . }}
 {{- end -}}
 
 {{- define "gpuscale.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) | toJson }}
+{{- end -}}
+
+{{/*
+One container argument, --name=value, as a YAML string: a value holding a line break, a quote or "- --flag" stays
+inside this one argument (values.schema.json refuses such values first; this is the second wall).
+Called with (list "refresh-interval" .Values.adapter.refreshInterval).
+*/}}
+{{- define "gpuscale.flag" -}}
+{{ printf "--%s=%s" (index . 0) (index . 1) | toJson }}
 {{- end -}}
 
 {{/* The address the aggregator connects to and checks the certificate against. */}}
