@@ -27,9 +27,10 @@ def simulated_document(*, slow_too: bool = False) -> dict:
     settings = ReplaySettings()
     hpas = [parse_manifests(MANIFEST, source="triton-hpa.yaml")[0]]
     if slow_too:
-        slow = MANIFEST.replace("name: triton", "name: slow-down", 1) + (
-            "  behavior:\n    scaleDown: {stabilizationWindowSeconds: 600}\n"
-        )
+        # NB: the example's own behavior block replaced, not repeated: a key given twice is refused (as the
+        # API server's strict decoding does), where it used to be last-wins.
+        head = MANIFEST.replace("name: triton", "name: slow-down", 1).split("  behavior:\n", 1)[0]
+        slow = head + "  behavior:\n    scaleDown: {stabilizationWindowSeconds: 600}\n"
         hpas.append(parse_manifests(slow, source="slow.yaml")[0])
     outs = [
         replay(trace, hpa, catalogue=load_catalogue(), profile=ServingProfile(), settings=settings, source="x")
