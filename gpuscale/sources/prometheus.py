@@ -92,6 +92,20 @@ answers 503 after the metric's max-age instead of serving old numbers as new; th
 refresh still update. A partial answer (``warnings``, VictoriaMetrics' ``isPartial``) is used: series
 it returns replace their old values, series it lacks keep theirs (old timestamps, again), and the
 health says why. ``health()`` has one entry, the server.
+
+Whatever is wrong with one answer fails that query only, in either decode mode: arrays nested 100,000 deep
+(RecursionError in ``json.loads``), an integer of 400 digits as a value, a label value that is not a string, one
+label set twice, bytes that are not UTF-8 — ``prom_answer.decode_answer`` turns every one into the query's
+failure, for the worker thread and the decoder process alike. Each failed query is counted by kind in health's
+``failed_reads`` (the adapter's ``gpuscale_source_failed_reads``); the log says it once while the reasons stay
+the same.
+
+Memory is bounded by the body cap per answer and by ``max_label_sets`` (the adapter's
+``--prometheus-max-label-sets``) for the label sets held: a refresh keeps at most that many distinct label sets, on
+either side of the decoder process, and forgets older refreshes' sets first; series past it in one refresh are left
+out, counted in health's ``dropped_series`` (``gpuscale_source_dropped_series``), shown as ``degraded`` and logged
+once. Without it, an answer with 20,000 new pods every refresh kept up to 24 refreshes' label sets on both sides
+(docs/benchmarks.md, "label-set churn").
 """
 
 from __future__ import annotations

@@ -124,6 +124,26 @@ async def test_answers_that_are_always_partial_cannot_pile_up_old_series_past_th
         await source.close()
 
 
+async def test_what_is_left_out_and_what_failed_is_on_the_adapters_metrics(prom, decode_in):
+    from prometheus_client import generate_latest
+
+    from gpuscale.adapter.selfmetrics import AdapterMetrics
+    from tests.sources.test_prometheus import answer
+
+    prom.answers[NAME] = pods(7)
+    prom.faults["DCGM_FI_DEV_FB_USED"] = answer(200, {"status": "error", "errorType": "bad_data", "error": "x"})
+    source = source_for(prom, decode_in, 5, GAUGE, OTHER)
+    try:
+        await source.refresh(now=T0)
+        await source.refresh(now=T0)
+        text = generate_latest(AdapterMetrics(lambda: [source]).registry).decode()
+    finally:
+        await source.close()
+    where = f'source="prometheus",target="{prom.url}"'
+    assert f'gpuscale_source_dropped_series_total{{reason="{OVER_CAP}",{where}}} 4.0' in text, text
+    assert f'gpuscale_source_failed_reads_total{{kind="query_error",{where}}} 2.0' in text, text
+
+
 def test_a_cap_below_one_is_refused():
     from gpuscale.errors import ConfigError
 
