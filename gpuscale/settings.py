@@ -55,9 +55,9 @@ class AdapterSettings(_Settings):
         "that query's last values keep serving",
     )
     prometheus_max_label_sets: int = Field(
-        100_000,
+        50_000,
         ge=1,
-        description="distinct label sets kept from Prometheus (~12,000 at 10,000 GPUs): series past it in one refresh "
+        description="distinct label sets kept from Prometheus (~15,000 at 10,000 GPUs): series past it in one refresh "
         "are left out and counted (gpuscale_source_dropped_series), so series churn cannot grow memory without bound",
     )
     prometheus_decode_process: bool = Field(

@@ -32,9 +32,10 @@ __all__ = [
 # dcgm_structs.h: DCGM_FP64_BLANK = 2**47, then NOT_FOUND, NOT_SUPPORTED, NO_PERMISSION (+1, +2, +3).
 _FP64_BLANK_CODES = frozenset(float(2**47 + i) for i in range(4))
 _ERROR_TEXT_LIMIT = 300
-# NB: ~12,000 label sets at 10,000 GPUs (bench_refresh.py's fleet): room for ~80,000 GPUs' worth, and at most ~220 MB
-# of label sets across the adapter and its decoder process under churn (docs/benchmarks.md, bench_label_churn.py).
-DEFAULT_MAX_LABEL_SETS = 100_000
+# NB: ~15,000 label sets at 10,000 GPUs (a DCGM set per GPU, a serving set per pod): room for ~30,000 GPUs. Under
+# churn (20,000 new pods in every answer) the adapter and its decoder plateau at ~760 MB with this cap, 3.4+ GB and
+# growing without (benchmarks/bench_label_churn.py, docs/benchmarks.md).
+DEFAULT_MAX_LABEL_SETS = 50_000
 _WARNINGS_KEPT = 10
 _LENGTHS_KEPT = 64  # position lists of LabelSets.by_length: the built-in catalogue sends 50 queries
 # SourceUnavailable.kind of a failed query, one word each (a /metrics label)
