@@ -12,6 +12,8 @@ Cases:
 * fleet — the 10,000 GPUs as they are, every refresh the same label sets;
 * churn — the same, and every answer carries ``--churn`` (20,000) more series whose label sets no answer had before
   (new pods every time): the hostile trial's shape, which plateaued near 626 + 568 MB before the cap;
+* churn, decoded in a thread — ``--no-prometheus-decode-process`` (``--cases churn-thread``): the cap alone, per
+  refresh;
 * churn, no cap — the peer: churn with ``--prometheus-max-label-sets`` out of reach (10**9), the decoder's tables
   kept only by their generation sweep, as before the cap.
 
@@ -29,7 +31,6 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from bench_adapter_peers import process  # noqa: E402
 from bench_demand import DCGM_FIELDS, EMPTY, RATE_SERIES, fleet  # noqa: E402
 from bench_refresh import serve_instant_queries  # noqa: E402
 
@@ -119,18 +121,10 @@ def run_case(prometheus: str, extra: list[str], seconds: float, interval: float,
                "--prometheus-timeout", f"{interval:g}s",
                "--log-level", "warning", *extra]  # fmt: skip
     log = work / "adapter.log"
-    with log.open("wb") as out:
-        popen = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=work,
-            env={**os.environ, "PYTHONPATH": str(REPO)},  # NB: this checkout, not an installed gpuscale
-        )
     base = f"http://127.0.0.1:{port}"
     samples: list[tuple[float, int, int]] = []  # (time, adapter, decoder)
-    try:
+    # NB: PYTHONPATH: this checkout's gpuscale, not an installed one
+    with process(command, log, cwd=work, env={**os.environ, "PYTHONPATH": str(REPO)}) as popen:
         started = time.monotonic()
         while time.monotonic() - started < seconds:
             if popen.poll() is not None:
@@ -139,16 +133,9 @@ def run_case(prometheus: str, extra: list[str], seconds: float, interval: float,
             samples.append((time.monotonic() - started, rss_bytes(popen.pid), sum(rss_bytes(k) for k in kids)))
             time.sleep(0.5)  # NB: a sampling period, not a wait for readiness
         metrics = scraped(base)
-        problems = [line for line in log.read_text().splitlines() if "prometheus" in line]
-        if problems:
-            print(f"adapter log: {problems[-1][:300]}", file=sys.stderr)
-    finally:
-        popen.terminate()
-        try:
-            popen.wait(10)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait(10)
+    problems = [line for line in log.read_text().splitlines() if "prometheus" in line]
+    if problems:
+        print(f"adapter log: {problems[-1][:300]}", file=sys.stderr)
     late = [s for s in samples if s[0] >= seconds / 2]
     return {
         "plateau_mb": max(a + d for _, a, d in late) / MB,
@@ -179,6 +166,8 @@ def main() -> None:
     cases = {
         "fleet": ("10,000 GPUs", servers.get(0), []),
         "churn": (f"+{args.churn:,} new sets/answer", servers.get(args.churn), []),
+        "churn-thread": (f"+{args.churn:,}, decoded in a thread", servers.get(args.churn),
+                         ["--no-prometheus-decode-process"]),
         "churn-nocap": (f"+{args.churn:,}, no cap (peer)", servers.get(args.churn), ["--prometheus-max-label-sets",
                                                                                       "1000000000"]),
     }  # fmt: skip
