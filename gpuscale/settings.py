@@ -54,6 +54,12 @@ class AdapterSettings(_Settings):
         description="bytes: a bigger answer to one Prometheus query is refused while it streams in (never decoded); "
         "that query's last values keep serving",
     )
+    prometheus_max_label_sets: int = Field(
+        50_000,
+        ge=1,
+        description="distinct label sets kept from Prometheus (~15,000 at 10,000 GPUs): series past it in one refresh "
+        "are left out and counted (gpuscale_source_dropped_series), so series churn cannot grow memory without bound",
+    )
     prometheus_decode_process: bool = Field(
         True,
         description="decode Prometheus answers in a child process, so that no decode holds up HPA requests "

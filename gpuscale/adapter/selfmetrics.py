@@ -72,6 +72,16 @@ class _SourceCollector(Collector):
             "When the target's last problem was seen; kind is one word from a fixed set, message the reason.",
             labels=["source", "target", "kind", "message"],
         )
+        failed_reads = CounterMetricFamily(
+            "gpuscale_source_failed_reads",
+            "Reads of part of the target that failed (a Prometheus source: one per query), by kind.",
+            labels=["source", "target", "kind"],
+        )
+        dropped = CounterMetricFamily(
+            "gpuscale_source_dropped_series",
+            "Series left out of reads of the target that were used, by reason.",
+            labels=["source", "target", "reason"],
+        )
         now = self._clock()
         for source in self._sources():
             for h in source.health():
@@ -87,7 +97,11 @@ class _SourceCollector(Collector):
                 if h.last_error is not None and h.last_error_at is not None:
                     kind, message = h.last_error_kind or "error", one_line(h.last_error, 120)
                     last_error.add_metric([*labels, kind, message], h.last_error_at)
-        yield from (up, age, duration, series, errors, degraded, last_error)
+                for kind, n in h.failed_reads.items():
+                    failed_reads.add_metric([*labels, kind], float(n))
+                for reason, n in h.dropped_series.items():
+                    dropped.add_metric([*labels, reason], float(n))
+        yield from (up, age, duration, series, errors, degraded, last_error, failed_reads, dropped)
 
 
 class _Pending(Collector):

@@ -497,6 +497,8 @@ def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> Prome
         timeout_seconds=_capped("--prometheus-timeout", settings.prometheus_timeout, settings),
         max_body_bytes=settings.prometheus_max_response_size,
         max_body_flag="--prometheus-max-response-size",
+        max_label_sets=settings.prometheus_max_label_sets,
+        max_label_sets_flag="--prometheus-max-label-sets",
         fresh_within_seconds=max(catalogue.max_age(m) for m in catalogue.metrics),
         decode_in="process" if settings.prometheus_decode_process else "thread",
         off_loop=True,

@@ -78,6 +78,10 @@ class TargetHealth:
     last_error: str | None = None
     last_error_kind: str | None = None
     last_error_at: float | None = None
+    # Counts since start, by one word from a fixed set (metric labels): reads of the target's parts that failed
+    # (a Prometheus source's queries, by kind), and series left out of reads that were used (by reason).
+    failed_reads: dict[str, int] = field(default_factory=dict)
+    dropped_series: dict[str, int] = field(default_factory=dict)
 
 
 class HealthReporter(Protocol):

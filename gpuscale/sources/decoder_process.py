@@ -11,18 +11,22 @@ arrays per 10,000 series and one Python loop in its build thread, which the inte
 switch interval to serve requests.
 
 Label sets are numbered by the child, never reused; a set no answer has had for ``KEEP_GENERATIONS``
-refreshes is forgotten by both sides (the child says which), so churn (pods come and go) cannot grow either
-table without bound.
+refreshes is forgotten by both sides (the child says which), and neither table ever holds more than
+``max_label_sets`` (the adapter's ``--prometheus-max-label-sets``): when a new set finds the table full, the sets
+this refresh has not had are forgotten at once, so churn (20,000 new pods per answer) costs at most that many sets
+on each side; only a single refresh with more distinct sets than that loses series (counted, Answer.over_cap).
 
 The protocol, on the child's stdin and stdout (both ends are gpuscale of the same installation; pickle is
 never read from anywhere else): a request is ``<IQ`` (header length, body length), the pickled header
-``(planned, status, content_type, source, generation)`` and the raw body; a reply is ``<Q`` (length) and the
-pickled reply, ``("ok", forget, new_set_chunks, names, ids, values, stamps, warnings, partial)`` or
-``("error", reason, kind, forget)``. The child exits when its stdin closes, so it never outlives the adapter.
+``(planned, status, content_type, source, generation, max_label_sets)`` and the raw body; a reply is ``<Q``
+(length) and the pickled reply, ``("ok", forget, new_set_chunks, names, ids, values, stamps, warnings, partial,
+over_cap)`` or ``("error", reason, kind, forget)``. The child exits when its stdin closes, so it never outlives
+the adapter.
 
-Faults: a child that dies, hangs past ``timeout_seconds`` or answers garbage is killed; the query in flight
-fails with kind ``decoder`` (its last values keep serving, as for any failed query: sources/prometheus.py) and
-the next query starts a new child with empty tables.
+Faults: whatever is wrong with an answer (sources/prom_answer.decode_answer, shared with the thread mode) fails
+its query only, with the reason in the reply. A child that dies, hangs past ``timeout_seconds`` or answers
+garbage is killed; the query in flight fails with kind ``decoder`` (its last values keep serving, as for any
+failed query: sources/prometheus.py) and the next query starts a new child with empty tables.
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ from array import array
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from gpuscale.errors import SourceUnavailable, one_line
+from gpuscale.errors import SourceUnavailable
 from gpuscale.sources.base import SeriesValue, series_value
-from gpuscale.sources.prom_answer import Answer, LabelSets, PlannedQuery, decode_body, read_answer
+from gpuscale.sources.prom_answer import DEFAULT_MAX_LABEL_SETS, Answer, LabelSets, PlannedQuery, decode_answer
 
 __all__ = ["KEEP_GENERATIONS", "DecoderProcess", "main"]
 
@@ -54,32 +58,58 @@ _STREAM_LIMIT = 1 << 20
 
 
 class _Table:
-    """The child's label sets: each shared dict (LabelSets) with its number and the refresh it last appeared in."""
+    """The child's label sets: each shared dict (LabelSets) with its number and the refresh it last appeared in.
+
+    At most ``limit`` sets: when a new one finds the table full, the sets this refresh has not had yet are forgotten
+    first (the adapter is told in the reply), and only if that frees nothing is the series left out (Answer.over_cap).
+    """
 
     def __init__(self) -> None:
-        self.sets = LabelSets()
+        self.sets = LabelSets(make_room=self.make_room)
         self.number: dict[int, int] = {}  # id(labels) → number
         self.held: dict[int, dict[str, str]] = {}  # number → labels (keeps id() valid)
         self.seen: dict[int, int] = {}  # number → generation
         self.next = 0
         self.swept = 0
+        self.generation = 0
+        self.gone: list[int] = []  # forgotten since the last reply
 
-    def sweep(self, generation: int) -> list[int]:
-        """Forget the sets no answer had in the last KEEP_GENERATIONS refreshes; their numbers."""
+    def sweep(self, generation: int) -> None:
+        """Forget the sets no answer had in the last KEEP_GENERATIONS refreshes."""
+        self.generation = generation
         if generation < self.swept + KEEP_GENERATIONS:
-            return []
+            return
         self.swept = generation
-        gone = [n for n, g in self.seen.items() if g < generation - KEEP_GENERATIONS]
+        self._forget([n for n, g in self.seen.items() if g < generation - KEEP_GENERATIONS])
+
+    def make_room(self) -> bool:
+        """The table is full: forget every set this refresh has not had yet; whether any was."""
+        reading = {id(v.labels) for v in self.sets.reading}  # NB: had by the answer being read, not yet marked seen
+        held = self.held
+        gone = [n for n, g in self.seen.items() if g < self.generation and id(held[n]) not in reading]
+        self._forget(gone)
+        return bool(gone)
+
+    def _forget(self, gone: list[int]) -> None:
+        if not gone:
+            return
+        ids = {id(self.held[n]) for n in gone}
         for n in gone:
             del self.number[id(self.held.pop(n))]
             del self.seen[n]
-        if gone:
-            index = self.sets.index
-            self.sets.index = {k: v for k, v in index.items() if id(v[0]) in self.number}
-            self.sets.by_length.clear()
+        index = self.sets.index
+        for key in [k for k, v in index.items() if id(v[0]) in ids]:
+            del index[key]  # NB: in place: read_answer may be reading through this very index
+        for positions in self.sets.by_length.values():
+            positions[:] = [None] * len(positions)  # NB: in place, as the answer being read holds one of them
+        self.sets.by_length.clear()  # NB: its positions would keep forgotten dicts alive
+        self.gone.extend(gone)
+
+    def taken_gone(self) -> list[int]:
+        gone, self.gone = self.gone, []
         return gone
 
-    def compact(self, answer: Answer, planned: PlannedQuery, generation: int, forget: list[int]) -> tuple[Any, ...]:
+    def compact(self, answer: Answer, planned: PlannedQuery, generation: int) -> tuple[Any, ...]:
         numbers, values, stamps = array("q"), array("d"), array("d")
         new: list[tuple[int, dict[str, str], str]] = []
         names: list[str] = []
@@ -104,7 +134,7 @@ class _Table:
         ]
         return (
             "ok",
-            forget,
+            self.taken_gone(),
             chunks,
             names if odd else None,
             numbers.tobytes(),
@@ -112,21 +142,19 @@ class _Table:
             stamps.tobytes(),
             answer.warnings,
             answer.partial,
+            answer.over_cap,
         )
 
 
 def _handle(table: _Table, header: tuple[Any, ...], raw: bytes) -> tuple[Any, ...]:
-    planned, status, content_type, source, generation = header
-    forget = table.sweep(generation)
+    planned, status, content_type, source, generation, max_label_sets = header
+    table.sets.limit = max_label_sets
+    table.sweep(generation)
     try:
-        body = decode_body(raw, status, content_type, source=source)
-        del raw
-        answer = read_answer(body, planned, source=source, label_sets=table.sets)
+        answer = decode_answer(raw, status, content_type, planned, source=source, label_sets=table.sets)
     except SourceUnavailable as e:
-        return ("error", e.reason, e.kind, forget)
-    except Exception as e:
-        return ("error", one_line(f"answer decoder failed: {type(e).__name__}: {e}", 300), "failed", forget)
-    return table.compact(answer, planned, generation, forget)
+        return ("error", e.reason, e.kind, table.taken_gone())
+    return table.compact(answer, planned, generation)
 
 
 def _read(stream: BinaryIO, n: int) -> bytes | None:
@@ -165,9 +193,12 @@ class DecoderProcess:
     had to be killed (shown in the source's health).
     """
 
-    def __init__(self, source: str, *, timeout_seconds: float = 30.0) -> None:
+    def __init__(
+        self, source: str, *, timeout_seconds: float = 30.0, max_label_sets: int = DEFAULT_MAX_LABEL_SETS
+    ) -> None:
         self._source = source
         self._timeout = timeout_seconds
+        self._max_label_sets = max_label_sets
         self._proc: asyncio.subprocess.Process | None = None
         self._sets: dict[int, tuple[dict[str, str], str]] = {}
         self._reaping: set[asyncio.Task[int]] = set()
@@ -182,7 +213,7 @@ class DecoderProcess:
             async with asyncio.timeout(self._timeout):
                 proc = await self._running()
                 assert proc.stdin is not None and proc.stdout is not None
-                header = pickle.dumps((planned, status, content_type, self._source, generation))
+                header = pickle.dumps((planned, status, content_type, self._source, generation, self._max_label_sets))
                 proc.stdin.write(_REQUEST.pack(len(header), len(raw)))
                 proc.stdin.write(header)
                 proc.stdin.write(raw)
@@ -207,7 +238,7 @@ class DecoderProcess:
             _, reason, kind, forget = reply
             self._forget(forget)
             raise SourceUnavailable(self._source, reason, kind=kind)
-        _, forget, chunks, names, numbers_b, values_b, stamps_b, warnings, partial = reply
+        _, forget, chunks, names, numbers_b, values_b, stamps_b, warnings, partial, over_cap = reply
         self._forget(forget)
         sets = self._sets
         for chunk in chunks:
@@ -229,7 +260,7 @@ class DecoderProcess:
             for n, value, ts, named in zip(numbers, values, stamps, names, strict=True):
                 labels, target = sets[n]
                 append(series_value((named, labels, value, ts, target, window)))
-        return Answer(out, warnings, partial)
+        return Answer(out, warnings, partial, over_cap)
 
     def _forget(self, numbers: list[int]) -> None:
         for n in numbers:

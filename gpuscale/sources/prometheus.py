@@ -92,6 +92,20 @@ answers 503 after the metric's max-age instead of serving old numbers as new; th
 refresh still update. A partial answer (``warnings``, VictoriaMetrics' ``isPartial``) is used: series
 it returns replace their old values, series it lacks keep theirs (old timestamps, again), and the
 health says why. ``health()`` has one entry, the server.
+
+Whatever is wrong with one answer fails that query only, in either decode mode: arrays nested 100,000 deep
+(RecursionError in ``json.loads``), an integer of 400 digits as a value, a label value that is not a string, one
+label set twice, bytes that are not UTF-8 — ``prom_answer.decode_answer`` turns every one into the query's
+failure, for the worker thread and the decoder process alike. Each failed query is counted by kind in health's
+``failed_reads`` (the adapter's ``gpuscale_source_failed_reads``); the log says it once while the reasons stay
+the same.
+
+Memory is bounded by the body cap per answer and by ``max_label_sets`` (the adapter's
+``--prometheus-max-label-sets``) for the label sets held: a refresh keeps at most that many distinct label sets, on
+either side of the decoder process, and forgets older refreshes' sets first; series past it in one refresh are left
+out, counted in health's ``dropped_series`` (``gpuscale_source_dropped_series``), shown as ``degraded`` and logged
+once. Without it, an answer with 20,000 new pods every refresh kept up to 24 refreshes' label sets on both sides
+(docs/benchmarks.md, "label-set churn").
 """
 
 from __future__ import annotations
@@ -118,7 +132,15 @@ from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
 from gpuscale.sources.bounded import read_bounded, size_text
 from gpuscale.sources.decoder_process import DecoderProcess
 from gpuscale.sources.loop_thread import IoLoop
-from gpuscale.sources.prom_answer import Answer, LabelSets, PlannedQuery, decode_body, read_answer, short
+from gpuscale.sources.prom_answer import (
+    DEFAULT_MAX_LABEL_SETS,
+    Answer,
+    LabelSets,
+    PlannedQuery,
+    decode_answer,
+    read_answer,
+    short,
+)
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -137,6 +159,7 @@ log = logging.getLogger(__name__)
 # NB: at 100,000 GPUs the largest answer (one DCGM field) is ~35 MB; decoding 64 MiB takes ~1 GB for a moment.
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_TIMEOUT_SECONDS = 5.0
+OVER_CAP = "over_label_set_cap"  # dropped_series reason
 
 
 # --- PromQL (pure) ------------------------------------------------------------------------------------
@@ -326,6 +349,8 @@ class PrometheusSource:
     the catalogue's longest max-age, so an old sample is never answered as a fresh one.
     ``decode_in`` is where answers are decoded: ``"thread"`` (a worker thread of this process) or ``"process"``
     (a child process, sources/decoder_process.py: the adapter's choice, so that no decode holds its GIL).
+    ``max_label_sets`` bounds the distinct label sets held (``max_label_sets_flag`` names the setting): series past
+    it in one refresh are left out, counted in health's ``dropped_series`` and logged once.
     ``off_loop``: queries run on an event loop of their own, in a thread (the adapter: the ~1,000 callbacks
     that read a 10,000-GPU refresh's bodies never queue in front of a request's on the serving loop).
     Unreadable credential files raise ConfigError here, so a bad flag fails at start.
@@ -347,6 +372,8 @@ class PrometheusSource:
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_body_flag: str | None = None,
+        max_label_sets: int = DEFAULT_MAX_LABEL_SETS,
+        max_label_sets_flag: str | None = None,
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
         fresh_within_seconds: float | None = None,
@@ -380,10 +407,18 @@ class PrometheusSource:
         self._timeout_seconds = float(timeout_seconds)
         self._max_body = max_body_bytes
         self._max_body_flag = max_body_flag
+        if max_label_sets < 1:
+            raise ConfigError(f"the most label sets kept must be at least 1, got {max_label_sets}")
+        self._max_label_sets = max_label_sets
+        self._max_label_sets_flag = max_label_sets_flag
+        self._failed_reads: dict[str, int] = {}  # kind → queries failed since start
+        self._dropped: dict[str, int] = {}  # reason → series left out since start
         self._decoding = asyncio.Lock()
         if decode_in not in ("thread", "process"):
             raise ValueError(f"decode_in must be 'thread' or 'process', not {decode_in!r}")
-        self._decoder = DecoderProcess(self.display_url) if decode_in == "process" else None
+        self._decoder = (
+            DecoderProcess(self.display_url, max_label_sets=max_label_sets) if decode_in == "process" else None
+        )
         if off_loop and session is not None:
             raise ValueError("an off_loop source makes its own session, on its own loop")
         self._io = IoLoop("gpuscale-prometheus", own=off_loop)
@@ -401,6 +436,7 @@ class PrometheusSource:
         self._kept: dict[PlannedQuery, list[SeriesValue]] = {p: [] for ps in self._plans.values() for p in ps}
         self._health = TargetHealth(self.display_url, False, error="not queried yet")
         self._logged: frozenset[str] = frozenset()
+        self._over_cap = 0  # series left out by the last refresh
         try:
             self._request_options()
         except _FileError as e:
@@ -443,7 +479,7 @@ class PrometheusSource:
         self._refreshes += 1
         # NB: equal label sets share one dict within a refresh; the index itself is dropped when the refresh
         # ends (its ~50,000 key tuples at 10,000 GPUs would otherwise stay for the garbage collector to walk).
-        label_sets = LabelSets()
+        label_sets = LabelSets(limit=self._max_label_sets)
         plans = self._plans_for(self._scope)
         # NB: terms that plan to the same query (one gauge read over two windows) send it once.
         planned = list(dict.fromkeys(p for ps in plans.values() for p in ps))
@@ -480,20 +516,49 @@ class PrometheusSource:
         failed: dict[PlannedQuery, str] = {}
         kinds: set[str] = set()
         partial: dict[PlannedQuery, str] = {}
+        over_cap = 0
         for p, answer in zip(planned, answers, strict=True):
             if isinstance(answer, SourceUnavailable):
                 failed[p] = answer.reason  # NB: the previous values stay, with their old timestamps
                 kinds.add(answer.kind)
-            elif answer.partial or answer.warnings:
-                # NB: a partial answer replaces the series it has; the others keep their old values and
-                # timestamps, so they age out unless a later full answer brings them back.
-                fresh = {_key(v) for v in answer.values}
-                self._kept[p] = answer.values + [v for v in self._kept[p] if _key(v) not in fresh]
+                self._failed_reads[answer.kind] = self._failed_reads.get(answer.kind, 0) + 1
+                continue
+            over_cap += answer.over_cap
+            if answer.partial or answer.warnings:
+                over_cap += self._merge_partial(p, answer)
                 why = "; ".join(answer.warnings) or "the server marked the response partial"
                 partial[p] = f"partial response: {short(why)}"
             else:
                 self._kept[p] = answer.values
+        self._count_over_cap(over_cap)
         self._record(started, failed, partial, kind=kinds.pop() if len(kinds) == 1 else "failed")
+
+    def _merge_partial(self, p: PlannedQuery, answer: Answer) -> int:
+        """A partial answer replaces the series it has; the others keep their old values and timestamps, so they age
+        out unless a later full answer brings them back. Old series past the label-set cap are let go (churn under
+        answers that are always partial must not pile up); how many."""
+        fresh = {_key(v) for v in answer.values}
+        carried = [v for v in self._kept[p] if _key(v) not in fresh]
+        room = max(0, self._max_label_sets - len(answer.values))
+        self._kept[p] = answer.values + carried[:room]
+        return max(0, len(carried) - room)
+
+    def _count_over_cap(self, over_cap: int) -> None:
+        """Series left out this refresh for the label-set cap: counted, logged when it starts and when it ends."""
+        if over_cap:
+            self._dropped[OVER_CAP] = self._dropped.get(OVER_CAP, 0) + over_cap
+        if bool(over_cap) != bool(self._over_cap):
+            if over_cap:
+                log.warning("prometheus %s: %s", self.display_url, self._over_cap_text(over_cap))
+            else:
+                log.info("prometheus %s: no series left out for the label-set cap any more", self.display_url)
+        self._over_cap = over_cap
+
+    def _over_cap_text(self, over_cap: int) -> str:
+        flag = f" ({self._max_label_sets_flag})" if self._max_label_sets_flag else ""
+        return (
+            f"{over_cap:,} series left out: more than {self._max_label_sets:,} distinct label sets in one refresh{flag}"
+        )
 
     def _plans_for(
         self, scope: Mapping[TermQuery, frozenset[str] | None] | None
@@ -532,19 +597,16 @@ class PrometheusSource:
         # holding the GIL), hence the decoder process. One decode at a time, as on the loop before, since the
         # answers of a refresh share ``label_sets`` (the process: its tables); and outside the deadline, because
         # a thread cannot be cancelled and the lock must not be released while it still runs.
+        # Either way every fault of the answer is this query's failure (prom_answer.decode_answer), never the refresh's.
         async with self._decoding:
             try:
                 if self._decoder is not None:
                     return await self._decoder.decode(raw, status, content_type, planned, self._refreshes)
-                return await asyncio.to_thread(self._answer, raw, status, content_type, planned, label_sets)
+                return await asyncio.to_thread(
+                    decode_answer, raw, status, content_type, planned, source=self.display_url, label_sets=label_sets
+                )
             except SourceUnavailable as e:
                 return e
-
-    def _answer(
-        self, raw: bytes | bytearray, status: int, content_type: str, planned: PlannedQuery, label_sets: LabelSets
-    ) -> Answer:
-        body = decode_body(raw, status, content_type, source=self.display_url)
-        return read_answer(body, planned, source=self.display_url, label_sets=label_sets)
 
     async def _post(
         self, form: dict[str, str], headers: dict[str, str], ssl_context: ssl.SSLContext | bool
@@ -554,9 +616,11 @@ class PrometheusSource:
             async with self._session.post(self._query_url, data=form, headers=headers, ssl=ssl_context) as resp:
                 return await self._read_body(resp), resp.status, resp.headers.get("Content-Type", "")
         except aiohttp.ClientConnectorError as e:
-            raise SourceUnavailable(self.display_url, f"cannot connect: {e.os_error or e}") from e
+            raise SourceUnavailable(self.display_url, f"cannot connect: {e.os_error or e}", kind="connection") from e
         except aiohttp.ClientError as e:
-            raise SourceUnavailable(self.display_url, f"{type(e).__name__}: {e}") from e
+            raise SourceUnavailable(
+                self.display_url, f"{type(e).__name__}: {short(str(e), 200)}", kind="connection"
+            ) from e
 
     async def _read_body(self, resp: aiohttp.ClientResponse) -> bytearray:
         limit = f"{size_text(self._max_body)}" + (f" ({self._max_body_flag})" if self._max_body_flag else "")
@@ -589,6 +653,8 @@ class PrometheusSource:
             extra["failed_queries"] = str(len(failed))
         if partial:
             extra["partial_queries"] = str(len(partial))
+        if self._over_cap:
+            extra["series_over_cap"] = str(self._over_cap)
         error = None
         if problems:
             # NB: the reason first: /readyz and /metrics cut a line at 120 characters, and the query is the longer part.
@@ -612,6 +678,9 @@ class PrometheusSource:
             last_error=one_line(error) if error else prev.last_error,
             last_error_kind=(kind if failed else "partial") if problems else prev.last_error_kind,
             last_error_at=finished if problems else prev.last_error_at,
+            degraded=self._over_cap_text(self._over_cap) if self._over_cap else None,
+            failed_reads=dict(self._failed_reads),
+            dropped_series=dict(self._dropped),
         )
         # NB: log when the set of problems changes, not on every refresh of a long outage.
         signature = frozenset(problems.values())

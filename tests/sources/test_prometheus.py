@@ -772,7 +772,7 @@ async def test_answers_are_decoded_off_the_event_loop_one_at_a_time(prom, monkey
     prom.answers["DCGM_FI_DEV_FB_FREE"] = [({"__name__": "DCGM_FI_DEV_FB_FREE", "UUID": "GPU-0"}, "80000")]
     entered, release, left = threading.Event(), threading.Event(), threading.Event()
     running, most = [0], [0]
-    real = promsource.read_answer
+    real = promsource.decode_answer
 
     def stalled(*args: Any, **kw: Any) -> Any:
         running[0] += 1
@@ -786,7 +786,7 @@ async def test_answers_are_decoded_off_the_event_loop_one_at_a_time(prom, monkey
         finally:
             running[0] -= 1
 
-    monkeypatch.setattr(promsource, "read_answer", stalled)
+    monkeypatch.setattr(promsource, "decode_answer", stalled)
     source = source_for(prom.url, FB, decode_in="thread")  # NB: the process: tests/sources/test_decoder_process.py
     refresh = asyncio.create_task(source.refresh(now=T0))
     try:
