@@ -760,6 +760,9 @@ def _metrics_sources(
 
 
 async def _open(settings: TopSettings, policy: DiagnosisPolicy) -> _Opened:
+    from gpuscale.sources.credentials import check_prometheus_files
+
+    check_prometheus_files(token_file=settings.prometheus_token_file)  # NB: refused before any connection
     closers: list[Callable[[], Awaitable[None]]] = []
     try:
         cluster, api = await _open_cluster(settings, closers)

@@ -12,23 +12,12 @@ before anything is served, rather than failing the first refresh of a server tha
 
 from __future__ import annotations
 
-import contextlib
 import ssl
-from collections.abc import Iterator
 
 from gpuscale.errors import ConfigError
-from gpuscale.files import PEM_LIMIT_BYTES, TOKEN_LIMIT_BYTES, decode_utf8, read_bytes
+from gpuscale.files import PEM_LIMIT_BYTES, TOKEN_LIMIT_BYTES, decode_utf8, named_by, read_bytes
 
-__all__ = ["check_prometheus_files", "named_by", "read_pem", "read_token", "verifying_context"]
-
-
-@contextlib.contextmanager
-def named_by(flag: str) -> Iterator[None]:
-    """A ConfigError raised inside says which flag (or entry) named the file: ``<file>: <flag>: <reason>``."""
-    try:
-        yield
-    except ConfigError as e:
-        raise ConfigError(f"{flag}: {str(e).removeprefix(f'{e.path}: ')}", path=e.path) from None
+__all__ = ["check_prometheus_files", "read_pem", "read_token", "verifying_context"]
 
 
 def read_token(path: str, *, flag: str) -> str:

@@ -40,9 +40,10 @@ from kubernetes_asyncio import client, config
 
 from gpuscale.config import read_yaml
 from gpuscale.errors import SelectorError, SourceUnavailable
+from gpuscale.files import named_by
 from gpuscale.selectors import DOUBLE_EQUALS, EQUALS, IN, LabelSelector
 from gpuscale.sources.base import TargetHealth
-from gpuscale.sources.credentials import named_by, read_pem, read_token
+from gpuscale.sources.credentials import read_pem, read_token
 
 __all__ = [
     "ClusterObjects",
