@@ -245,6 +245,10 @@ def run_report(settings: ReportSettings) -> None:
     policy = load_report_policy(settings.policies)
     render = formatter(settings.output)
     now = time.time()
+    if settings.kubeconfig:
+        from gpuscale.sources.kube import check_kubeconfig
+
+        check_kubeconfig(settings.kubeconfig)  # NB: refused now, not once the fetch is done
     if settings.from_file:
         history = load_history(settings.from_file, memory_budget_bytes=settings.memory_budget)
     else:

@@ -838,9 +838,9 @@ async def load_api_client(kubeconfig: str | os.PathLike[str] | None) -> client.A
         path = os.fspath(kubeconfig)
         if not os.path.lexists(path):
             raise SourceUnavailable(SOURCE, f"kubeconfig {path} does not exist")
-        data = read_kubeconfig(path)
+        data = _with_files_inlined(read_kubeconfig(path), path)
         try:
-            return await config.new_client_from_config_dict(config_dict=_with_files_inlined(data, path))
+            return await config.new_client_from_config_dict(config_dict=data)
         except (config.ConfigException, AssertionError, AttributeError, ValueError, KeyError, TypeError) as e:
             # NB: the client asserts that the current context exists, and indexes whatever types it is given
             reason = " ".join(str(e).split()) or "the current context, its cluster or its user is missing"
@@ -865,6 +865,13 @@ def read_kubeconfig(path: str) -> dict[str, Any]:
     gigabytes, and a FIFO or /dev/zero given as --kubeconfig never returned."""
     with named_by("--kubeconfig"):
         return dict(read_yaml(Path(path), what="kubeconfig"))
+
+
+def check_kubeconfig(path: str) -> None:
+    """What load_api_client reads of a kubeconfig (the file, and the files its current context names) is readable
+    within limits; ConfigError naming the file otherwise. For a command that reaches the API late (report, after
+    its fetch): a bad --kubeconfig is refused at once rather than after minutes of work."""
+    _with_files_inlined(read_kubeconfig(path), path)
 
 
 _FILE_KEYS = {
