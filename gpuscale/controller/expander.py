@@ -142,11 +142,11 @@ def read_priorities(text: Any) -> tuple[list[tuple[str, ...]], str]:
     return [tuple(str(r) for r in v) for _, v in sorted(rows, key=lambda kv: -kv[0])], ""
 
 
-def keep_order(ranks: Sequence[PoolRank], *, current: Any, margin: float) -> list[PoolRank]:
-    """``ranks`` in the order already written, except where a pool is clearly better than one above it (another
-    tier, or cheaper by more than ``margin``): small swings in measured activity do not reorder the expander. An
-    unreadable ``current`` is no order: ``ranks`` as they are."""
-    position = {groups: i for i, groups in enumerate(read_priorities(current)[0])}
+def keep_order(ranks: Sequence[PoolRank], *, current: Sequence[tuple[str, ...]], margin: float) -> list[PoolRank]:
+    """``ranks`` in the order already written (``current``, from read_priorities), except where a pool is clearly
+    better than one above it (another tier, or cheaper by more than ``margin``): small swings in measured activity
+    do not reorder the expander."""
+    position = {groups: i for i, groups in enumerate(current)}
     known = sorted((r for r in ranks if r.pool.node_groups in position), key=lambda r: position[r.pool.node_groups])
     order = known + [r for r in ranks if r.pool.node_groups not in position]
     result: list[PoolRank] = []
@@ -212,8 +212,8 @@ def plan_expander(
         return [Emit(key, "Warning", "ExpanderHeld", message)]
     ranks = rank_pools(pools, activity=activity, pending=pending, policy=policy)
     written = (current.get("data") or {}).get("priorities") if current is not None else None
-    if current is not None:
-        ranks = keep_order(ranks, current=written, margin=settings.reorder_margin)
+    order, unreadable = read_priorities(written)
+    ranks = keep_order(ranks, current=order, margin=settings.reorder_margin)
     text = priorities_text(ranks)
     why = _explain(ranks)
     if current is None:
@@ -236,13 +236,13 @@ def plan_expander(
         return [Emit(key, "Warning", "ExpanderNotManaged", message)]
     if written == text:
         return []
-    return [*_unreadable(view, key, written), Patch(key, {"data": {"priorities": text}}, why=why)]
+    problem = unreadable if isinstance(written, str) else ""  # NB: no table at all is nothing to report
+    return [*_unreadable(view, key, problem), Patch(key, {"data": {"priorities": text}}, why=why)]
 
 
-def _unreadable(view: ClusterView, key: ObjectKey, written: Any) -> list[Write]:
+def _unreadable(view: ClusterView, key: ObjectKey, problem: str) -> list[Write]:
     """One Warning Event when the written table cannot be read (it is replaced by the ranking: the ConfigMap is
     gpuscale's), so that whoever edited it learns why their order is gone."""
-    problem = read_priorities(written)[1] if isinstance(written, str) else ""
     if not problem:
         return []
     message = f"replacing the unreadable priority expander table: {one_line(problem, 300)}"
