@@ -578,6 +578,9 @@ REGENERATE = [
     ("a host it does not cover", lambda files: None, {"hosts": ["localhost", "127.0.0.1", "gpuscale.gpuscale.svc"]}),
     ("a key that is not its own", _replace_key, {}),
     ("garbage", lambda files: files.cert_file.write_text("not a certificate"), {}),
+    # NB: read within files.py's limits: a FIFO would block the start, 100 MB be read whole
+    ("a FIFO for its key", lambda files: (files.key_file.unlink(), os.mkfifo(files.key_file)), {}),
+    ("a 100 MB key", lambda files: os.truncate(files.key_file, 100 * 2**20), {}),
 ]
 
 
