@@ -861,8 +861,10 @@ def read_kubeconfig(path: str) -> dict[str, Any]:
     """The kubeconfig at ``path`` as plain data, read as every config file is (files.py, config.read_yaml: a
     regular file of at most 4 MiB, YAML aliases and nesting bounded, no key twice); ConfigError naming the file.
 
-    NB: kubernetes-asyncio would read it itself with yaml.safe_load: a 9-line "billion laughs" kubeconfig took
-    gigabytes, and a FIFO or /dev/zero given as --kubeconfig never returned."""
+    NB: kubernetes-asyncio reads it itself, whole, with PyYAML's pure-Python yaml.safe_load (a 100 MB kubeconfig
+    was still being parsed after 20 s), takes a "billion laughs" file (its aliases stay shared references until
+    something walks them) and opens the files it names with open().read() (a FIFO tokenFile blocked the command
+    for good, past SIGTERM)."""
     with named_by("--kubeconfig"):
         return dict(read_yaml(Path(path), what="kubeconfig"))
 
