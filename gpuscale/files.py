@@ -18,10 +18,12 @@ hundred clusters < 1 MiB, the longest trace docs/simulate.md measures ~100 MiB):
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import stat
 import zlib
+from collections.abc import Iterator
 from importlib.abc import Traversable
 from typing import BinaryIO
 
@@ -68,6 +70,15 @@ def read_bytes(path: FilePath, *, limit_bytes: int, what: str = "file", gunzip: 
     if len(data) > limit_bytes:
         raise ConfigError(f"{what} larger than the {_size(limit_bytes)} limit", path=name)
     return data
+
+
+@contextlib.contextmanager
+def named_by(flag: str) -> Iterator[None]:
+    """A ConfigError raised inside says which flag (or entry) named the file: ``<file>: <flag>: <reason>``."""
+    try:
+        yield
+    except ConfigError as e:
+        raise ConfigError(f"{flag}: {str(e).removeprefix(f'{e.path}: ')}", path=e.path) from None
 
 
 def _check_regular(info: os.stat_result, *, limit_bytes: int, what: str, name: str) -> None:

@@ -59,6 +59,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpuscale.errors import ConfigError, GpuscaleError
+from gpuscale.files import PEM_LIMIT_BYTES, named_by, read_bytes
 
 __all__ = [
     "CABundle",
@@ -118,9 +119,12 @@ def serving_cert_files(
     if bool(cert_file) != bool(key_file):
         raise ConfigError("--tls-cert-file and --tls-private-key-file must be given together")
     if cert_file and key_file:
-        for flag, path in (("--tls-cert-file", cert_file), ("--tls-private-key-file", key_file)):
-            if not os.path.isfile(path):
-                raise ConfigError(f"{flag} {os.fspath(path)}: no such file")
+        for flag, path, what in (
+            ("--tls-cert-file", cert_file, "certificate"),
+            ("--tls-private-key-file", key_file, "private key"),
+        ):
+            with named_by(flag):
+                read_bytes(path, limit_bytes=PEM_LIMIT_BYTES, what=what)  # NB: a FIFO here would block OpenSSL
         return ServingCertFiles(Path(cert_file), Path(key_file))
     return ensure_self_signed_cert(cert_dir, hosts=hosts)
 
@@ -162,12 +166,12 @@ def ensure_self_signed_cert(
 
 def _reuse_problem(files: ServingCertFiles, hosts: list[str], now: dt.datetime) -> str | None:
     """Why the files in the cert dir cannot be reused (None = they can)."""
-    try:
-        chain = x509.load_pem_x509_certificates(files.cert_file.read_bytes())
-        key = serialization.load_pem_private_key(files.key_file.read_bytes(), password=None)
-    except FileNotFoundError:
+    if not (files.cert_file.exists() or files.key_file.exists()):
         return "none present"
-    except (OSError, ValueError, TypeError) as e:
+    try:
+        chain = x509.load_pem_x509_certificates(read_bytes(files.cert_file, limit_bytes=PEM_LIMIT_BYTES))
+        key = serialization.load_pem_private_key(read_bytes(files.key_file, limit_bytes=PEM_LIMIT_BYTES), None)
+    except (ConfigError, ValueError, TypeError) as e:
         return f"unreadable: {e}"
     leaf = chain[0]
     if key.public_key().public_bytes(*_SPKI) != leaf.public_key().public_bytes(*_SPKI):
@@ -294,11 +298,7 @@ class ServerTLS:
         self._key_file = os.fspath(key_file)
         self._client_ca_pem = client_ca_pem
         # NB: the files' fingerprint before loading them: a change in between is then seen by the next reload.
-        try:
-            self._fingerprint = self._files_fingerprint()
-        except OSError as e:
-            files = f"{self._cert_file} / key {self._key_file}"
-            raise ConfigError(f"cannot read the serving certificate {files}: {e}") from e
+        self._fingerprint = self._files_fingerprint()
         self._refused: str | None = None  # the last pair that did not load, so that it is logged once
         self._current = self._build(client_ca_pem)
         self.context: ssl.SSLContext = self._current
@@ -326,7 +326,7 @@ class ServerTLS:
         """
         try:
             fingerprint = self._files_fingerprint()
-        except OSError as e:
+        except ConfigError as e:  # NB: e.g. rotated into a FIFO or 100 MB: the running pair keeps serving
             self._refuse(str(e), f"unreadable: {e}")
             return False
         if fingerprint == self._fingerprint:
@@ -346,9 +346,13 @@ class ServerTLS:
             self._refused = what
 
     def _files_fingerprint(self) -> str:
+        """A digest of both files, read within files.py's limits (ConfigError naming the file otherwise).
+
+        NB: the check that they are regular files of at most PEM_LIMIT_BYTES, before OpenSSL's load_cert_chain
+        opens them by name (it would block on a FIFO and read /dev/zero until memory ran out)."""
         digest = hashlib.sha256()
-        for path in (self._cert_file, self._key_file):
-            digest.update(Path(path).read_bytes())
+        for path, what in ((self._cert_file, "serving certificate"), (self._key_file, "serving key")):
+            digest.update(read_bytes(path, limit_bytes=PEM_LIMIT_BYTES, what=what))
             digest.update(b"\0")
         return digest.hexdigest()
 
@@ -447,7 +451,10 @@ class CABundle:
     @classmethod
     def parse(cls, pem: str | bytes, *, source: str) -> CABundle:
         """Parse PEM certificates; ConfigError naming ``source`` when it holds anything else or none at all."""
-        text = pem.decode() if isinstance(pem, bytes) else pem
+        try:
+            text = pem.decode() if isinstance(pem, bytes) else pem
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{source}: not a PEM certificate bundle (not UTF-8 text: {e.reason})") from None
         if not text.strip():
             return cls()
         try:
@@ -461,10 +468,10 @@ class CABundle:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], *, flag: str) -> CABundle:
-        try:
-            return cls.parse(Path(path).read_bytes(), source=f"{flag} {os.fspath(path)}")
-        except OSError as e:
-            raise ConfigError(f"{flag} {os.fspath(path)}: {e.strerror or e}") from e
+        """The bundle in ``path``, read within files.py's limits; ConfigError naming the flag and the file."""
+        with named_by(flag):
+            pem = read_bytes(path, limit_bytes=PEM_LIMIT_BYTES, what="CA bundle")
+        return cls.parse(pem, source=f"{flag} {os.fspath(path)}")
 
     @property
     def empty(self) -> bool:

@@ -37,6 +37,7 @@ from gpuscale.policy_files import check_policies_dir
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import AdapterSettings
 from gpuscale.sources.base import MetricsSource, TargetHealth
+from gpuscale.sources.credentials import check_prometheus_files
 from gpuscale.sources.discovery import DiscoveryRules, discover
 from gpuscale.sources.hpas import HpaCache
 from gpuscale.sources.kube import KubeCache, load_api_client
@@ -127,6 +128,30 @@ async def start_adapter(
         raise ConfigError(
             "give at least one --scrape-url (an exporter /metrics URL), --discover-exporters or --prometheus-url"
         )
+    # NB: every file a flag names is read before anything connects or listens: a bad one ends the start (one line,
+    # exit 2) instead of surfacing after --insecure-port already serves, or as a first refresh that never works.
+    check_prometheus_files(
+        token_file=settings.prometheus_token_file,
+        ca_file=settings.prometheus_ca_file,
+        client_cert=settings.prometheus_client_cert,
+        client_key=settings.prometheus_client_key,
+    )
+    auth_flags = AuthenticationFlags(
+        client_ca_file=settings.client_ca_file,
+        requestheader_client_ca_file=settings.requestheader_client_ca_file,
+        requestheader_allowed_names=settings.requestheader_allowed_names,
+        requestheader_username_headers=settings.requestheader_username_headers,
+        requestheader_uid_headers=settings.requestheader_uid_headers,
+        requestheader_group_headers=settings.requestheader_group_headers,
+        requestheader_extra_headers_prefix=settings.requestheader_extra_headers_prefix,
+    )
+    server_tls: ServerTLS | None = None
+    if settings.https_port is not None:
+        auth_flags.load()
+        files = serving_cert_files(
+            cert_file=settings.tls_cert_file, key_file=settings.tls_private_key_file, cert_dir=settings.cert_dir
+        )
+        server_tls = ServerTLS(files.cert_file, files.key_file)
     cluster: KubeCache | None = None
     api = None
     if settings.kubeconfig is not None or _in_cluster():
@@ -256,7 +281,6 @@ async def start_adapter(
     listening: list[str] = []
     rejections = RejectionLog(count=lambda reason: selfmetrics.rejected_requests.labels(reason).inc())
     auth: DelegatedAuth | None = None
-    server_tls: ServerTLS | None = None
     try:
         if settings.insecure_port is not None:
             # NB: plain HTTP is for local use: its own app, without authentication.
@@ -277,26 +301,15 @@ async def start_adapter(
                     "--secure-port: delegated authentication needs the Kubernetes API; give --kubeconfig, run in a "
                     "cluster, or serve --insecure-port alone"
                 )
+            assert server_tls is not None
             auth = DelegatedAuth(
                 api,
-                flags=AuthenticationFlags(
-                    client_ca_file=settings.client_ca_file,
-                    requestheader_client_ca_file=settings.requestheader_client_ca_file,
-                    requestheader_allowed_names=settings.requestheader_allowed_names,
-                    requestheader_username_headers=settings.requestheader_username_headers,
-                    requestheader_uid_headers=settings.requestheader_uid_headers,
-                    requestheader_group_headers=settings.requestheader_group_headers,
-                    requestheader_extra_headers_prefix=settings.requestheader_extra_headers_prefix,
-                ),
+                flags=auth_flags,
                 authn_cache_ttl_seconds=settings.authn_cache_ttl,
                 authz_cache_ttl_seconds=settings.authz_cache_ttl,
                 allow_anonymous=settings.allow_anonymous,
             )
             await auth.start(sync_timeout=30.0)  # SourceUnavailable if the ConfigMap cannot be read
-            files = serving_cert_files(
-                cert_file=settings.tls_cert_file, key_file=settings.tls_private_key_file, cert_dir=settings.cert_dir
-            )
-            server_tls = ServerTLS(files.cert_file, files.key_file)
             auth.serve_tls(server_tls)
             secure = AdapterRunner(
                 make_app(

@@ -48,6 +48,7 @@ from gpuscale.pricing import load_prices
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import ControllerSettings
 from gpuscale.sources.base import MetricsSource
+from gpuscale.sources.credentials import check_prometheus_files
 from gpuscale.sources.discovery import DiscoveryRules, discover
 from gpuscale.sources.kube import PodInfo, StaticClusterObjects, load_api_client
 from gpuscale.sources.kuberest import KubeRest
@@ -261,6 +262,8 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
     hints_policy = load_hints_policy(settings.policies)
     pools_policy = load_pools_policy(settings.policies)
     prices = load_prices(settings.policies)
+    # NB: a bad token file is refused at start-up, not by a first refresh of a controller that then runs blind
+    check_prometheus_files(token_file=settings.prometheus_token_file)
     closers: list[Callable[[], Awaitable[object]]] = []
     try:
         api = await load_api_client(settings.kubeconfig)

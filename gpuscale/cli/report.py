@@ -125,21 +125,18 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) -> Any:
     import aiohttp
 
+    from gpuscale.sources.credentials import read_token, verifying_context
     from gpuscale.sources.history import FetchOptions, RangeClient, fetch_history
-    from gpuscale.sources.prometheus import _BearerToken, _FileError, _TlsContext
 
     assert settings.prometheus_url is not None
-    try:
-        token = _BearerToken(None, settings.prometheus_token_file).current()
-        tls = (
-            _TlsContext(
-                ca_file=settings.prometheus_ca_file, client_cert=None, client_key=None, insecure_skip_verify=False
-            ).current()
-            if settings.prometheus_ca_file or settings.prometheus_url.startswith("https")
-            else None
-        )
-    except _FileError as e:
-        raise ConfigError(str(e)) from e
+    # NB: read once, within files.py's limits (a FIFO, /dev/zero or 100 MB token is refused naming the flag)
+    token_file = settings.prometheus_token_file
+    token = read_token(token_file, flag="--prometheus-token-file") if token_file is not None else None
+    tls = (
+        verifying_context(settings.prometheus_ca_file, flag="--prometheus-ca-file")
+        if settings.prometheus_ca_file or settings.prometheus_url.startswith("https")
+        else None
+    )
     options = FetchOptions(
         timeout_seconds=settings.timeout,
         retries=settings.retries,
@@ -248,6 +245,10 @@ def run_report(settings: ReportSettings) -> None:
     policy = load_report_policy(settings.policies)
     render = formatter(settings.output)
     now = time.time()
+    if settings.kubeconfig:
+        from gpuscale.sources.kube import check_kubeconfig
+
+        check_kubeconfig(settings.kubeconfig)  # NB: refused now, not once the fetch is done
     if settings.from_file:
         history = load_history(settings.from_file, memory_budget_bytes=settings.memory_budget)
     else:

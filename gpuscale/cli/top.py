@@ -300,14 +300,13 @@ def _resolve_selection(settings: TopSettings, cluster: ClusterObjects | None) ->
 
 def _context_namespace(kubeconfig: str) -> str:
     """The current context's namespace in a kubeconfig, else "default" (as kubectl)."""
-    import yaml
-    from kubernetes_asyncio import config
+    from gpuscale.sources.kube import current_context, read_kubeconfig
 
     try:
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-    except (config.ConfigException, yaml.YAMLError, OSError, ValueError, KeyError, TypeError):
+        namespace = (current_context(read_kubeconfig(kubeconfig)) or {}).get("namespace")
+    except GpuscaleError:
         return "default"  # NB: load_api_client reports a broken kubeconfig; here only the default matters
-    return ((active or {}).get("context") or {}).get("namespace") or "default"
+    return namespace if isinstance(namespace, str) and namespace else "default"
 
 
 _I = TypeVar("_I", GpuStatus, PodStatus, NodeStatus)
@@ -761,6 +760,9 @@ def _metrics_sources(
 
 
 async def _open(settings: TopSettings, policy: DiagnosisPolicy) -> _Opened:
+    from gpuscale.sources.credentials import check_prometheus_files
+
+    check_prometheus_files(token_file=settings.prometheus_token_file)  # NB: refused before any connection
     closers: list[Callable[[], Awaitable[None]]] = []
     try:
         cluster, api = await _open_cluster(settings, closers)

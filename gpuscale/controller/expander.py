@@ -18,7 +18,9 @@ patch the ConfigMap every reconcile. The written ConfigMap is the only memory of
 
 Each pool gets its own priority (10, 20, 30… highest for the cheapest), so values never repeat, as CA requires.
 The ConfigMap is created if missing and patched only when ``priorities`` changes; one that exists without the
-``app.kubernetes.io/managed-by: gpuscale`` label belongs to someone else and is left alone (with one Event).
+``app.kubernetes.io/managed-by: gpuscale`` label belongs to someone else and is left alone (with one Event). A
+table in gpuscale's ConfigMap that cannot be read (edited into junk or a YAML bomb: it is read within the limits
+of a config file) holds no order: the ranking replaces it, with one Warning Event ``ExpanderTableUnreadable``.
 
 Evidence first: the ranking is written only when every pool that has GPU nodes has fresh activity figures from
 the controller's telemetry. Without them (an exporter or Prometheus outage) a ranking would rest on price alone
@@ -35,10 +37,13 @@ from typing import Any
 
 import yaml
 
+from gpuscale.config import load_yaml_documents
 from gpuscale.controller.events import already_reported
 from gpuscale.controller.gangs import Gang
 from gpuscale.controller.pools import Pool, PoolsPolicy
 from gpuscale.controller.writes import ClusterView, Create, Emit, ObjectKey, Patch, Write
+from gpuscale.errors import ConfigError, one_line
+from gpuscale.files import CONFIG_LIMIT_BYTES
 
 __all__ = [
     "CONFIG_MAP",
@@ -47,6 +52,7 @@ __all__ = [
     "plan_expander",
     "priorities_text",
     "rank_pools",
+    "read_priorities",
     "unmeasured_pools",
 ]
 
@@ -116,22 +122,31 @@ def _clearly_better(a: PoolRank, b: PoolRank, margin: float) -> bool:
     return a.cost_per_useful_gpu_hour < b.cost_per_useful_gpu_hour * (1 - margin)
 
 
-def _current_order(text: Any) -> list[tuple[str, ...]]:
-    """The node-group regex lists of the written ConfigMap, highest priority first ([] if unreadable)."""
+def read_priorities(text: Any) -> tuple[list[tuple[str, ...]], str]:
+    """The node-group regex lists of a written ``priorities`` table, highest priority first, and why it could not
+    be read ("" when it could; then [] and the reason). NB: someone else in the cluster can write the ConfigMap:
+    it is loaded as a config file is (config.load_yaml_documents: aliases and nesting bounded, no key twice), so a
+    "billion laughs" table costs nothing and never stops the reconcile."""
+    if not isinstance(text, str):
+        return [], "no priorities text"
+    if len(text) > CONFIG_LIMIT_BYTES:  # NB: the API server stores at most 1 MiB; a fake or a proxy might not
+        return [], f"priorities larger than {CONFIG_LIMIT_BYTES} bytes"
     try:
-        table = yaml.safe_load(text) if isinstance(text, str) else None
-    except yaml.YAMLError:
-        return []
+        documents = load_yaml_documents(text, path="data.priorities")
+    except ConfigError as e:
+        return [], str(e)
+    table = documents[0][0] if len(documents) == 1 else None
     if not isinstance(table, dict):
-        return []
+        return [], "data.priorities: not one YAML mapping of priority to node-group regexes"
     rows = [(k, v) for k, v in table.items() if isinstance(k, int) and isinstance(v, list)]
-    return [tuple(str(r) for r in v) for _, v in sorted(rows, key=lambda kv: -kv[0])]
+    return [tuple(str(r) for r in v) for _, v in sorted(rows, key=lambda kv: -kv[0])], ""
 
 
-def keep_order(ranks: Sequence[PoolRank], *, current: Any, margin: float) -> list[PoolRank]:
-    """``ranks`` in the order already written, except where a pool is clearly better than one above it (another
-    tier, or cheaper by more than ``margin``): small swings in measured activity do not reorder the expander."""
-    position = {groups: i for i, groups in enumerate(_current_order(current))}
+def keep_order(ranks: Sequence[PoolRank], *, current: Sequence[tuple[str, ...]], margin: float) -> list[PoolRank]:
+    """``ranks`` in the order already written (``current``, from read_priorities), except where a pool is clearly
+    better than one above it (another tier, or cheaper by more than ``margin``): small swings in measured activity
+    do not reorder the expander."""
+    position = {groups: i for i, groups in enumerate(current)}
     known = sorted((r for r in ranks if r.pool.node_groups in position), key=lambda r: position[r.pool.node_groups])
     order = known + [r for r in ranks if r.pool.node_groups not in position]
     result: list[PoolRank] = []
@@ -196,8 +211,9 @@ def plan_expander(
             return []
         return [Emit(key, "Warning", "ExpanderHeld", message)]
     ranks = rank_pools(pools, activity=activity, pending=pending, policy=policy)
-    if current is not None:
-        ranks = keep_order(ranks, current=(current.get("data") or {}).get("priorities"), margin=settings.reorder_margin)
+    written = (current.get("data") or {}).get("priorities") if current is not None else None
+    order, unreadable = read_priorities(written)
+    ranks = keep_order(ranks, current=order, margin=settings.reorder_margin)
     text = priorities_text(ranks)
     why = _explain(ranks)
     if current is None:
@@ -218,6 +234,18 @@ def plan_expander(
         if already_reported(view, key, "ExpanderNotManaged", message):
             return []
         return [Emit(key, "Warning", "ExpanderNotManaged", message)]
-    if (current.get("data") or {}).get("priorities") == text:
+    if written == text:
         return []
-    return [Patch(key, {"data": {"priorities": text}}, why=why)]
+    problem = unreadable if isinstance(written, str) else ""  # NB: no table at all is nothing to report
+    return [*_unreadable(view, key, problem), Patch(key, {"data": {"priorities": text}}, why=why)]
+
+
+def _unreadable(view: ClusterView, key: ObjectKey, problem: str) -> list[Write]:
+    """One Warning Event when the written table cannot be read (it is replaced by the ranking: the ConfigMap is
+    gpuscale's), so that whoever edited it learns why their order is gone."""
+    if not problem:
+        return []
+    message = f"replacing the unreadable priority expander table: {one_line(problem, 300)}"
+    if already_reported(view, key, "ExpanderTableUnreadable", message):
+        return []
+    return [Emit(key, "Warning", "ExpanderTableUnreadable", message)]

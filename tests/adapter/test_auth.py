@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -577,6 +578,9 @@ REGENERATE = [
     ("a host it does not cover", lambda files: None, {"hosts": ["localhost", "127.0.0.1", "gpuscale.gpuscale.svc"]}),
     ("a key that is not its own", _replace_key, {}),
     ("garbage", lambda files: files.cert_file.write_text("not a certificate"), {}),
+    # NB: read within files.py's limits: a FIFO would block the start, 100 MB be read whole
+    ("a FIFO for its key", lambda files: (files.key_file.unlink(), os.mkfifo(files.key_file)), {}),
+    ("a 100 MB key", lambda files: os.truncate(files.key_file, 100 * 2**20), {}),
 ]
 
 
@@ -599,8 +603,21 @@ def test_given_serving_files_are_used_as_they_are(tmp_path):
     assert not (tmp_path / "b").exists()
     with pytest.raises(ConfigError, match="together"):
         serving_cert_files(cert_file=generated.cert_file, key_file=None, cert_dir=tmp_path)
-    with pytest.raises(ConfigError, match=r"--tls-private-key-file .*no such file"):
+    with pytest.raises(ConfigError, match=r"missing.key: --tls-private-key-file: cannot read private key: No such"):
         serving_cert_files(cert_file=generated.cert_file, key_file=tmp_path / "missing.key", cert_dir=tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+    with open(tmp_path / "huge.crt", "wb") as f:
+        f.truncate(100 * 2**20)
+    hostile = [  # NB: OpenSSL's load_cert_chain would block on the FIFO and read /dev/zero until memory ran out
+        ("/dev/zero", "key", r"/dev/zero: --tls-private-key-file: cannot read private key: a character device"),
+        (tmp_path / "fifo", "cert", r"fifo: --tls-cert-file: cannot read certificate: a FIFO"),
+        (tmp_path / "huge.crt", "cert", r"huge.crt: --tls-cert-file: certificate larger than the 4 MiB limit"),
+        (tmp_path, "key", r"--tls-private-key-file: cannot read private key: a directory"),
+    ]
+    for path, which, says in hostile:
+        given = {"cert_file": generated.cert_file, "key_file": generated.key_file, which + "_file": path}
+        with pytest.raises(ConfigError, match=says):
+            serving_cert_files(**given, cert_dir=tmp_path)
     with pytest.raises(ConfigError, match="cannot load the serving certificate"):
         ServerTLS(generated.cert_file, generated.cert_file)
 
@@ -648,6 +665,48 @@ async def test_a_renewed_serving_certificate_is_served_without_a_restart(tmp_pat
             assert resp.status == 404  # the empty app: the TLS handshake is what is tested
     finally:
         await runner.cleanup()
+
+
+async def test_a_serving_certificate_rotated_into_something_unreadable_keeps_the_old_pair(tmp_path, caplog):
+    """A mounted Secret swapped for a FIFO, a directory, /dev/zero or 100 MB: each reload returns at once, the pair
+    that was loaded keeps serving, and each state is logged once."""
+    generated = ensure_self_signed_cert(tmp_path / "good")
+    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert_file.write_bytes(generated.cert_file.read_bytes())
+    key_file.write_bytes(generated.key_file.read_bytes())
+    server_tls = ServerTLS(cert_file, key_file)
+    serving = server_tls._current
+
+    def make_fifo(path: Path) -> None:
+        os.mkfifo(path)
+
+    def make_huge(path: Path) -> None:
+        with open(path, "wb") as f:
+            f.truncate(100 * 2**20)
+
+    rotations = [
+        (make_fifo, "a FIFO"),
+        (lambda path: path.mkdir(), "a directory"),
+        (lambda path: path.symlink_to("/dev/zero"), "a character device"),
+        (make_huge, "larger than the 4 MiB limit"),
+    ]
+    for make, says in rotations:
+        caplog.clear()
+        cert_file.unlink()
+        if key_file.is_dir() and not key_file.is_symlink():
+            key_file.rmdir()
+        else:
+            key_file.unlink()
+        make(key_file)
+        cert_file.write_bytes(generated.cert_file.read_bytes())
+        with caplog.at_level("WARNING", logger="gpuscale.adapter.tls"):
+            start = time.monotonic()
+            assert server_tls.reload_serving_cert() is False
+            assert server_tls.reload_serving_cert() is False
+            assert time.monotonic() - start < 1.0
+        warnings = [r.getMessage() for r in caplog.records if "keeping the previous" in r.getMessage()]
+        assert len(warnings) == 1 and says in warnings[0] and str(key_file) in warnings[0], warnings
+        assert server_tls._current is serving
 
 
 # --- units: request attributes, messages, config ---------------------------------------------------------
@@ -760,8 +819,17 @@ def test_flags_override_their_part_and_leave_the_rest_to_the_cluster(tmp_path, p
     assert watcher.synced  # nothing to watch without an ApiClient
     assert watcher.current.client_ca == CABundle.parse(pem(pki.rogue_ca), source="x")
     assert watcher.current.request_header is None
-    with pytest.raises(ConfigError, match=r"--client-ca-file .*missing"):
+    with pytest.raises(ConfigError, match=r"missing: --client-ca-file: cannot read CA bundle: No such file"):
         AuthenticationFlags(client_ca_file=str(tmp_path / "missing")).load()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "latin1.pem").write_bytes(b"\xe9t\xe9\n")
+    for path, says in [
+        (tmp_path / "fifo", r"fifo: --requestheader-client-ca-file: cannot read CA bundle: a FIFO"),
+        ("/dev/zero", r"/dev/zero: --requestheader-client-ca-file: cannot read CA bundle: a character device"),
+        (tmp_path / "latin1.pem", r"--requestheader-client-ca-file .*latin1.pem: not a PEM certificate bundle"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            AuthenticationFlags(requestheader_client_ca_file=str(path)).load()
 
 
 # --- units: chain verification ---------------------------------------------------------------------------

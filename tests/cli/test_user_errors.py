@@ -40,7 +40,7 @@ CASES = [
     # A kubeconfig that is not YAML used to end in yaml.parser's traceback.
     (
         ["controller", "--prometheus-url", "http://127.0.0.1:9", "--kubeconfig", "{tmp}/kubeconfig", "--dry-run"],
-        "cannot load kubeconfig {tmp}/kubeconfig: while parsing",
+        "{tmp}/kubeconfig: --kubeconfig: line 3, column 1: invalid YAML",
     ),
 ]
 

@@ -12,7 +12,7 @@ import re
 import pytest
 import yaml
 
-from gpuscale.controller.expander import CONFIG_MAP, keep_order, plan_expander, rank_pools
+from gpuscale.controller.expander import CONFIG_MAP, keep_order, plan_expander, rank_pools, read_priorities
 from gpuscale.controller.gangs import GANG_KINDS, gangs_of
 from gpuscale.controller.pools import PoolsPolicy, load_pools_policy, pools_of
 from gpuscale.controller.writes import Create, Emit, Patch, StaticClusterView
@@ -163,8 +163,9 @@ def test_activity_wobbling_around_a_tie_does_not_reorder(pools, policy) -> None:
     # with a margin of 0 every crossing reorders
     written = "20:\n- .*l4.*\n10:\n- .*h100.*\n"
     close = rank_pools(pools, activity={"h100": 0.95, "a100": 0.2, "l4": 0.075}, pending=[], policy=policy)
-    assert [r.pool.name for r in keep_order(close, current=written, margin=0.1)][:2] == ["l4", "h100"]
-    assert [r.pool.name for r in keep_order(close, current=written, margin=0.0)][:2] == ["h100", "l4"]
+    order = read_priorities(written)[0]
+    assert [r.pool.name for r in keep_order(close, current=order, margin=0.1)][:2] == ["l4", "h100"]
+    assert [r.pool.name for r in keep_order(close, current=order, margin=0.0)][:2] == ["h100", "l4"]
 
 
 def test_no_ranking_is_written_without_telemetry_for_every_pool_it_ranks(pools, policy) -> None:
@@ -186,4 +187,59 @@ def test_no_ranking_is_written_without_telemetry_for_every_pool_it_ranks(pools, 
     assert (
         after["data"] == before["data"]
         and after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    )
+
+
+def _hostile_tables() -> list[tuple[str, str, str]]:
+    """(id, the priorities text someone else wrote into gpuscale's ConfigMap, what the Event says)."""
+    from tests.hostile.test_simulate_inputs import _laughs, _merge_bomb
+
+    return [
+        ("billion laughs", _laughs() + "10: [a0]\n", "nodes once its aliases are expanded"),
+        ("merge-key bomb", _merge_bomb() + "10: [m0]\n", "nodes"),
+        ("recursive alias", "10: &a [*a]\n", "recursive alias"),
+        ("nested 10,000 deep", "10: " + "[" * 10_000 + "]" * 10_000 + "\n", "nesting depth"),
+        ("duplicate priority", "10:\n- .*a.*\n10:\n- .*b.*\n", "appears twice"),
+        ("two documents", "10: [.*]\n---\n20: [.*]\n", "not one YAML mapping"),
+        ("a list", "- 10\n- .*\n", "not one YAML mapping"),
+        ("not YAML", "10: [.*\n", "invalid YAML"),
+        ("5 MiB of one scalar", "10: [" + "a" * (5 * 2**20) + "]\n", "larger than"),
+        ("int of 5,000 digits", "1" * 5000 + ": [.*]\n", "invalid YAML"),
+    ]
+
+
+HOSTILE_TABLES = _hostile_tables()
+
+
+@pytest.mark.parametrize(("text", "says"), [t[1:] for t in HOSTILE_TABLES], ids=[t[0] for t in HOSTILE_TABLES])
+def test_an_unreadable_table_is_replaced_with_one_event(pools, policy, text: str, says: str) -> None:
+    """gpuscale's ConfigMap edited by someone else into a YAML bomb or junk: read within the config limits (no
+    gigabytes, no exception out of the reconcile), replaced by the ranking, and one Warning Event says why."""
+    import time
+
+    sim = SimKubeApi()
+    apply_in_process(
+        sim, plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=MEASURED, pending=[], policy=policy)
+    )
+    written = sim.get("v1", "ConfigMap", "cluster-autoscaler-priority-expander", namespace="kube-system")
+    sim.patch("v1", "ConfigMap", written["metadata"]["name"], {"data": {"priorities": text}}, namespace="kube-system")
+    start = time.perf_counter()
+    writes = plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=MEASURED, pending=[], policy=policy)
+    assert time.perf_counter() - start < 1.0
+    assert [(type(w), getattr(w, "reason", None)) for w in writes] == [(Emit, "ExpanderTableUnreadable"), (Patch, None)]
+    assert says in writes[0].message and len(writes[0].message) < 400, writes[0].message
+    apply_in_process(sim, writes)
+    after = sim.get("v1", "ConfigMap", "cluster-autoscaler-priority-expander", namespace="kube-system")
+    assert after["data"]["priorities"] == written["data"]["priorities"], "the ranking is back"
+    assert plan_expander(sim_view(sim, [CONFIG_MAP]), pools=pools, activity=MEASURED, pending=[], policy=policy) == []
+
+
+def test_an_unreadable_table_is_no_order_to_keep(pools, policy) -> None:
+    ranks = rank_pools(pools, activity=MEASURED, pending=[], policy=policy)
+    for _, text, _ in HOSTILE_TABLES:
+        assert read_priorities(text)[0] == []
+        assert keep_order(ranks, current=read_priorities(text)[0], margin=0.1) == ranks
+    assert read_priorities("20: [.*l4.*]\n10: [.*h100.*, .*a100.*]\nx: [.*]\n") == (
+        [(".*l4.*",), (".*h100.*", ".*a100.*")],
+        "",
     )

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes_asyncio.config import new_client_from_config
 
-from gpuscale.errors import SourceUnavailable
+from gpuscale.errors import ConfigError, SourceUnavailable
 from gpuscale.selectors import LabelSelector
 from gpuscale.sim.kubeapi import SimKubeApi
 from gpuscale.sources import kube
@@ -335,6 +336,45 @@ async def test_load_api_client(sim, tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(SourceUnavailable, match="not running in a cluster"):
         await load_api_client(None)
+
+
+async def test_load_api_client_reads_the_kubeconfig_and_its_files_within_limits(sim, tmp_path):
+    """The kubeconfig is read as a config file (bounded YAML), and the files its current context names are read
+    by gpuscale within files.py's limits and handed inline: relative to the kubeconfig's directory, as kubectl."""
+    import os
+
+    import yaml
+
+    (tmp_path / "creds").mkdir()
+    (tmp_path / "creds" / "token").write_text("sim-token\n")
+    data = yaml.safe_load(Path(sim.write_kubeconfig(tmp_path / "kubeconfig")).read_text())
+    data["users"][0]["user"] = {"tokenFile": "creds/token"}
+    data["clusters"].append({"name": "other", "cluster": {"server": "https://x", "certificate-authority": "gone"}})
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(data))
+    api = await load_api_client(tmp_path / "kubeconfig")
+    try:
+        assert api.configuration.api_key["BearerToken"] == "Bearer sim-token"  # trimmed, as client-go does
+        await KubeCache(api).refresh_once()  # the token is the one the server accepts
+    finally:
+        await api.close()
+    os.mkfifo(tmp_path / "fifo")
+    hostile = [  # (user, cluster, what the refusal says): a FIFO as tokenFile, /dev/zero as certificate, a dir as CA
+        ({"tokenFile": str(tmp_path / "fifo")}, None, "tokenFile of user 'sim'"),
+        ({"client-certificate": "/dev/zero", "token": "t"}, None, "client-certificate of user 'sim'.*device"),
+        ({"token": "t"}, {"certificate-authority": "creds"}, "certificate-authority of cluster 'sim'.*a directory"),
+    ]
+    for user, cluster, says in hostile:
+        data["users"][0]["user"] = user
+        data["clusters"][0]["cluster"] = {"server": "https://127.0.0.1:1", **(cluster or {})}
+        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(data))
+        with pytest.raises(ConfigError, match=says):
+            await load_api_client(tmp_path / "kubeconfig")
+    (tmp_path / "bomb").write_text(
+        'a: &a ["x","x","x","x","x","x","x","x","x"]\n'
+        + "".join(f"a{i}: &a{i} [{','.join(['*a' if i == 1 else f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
+    )
+    with pytest.raises(ConfigError, match="nodes once its aliases are expanded"):
+        await load_api_client(tmp_path / "bomb")
 
 
 # --- the in-memory implementation -------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""Credential files a connection names — bearer tokens, CA bundles, client certificates and keys — read within
+files.py's limits (issue 32 item 4).
+
+A flag such as ``--prometheus-token-file`` or a kubeconfig's ``certificate-authority`` can name a FIFO, ``/dev/zero``,
+a directory or a 100 MB file. Read with ``open(path).read()`` (or by OpenSSL's ``load_verify_locations``) that hangs
+or takes gigabytes. Here each is read once, bounded, and refused with one line naming the file and the flag (or
+the kubeconfig entry) that named it: ``<file>: <flag>: <reason>``.
+
+``check_prometheus_files`` is the start-up check of a command: a bad file given on the command line is refused
+before anything is served, rather than failing the first refresh of a server that then runs unready.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+from gpuscale.errors import ConfigError
+from gpuscale.files import PEM_LIMIT_BYTES, TOKEN_LIMIT_BYTES, decode_utf8, named_by, read_bytes
+
+__all__ = ["check_prometheus_files", "read_pem", "read_token", "verifying_context"]
+
+
+def read_token(path: str, *, flag: str) -> str:
+    """The bearer token in ``path`` without surrounding whitespace (client-go trims it too), at most
+    TOKEN_LIMIT_BYTES of UTF-8."""
+    with named_by(flag):
+        return decode_utf8(read_bytes(path, limit_bytes=TOKEN_LIMIT_BYTES, what="bearer token"), path=path).strip()
+
+
+def read_pem(path: str, *, flag: str, what: str) -> bytes:
+    """The PEM text in ``path`` (``what``: "CA bundle", "client certificate"…), at most PEM_LIMIT_BYTES; not parsed
+    here."""
+    with named_by(flag):
+        return read_bytes(path, limit_bytes=PEM_LIMIT_BYTES, what=what)
+
+
+def verifying_context(ca_file: str | None, *, flag: str) -> ssl.SSLContext:
+    """A client context trusting the certificates of ``ca_file`` (bounded read), else the system's."""
+    if ca_file is None:
+        return ssl.create_default_context()
+    with named_by(flag):
+        text = decode_utf8(read_bytes(ca_file, limit_bytes=PEM_LIMIT_BYTES, what="CA bundle"), path=ca_file)
+        if not text.strip():  # NB: ssl takes empty cadata as "add nothing": the system's CAs would be trusted instead
+            raise ConfigError("the CA bundle is empty", path=ca_file)
+        try:
+            return ssl.create_default_context(cadata=text)
+        except ssl.SSLError as e:
+            raise ConfigError(f"not a PEM certificate bundle ({e.reason or e})", path=ca_file) from None
+
+
+def check_prometheus_files(
+    *,
+    token_file: str | None = None,
+    ca_file: str | None = None,
+    client_cert: str | None = None,
+    client_key: str | None = None,
+) -> None:
+    """Each Prometheus credential file a command was given is a regular, readable file within its limit (and the
+    CA file a certificate bundle); ConfigError naming the file and the flag otherwise."""
+    if token_file is not None:
+        read_token(token_file, flag="--prometheus-token-file")
+    if ca_file is not None:
+        verifying_context(ca_file, flag="--prometheus-ca-file")
+    for flag, path, what in (
+        ("--prometheus-client-cert", client_cert, "client certificate"),
+        ("--prometheus-client-key", client_key, "client key"),
+    ):
+        if path is not None:
+            read_pem(path, flag=flag, what=what)

@@ -1,0 +1,53 @@
+"""Credential files (sources/credentials.py): read once within files.py's limits, refused naming file and flag.
+
+Scope: what a good token or CA bundle gives, and each refusal's one line. The commands that use them are driven
+with hostile files in tests/hostile/test_files.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trustme
+
+from gpuscale.errors import ConfigError
+from gpuscale.sources.credentials import check_prometheus_files, read_token, verifying_context
+
+
+def test_a_token_is_trimmed_as_client_go_does(tmp_path) -> None:
+    (tmp_path / "token").write_text("\ufeffabc.def\n")
+    assert read_token(str(tmp_path / "token"), flag="--prometheus-token-file") == "abc.def"
+
+
+def test_a_ca_bundle_is_trusted(tmp_path) -> None:
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    context = verifying_context(str(tmp_path / "ca.pem"), flag="--prometheus-ca-file")
+    subjects = [dict(part[0] for part in c["subject"]) for c in context.get_ca_certs()]
+    assert any("trustme" in s.get("organizationName", "") for s in subjects), subjects
+
+
+@pytest.mark.parametrize(
+    ("argument", "content", "says"),
+    [
+        ("token_file", None, "{path}: --prometheus-token-file: cannot read bearer token: a FIFO (named pipe)"),
+        ("token_file", b"x" * (64 * 1024 + 1), "{path}: --prometheus-token-file: bearer token larger than the 64 KiB"),
+        ("token_file", b"\xff\n", "{path}: --prometheus-token-file: line 1: not UTF-8 text"),
+        ("ca_file", b"", "{path}: --prometheus-ca-file: the CA bundle is empty"),
+        ("ca_file", b"-----BEGIN CERTIFICATE-----\nxx\n", "{path}: --prometheus-ca-file: not a PEM certificate bundle"),
+        ("ca_file", None, "{path}: --prometheus-ca-file: cannot read CA bundle: a FIFO (named pipe)"),
+        ("client_cert", None, "{path}: --prometheus-client-cert: cannot read client certificate: a FIFO"),
+        ("client_key", b"k" * (4 * 2**20 + 1), "{path}: --prometheus-client-key: client key larger than the 4 MiB"),
+    ],
+)
+def test_each_refusal_names_the_file_and_the_flag(tmp_path, argument: str, content: bytes | None, says: str) -> None:
+    path = tmp_path / "given"
+    if content is None:
+        os.mkfifo(path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        check_prometheus_files(**{argument: str(path)})
+    assert str(info.value).startswith(says.format(path=path)), str(info.value)
+    assert "\n" not in str(info.value)
