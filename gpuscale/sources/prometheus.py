@@ -130,6 +130,7 @@ from gpuscale.metrics.attribution import POD_LABELS
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
 from gpuscale.sources.bounded import read_bounded, size_text
+from gpuscale.sources.credentials import read_pem, read_token, verifying_context
 from gpuscale.sources.decoder_process import DecoderProcess
 from gpuscale.sources.loop_thread import IoLoop
 from gpuscale.sources.prom_answer import (
@@ -284,10 +285,11 @@ class _BearerToken:
             return self._token
         if self._file.changed() or self._token is None:
             try:
-                self._token = Path(self._file.path).read_text().strip()
-            except OSError as e:
+                # NB: bounded like every file we read: a token rotated into a FIFO or 100 MB fails this read only
+                self._token = read_token(self._file.path, flag="--prometheus-token-file")
+            except ConfigError as e:
                 self._file.stamp = None  # NB: try again next refresh
-                raise _FileError(f"bearer token file {self._file.path}: {e.strerror or e}") from e
+                raise _FileError(str(e)) from e
         return self._token
 
 
@@ -320,12 +322,18 @@ class _TlsContext:
         context = ssl.create_default_context()
         if self._ca_file:
             try:
-                context.load_verify_locations(cafile=self._ca_file)
-            except (OSError, ssl.SSLError) as e:
-                raise _FileError(f"CA file {self._ca_file}: {e}") from e
+                context = verifying_context(self._ca_file, flag="--prometheus-ca-file")
+            except ConfigError as e:
+                raise _FileError(str(e)) from e
         if self._cert:
             try:
+                # NB: read within limits first (a FIFO would block OpenSSL's own open, /dev/zero never end)
+                read_pem(self._cert, flag="--prometheus-client-cert", what="client certificate")
+                if self._key:
+                    read_pem(self._key, flag="--prometheus-client-key", what="client key")
                 context.load_cert_chain(self._cert, self._key)
+            except ConfigError as e:
+                raise _FileError(str(e)) from e
             except (OSError, ssl.SSLError) as e:
                 raise _FileError(f"client certificate {self._cert} (key {self._key or 'in the same file'}): {e}") from e
         if self._insecure:

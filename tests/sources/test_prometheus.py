@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import socket
 import ssl
 import time
@@ -639,6 +640,17 @@ async def test_bearer_token_and_token_file_reread_on_change(prom, tmp_path):
     assert len(prom.seen) == requests  # no unauthenticated request is sent
     (health,) = source.health()
     assert not health.healthy and health.error.startswith(f"bearer token file {token}: No such file")
+    # Rotated into what no token is: the read is bounded (a FIFO never blocks it, 100 MB is not read), the
+    # refresh fails with one line naming the file, and no unauthenticated request is sent.
+    os.mkfifo(token)
+    await asyncio.wait_for(source.refresh(now=T0), 10)
+    assert len(prom.seen) == requests and "FIFO" in source.health()[0].error, source.health()[0].error
+    token.unlink()
+    with token.open("wb") as f:
+        f.truncate(100 * 1024 * 1024)
+    await asyncio.wait_for(source.refresh(now=T0), 10)
+    assert len(prom.seen) == requests and str(token) in source.health()[0].error
+    token.unlink()
     token.write_text("third")
     await source.refresh(now=T0)
     assert prom.seen[-1].headers["Authorization"] == "Bearer third" and source.health()[0].healthy
