@@ -72,7 +72,10 @@ async def victoria_metrics_imported(backends: Backends, series=None, gpus: int =
             assert resp.status == 200
 
     async def loaded() -> bool:
-        result = await vm.get_json(f"/api/v1/series?match[]=DCGM_FI_DEV_GPU_UTIL&start={END - 3600}&end={END}")
+        # NB: the whole window, not its last hour: a pod of the production fleet may end hours before END, and
+        # VictoriaMetrics finds series by day, so a last hour past midnight UTC missed it (134 of 135, from 00 UTC).
+        window = f"start={END - HOURS * 3600}&end={END}"
+        result = await vm.get_json(f"/api/v1/series?match[]=DCGM_FI_DEV_GPU_UTIL&{window}")
         return len(result.get("data", [])) == gpus  # the fleet: six GPUs + chat's
 
     await vm.wait_until(loaded, what="the imported series")
