@@ -111,3 +111,19 @@ def test_the_install_page_names_every_run_time_dependency():
     names = [re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0] for d in deps]
     page = (ROOT / "docs" / "install.md").read_text().lower()
     assert names and not [n for n in names if n.lower() not in page], names
+
+
+def test_the_pages_a_user_reads_before_installing_say_the_controller_starts_in_dry_run():
+    """issue 34: README, docs/install.md and docs/controller.md say dry-run is the default and name the one switch
+    that makes it act, in the form the chart and deploy/controller take it."""
+    import yaml
+
+    chart = yaml.safe_load((ROOT / "deploy" / "charts" / "gpuscale" / "values.yaml").read_text())
+    assert chart["controller"]["dryRun"] is True
+    assert (ROOT / "deploy" / "controller" / "components" / "act" / "kustomization.yaml").is_file()
+    for page in ("README.md", "docs/install.md", "docs/controller.md"):
+        text = (ROOT / page).read_text()
+        assert "dry-run" in text and "--set controller.dryRun=false" in text, page
+        assert "deploy/controller/components/act" in text, page
+    readme = (ROOT / "README.md").read_text()
+    assert readme.index("The controller starts in dry-run") < readme.index("## Documentation")

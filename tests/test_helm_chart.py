@@ -57,6 +57,10 @@ CONTROLLER = ("controller", ())
 # chart values → the kustomize renders (directory under deploy/, components) that make the same objects.
 EQUIVALENTS: dict[str, tuple[dict[str, Any], tuple[tuple[str, tuple[str, ...]], ...]]] = {
     "prometheus": (CERT_MANAGER, (("overlays/prometheus", ()), CONTROLLER)),
+    "acting (controller.dryRun=false)": (
+        {**CERT_MANAGER, "controller": {"dryRun": False}},
+        (("overlays/prometheus", ()), ("controller", ("controller/components/act",))),
+    ),
     "embedded-scrape": (
         {**CERT_MANAGER, "metricsSource": {"type": "embedded"}},
         (("overlays/embedded-scrape", ()), ("controller", ("controller/components/embedded-scrape",))),
@@ -81,7 +85,7 @@ EQUIVALENTS: dict[str, tuple[dict[str, Any], tuple[tuple[str, tuple[str, ...]], 
         EVERYTHING,
         (
             ("overlays/prometheus", ()),
-            ("controller", tuple(f"controller/components/{c}" for c in ("drain", "safe-to-evict", "dry-run"))),
+            ("controller", tuple(f"controller/components/{c}" for c in ("drain", "safe-to-evict"))),
             ("report/with-configmap", ()),
             ("monitoring", ()),
             ("dashboards", ()),
@@ -347,6 +351,40 @@ def _controller_settings(args: list[str]) -> ControllerSettings:
     namespace, extra = parser.parse_known_args(args)
     assert not extra, f"`gpuscale controller` does not know: {extra}"
     return from_arguments(ControllerSettings, namespace)
+
+
+def _controller_args(helm, work: Path, values: dict[str, Any]) -> list[str]:
+    (controller,) = [o for o in template(helm, values, work) if o["metadata"]["name"] == "gpuscale-controller"
+                     and o["kind"] == "Deployment"]  # fmt: skip
+    return _pod(controller)["containers"][0]["args"]
+
+
+def test_a_first_install_looks_before_it_acts(helm, work):
+    """issue 34: with the defaults the controller only validates and logs its writes; one documented value,
+    controller.dryRun=false, makes it act — and that value changes nothing else."""
+    default = _controller_args(helm, work, {})
+    assert _controller_settings(default).dry_run is True
+    acting = _controller_args(helm, work, {"controller": {"dryRun": False}})
+    assert _controller_settings(acting).dry_run is False and "--no-dry-run" in acting
+    assert [a for a in acting if a != "--no-dry-run"] == [a for a in default if a != "--dry-run"]
+    values_yaml = (CHART / "values.yaml").read_text()
+    assert "--set controller.dryRun=false" in values_yaml, "values.yaml says how to act"
+
+
+def _notes(helm, work: Path, values: dict[str, Any]) -> str:
+    from tests.helm import values_file
+
+    done = run_helm(helm, "install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+                    "--values", str(values_file(values, work)))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.partition("\nNOTES:\n")[2]
+
+
+def test_the_notes_say_dry_run_and_the_value_that_acts(helm, work):
+    notes = _notes(helm, work, {})
+    assert "The controller runs in DRY-RUN" in notes and "--set controller.dryRun=false" in notes, notes
+    acting = _notes(helm, work, {"controller": {"dryRun": False}})
+    assert "The controller ACTS on nodes" in acting and "DRY-RUN" not in acting, acting
 
 
 def test_victoriametrics_and_policies_reach_every_component(helm, work):
