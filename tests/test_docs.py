@@ -127,3 +127,21 @@ def test_the_pages_a_user_reads_before_installing_say_the_controller_starts_in_d
         assert "deploy/controller/components/act" in text, page
     readme = (ROOT / "README.md").read_text()
     assert readme.index("The controller starts in dry-run") < readme.index("## Documentation")
+
+
+def test_the_readme_testing_page_and_build_script_give_the_same_build_times():
+    """issue 34: what command 2 needs and builds, with the measured range and its conditions, said alike where a
+    user reads it (README), where the tests are explained (docs/testing.md) and in the script that builds."""
+    sources = {
+        "README.md": (ROOT / "README.md").read_text(),
+        "docs/testing.md": (ROOT / "docs" / "testing.md").read_text(),
+        "tests/cluster/build": (ROOT / "tests" / "cluster" / "build").read_text(),
+    }
+    for name, text in sources.items():
+        flat = " ".join(text.replace("#", " ").split())
+        assert "7 min 13 s" in flat and "idle" in flat, name
+        assert "35.7 min" in flat and "load average 5-12" in flat, name
+    readme = sources["README.md"]
+    assert "Go ≥ 1.26" in readme and "~/.cache/gpuscale" in readme and "all you need" not in readme
+    go_mod = (ROOT / "tests" / "cluster" / "go" / "kube" / "go.mod").read_text()
+    assert re.search(r"^go 1\.26(\.\d+)?$", go_mod, re.MULTILINE), "README's Go version is go.mod's"
