@@ -8,8 +8,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A worker still busy 5 s after the controller's exit order (here: collecting garbage for 6 s at unconfigure, as
-# pytest's unraisable-exception cleanup does with a big heap on a loaded machine) gets execnet's SIGINT.
+# A worker still busy 5 s after the controller's exit order (here: collecting garbage for 7.5 s at unconfigure, as
+# pytest's unraisable-exception cleanup does with a big heap on a loaded machine) gets execnet's SIGINT. NB: 7.5 s
+# sits between that SIGINT (5 s) and the controller's kill of a worker that has not exited (10 s).
 SLOW_EXIT = """
 import gc, os, time
 {hooks}
@@ -17,7 +18,7 @@ junk = []
 def pytest_unconfigure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         junk.extend([[i] for i in range(100_000)])
-        end = time.monotonic() + 6
+        end = time.monotonic() + 7.5
         while time.monotonic() < end:
             gc.collect()
 """
