@@ -37,8 +37,8 @@ from tests.controller.harness import NAMESPACE, start_harness
 from tests.test_deploy import KUBECTL, KUBERNETES_VERSIONS
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "controller"
-COMPONENTS = ("drain", "safe-to-evict", "dry-run", "embedded-scrape")
-VARIANTS = ("", *COMPONENTS, "+".join(COMPONENTS))
+COMPONENTS = ("drain", "safe-to-evict", "act", "dry-run", "embedded-scrape")
+VARIANTS = ("", *COMPONENTS, "+".join(c for c in COMPONENTS if c != "dry-run"), "+".join(COMPONENTS))
 SA = "system:serviceaccount:gpuscale:gpuscale-controller"
 GANG_LABEL = "scheduling.x-k8s.io/pod-group"
 GPU = "nvidia.com/gpu"
@@ -46,6 +46,12 @@ GPU = "nvidia.com/gpu"
 
 @cache
 def render(variant: str, root: Path) -> tuple[dict[str, Any], ...]:
+    proc = _kustomize(variant, root)
+    assert proc.returncode == 0, proc.stderr
+    return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+
+
+def _kustomize(variant: str, root: Path) -> subprocess.CompletedProcess[str]:
     target = DEPLOY
     if variant:
         target = root / variant.replace("+", "_")
@@ -57,7 +63,7 @@ def render(variant: str, root: Path) -> tuple[dict[str, Any], ...]:
             "components": [os.path.relpath(DEPLOY / "components" / c, target) for c in variant.split("+")],
         }
         (target / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    proc = subprocess.run(
+    return subprocess.run(
         [KUBECTL, "kustomize", str(target)],
         capture_output=True,
         text=True,
@@ -65,8 +71,6 @@ def render(variant: str, root: Path) -> tuple[dict[str, Any], ...]:
         timeout=60,
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr
-    return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +90,13 @@ def test_rendered_objects_are_valid_kubernetes(root, variant):
     assert not problems, "\n".join(problems)
 
 
+def _parsed(args: list[str]) -> ControllerSettings:
+    """The settings `gpuscale controller` runs with, given these container args."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, ControllerSettings)
+    return from_arguments(ControllerSettings, parser.parse_args(args))
+
+
 def container(objects) -> dict[str, Any]:
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     return deployment["spec"]["template"]["spec"]["containers"][0]
@@ -95,18 +106,38 @@ def container(objects) -> dict[str, Any]:
 def test_args_are_what_the_controller_accepts(root, variant):
     c = container(render(variant, root))
     assert c["command"] == ["gpuscale", "controller"]
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, ControllerSettings)
-    settings = from_arguments(ControllerSettings, parser.parse_args(c["args"]))
+    settings = _parsed(c["args"])
     assert settings.health_drain is ("drain" in variant)
     assert settings.hint_safe_to_evict is ("safe-to-evict" in variant)
-    assert settings.dry_run is ("dry-run" in variant)
+    assert settings.dry_run is ("act" not in variant or "dry-run" in variant), "dry-run unless components/act alone"
     assert settings.discover_exporters is ("embedded-scrape" in variant)
     assert (settings.prometheus_url is None) is ("embedded-scrape" in variant)
     port = next(p["containerPort"] for p in c["ports"] if p["name"] == "http")
     assert settings.port == port
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def _controller_args(variant: str, root: Path) -> list[str]:
+    return container(render(variant, root))["args"]
+
+
+def test_kubectl_apply_k_looks_before_it_acts(root):
+    """issue 34: `kubectl apply -k deploy/controller` only validates and logs; components/act (one line in a
+    kustomization) turns acting on, saying so in the args rather than by leaving a flag out."""
+    assert "--dry-run" in _controller_args("", root) and "--no-dry-run" not in _controller_args("", root)
+    acting = _controller_args("act", root)
+    assert "--no-dry-run" in acting and "--dry-run" not in acting
+    # Acting changes that one argument, nothing else.
+    assert [a for a in acting if a != "--no-dry-run"] == [a for a in _controller_args("", root) if a != "--dry-run"]
+
+
+def test_components_dry_run_wins_over_act_in_either_order(root):
+    """A kustomization that lists components/dry-run (the way to dry-run before it was the default) keeps looking
+    even where a shared base it builds on lists components/act."""
+    assert _parsed(_controller_args("act", root)).dry_run is False
+    for variant in ("act+dry-run", "dry-run+act"):
+        assert _parsed(_controller_args(variant, root)).dry_run is True, variant
 
 
 def access_rules(objects) -> list[AccessRule]:
@@ -259,7 +290,7 @@ def test_only_drain_adds_rbac(root):
         return {(r.verbs, r.api_groups, r.resources, r.resource_names) for r in access_rules(render(variant, root))}
 
     base = grants("")
-    assert grants("safe-to-evict") == grants("dry-run") == grants("embedded-scrape") == base
+    assert grants("safe-to-evict") == grants("dry-run") == grants("act") == grants("embedded-scrape") == base
     extra = grants("drain") - base
     assert sorted((sorted(v), sorted(res)) for v, _, res, _ in extra) == [
         (["create"], ["pods/eviction"]),

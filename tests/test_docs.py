@@ -111,3 +111,37 @@ def test_the_install_page_names_every_run_time_dependency():
     names = [re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0] for d in deps]
     page = (ROOT / "docs" / "install.md").read_text().lower()
     assert names and not [n for n in names if n.lower() not in page], names
+
+
+def test_the_pages_a_user_reads_before_installing_say_the_controller_starts_in_dry_run():
+    """issue 34: README, docs/install.md and docs/controller.md say dry-run is the default and name the one switch
+    that makes it act, in the form the chart and deploy/controller take it."""
+    import yaml
+
+    chart = yaml.safe_load((ROOT / "deploy" / "charts" / "gpuscale" / "values.yaml").read_text())
+    assert chart["controller"]["dryRun"] is True
+    assert (ROOT / "deploy" / "controller" / "components" / "act" / "kustomization.yaml").is_file()
+    for page in ("README.md", "docs/install.md", "docs/controller.md"):
+        text = (ROOT / page).read_text()
+        assert "dry-run" in text and "--set controller.dryRun=false" in text, page
+        assert "deploy/controller/components/act" in text, page
+    readme = (ROOT / "README.md").read_text()
+    assert readme.index("The controller starts in dry-run") < readme.index("## Documentation")
+
+
+def test_the_readme_testing_page_and_build_script_give_the_same_build_times():
+    """issue 34: what command 2 needs and builds, with the measured range and its conditions, said alike where a
+    user reads it (README), where the tests are explained (docs/testing.md) and in the script that builds."""
+    sources = {
+        "README.md": (ROOT / "README.md").read_text(),
+        "docs/testing.md": (ROOT / "docs" / "testing.md").read_text(),
+        "tests/cluster/build": (ROOT / "tests" / "cluster" / "build").read_text(),
+    }
+    for name, text in sources.items():
+        flat = " ".join(text.replace("#", " ").split())
+        assert "7 min 13 s" in flat and "idle" in flat, name
+        assert "35.7 min" in flat and "load average 5-12" in flat, name
+    readme = sources["README.md"]
+    assert "Go ≥ 1.26" in readme and "~/.cache/gpuscale" in readme and "all you need" not in readme
+    go_mod = (ROOT / "tests" / "cluster" / "go" / "kube" / "go.mod").read_text()
+    assert re.search(r"^go 1\.26(\.\d+)?$", go_mod, re.MULTILINE), "README's Go version is go.mod's"

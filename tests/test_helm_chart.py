@@ -57,6 +57,10 @@ CONTROLLER = ("controller", ())
 # chart values → the kustomize renders (directory under deploy/, components) that make the same objects.
 EQUIVALENTS: dict[str, tuple[dict[str, Any], tuple[tuple[str, tuple[str, ...]], ...]]] = {
     "prometheus": (CERT_MANAGER, (("overlays/prometheus", ()), CONTROLLER)),
+    "acting (controller.dryRun=false)": (
+        {**CERT_MANAGER, "controller": {"dryRun": False}},
+        (("overlays/prometheus", ()), ("controller", ("controller/components/act",))),
+    ),
     "embedded-scrape": (
         {**CERT_MANAGER, "metricsSource": {"type": "embedded"}},
         (("overlays/embedded-scrape", ()), ("controller", ("controller/components/embedded-scrape",))),
@@ -81,7 +85,7 @@ EQUIVALENTS: dict[str, tuple[dict[str, Any], tuple[tuple[str, tuple[str, ...]], 
         EVERYTHING,
         (
             ("overlays/prometheus", ()),
-            ("controller", tuple(f"controller/components/{c}" for c in ("drain", "safe-to-evict", "dry-run"))),
+            ("controller", tuple(f"controller/components/{c}" for c in ("drain", "safe-to-evict"))),
             ("report/with-configmap", ()),
             ("monitoring", ()),
             ("dashboards", ()),
@@ -349,6 +353,40 @@ def _controller_settings(args: list[str]) -> ControllerSettings:
     return from_arguments(ControllerSettings, namespace)
 
 
+def _controller_args(helm, work: Path, values: dict[str, Any]) -> list[str]:
+    (controller,) = [o for o in template(helm, values, work) if o["metadata"]["name"] == "gpuscale-controller"
+                     and o["kind"] == "Deployment"]  # fmt: skip
+    return _pod(controller)["containers"][0]["args"]
+
+
+def test_a_first_install_looks_before_it_acts(helm, work):
+    """issue 34: with the defaults the controller only validates and logs its writes; one documented value,
+    controller.dryRun=false, makes it act — and that value changes nothing else."""
+    default = _controller_args(helm, work, {})
+    assert _controller_settings(default).dry_run is True
+    acting = _controller_args(helm, work, {"controller": {"dryRun": False}})
+    assert _controller_settings(acting).dry_run is False and "--no-dry-run" in acting
+    assert [a for a in acting if a != "--no-dry-run"] == [a for a in default if a != "--dry-run"]
+    values_yaml = (CHART / "values.yaml").read_text()
+    assert "--set controller.dryRun=false" in values_yaml, "values.yaml says how to act"
+
+
+def _notes(helm, work: Path, values: dict[str, Any]) -> str:
+    from tests.helm import values_file
+
+    done = run_helm(helm, "install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+                    "--values", str(values_file(values, work)))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.partition("\nNOTES:\n")[2]
+
+
+def test_the_notes_say_dry_run_and_the_value_that_acts(helm, work):
+    notes = _notes(helm, work, {})
+    assert "The controller runs in DRY-RUN" in notes and "--set controller.dryRun=false" in notes, notes
+    acting = _notes(helm, work, {"controller": {"dryRun": False}})
+    assert "The controller ACTS on nodes" in acting and "DRY-RUN" not in acting, acting
+
+
 def test_victoriametrics_and_policies_reach_every_component(helm, work):
     catalogue = (ROOT / "policies" / "metrics.yaml").read_text().replace("max_age: 60s", "max_age: 90s")
     health = (ROOT / "policies" / "health.yaml").read_text()
@@ -481,3 +519,111 @@ def test_values_that_cannot_work_together_fail_naming_the_field(helm, work, case
 
 def test_a_kubernetes_older_than_supported_is_refused_by_name(helm, work):
     assert "Kubernetes v1.29.3: gpuscale needs 1.30 or newer" in _fails(helm, work, {}, "--kube-version", "1.29.3")
+
+
+# issue 34: quantities and durations are refused at render time, naming the value and the fix. helm prints a
+# failed keyword's own message only (never a description): the schema's hint is a branch that never validates,
+# whose message is "value must be '<the fix>'".
+QUANTITY_FIX = "value must be 'a Kubernetes quantity: a number and an optional unit, as in 512Mi, 2Gi, 500m or 1'"
+DURATION_FIX = "value must be 'digits and a unit (ms, s, m, h or d): write 5s, not 5'"
+REPORT = {"enabled": True}
+REFUSED_AT_RENDER = {  # values → (the pointer helm names, the fix it prints)
+    "memory limit 'lots'": (
+        {"controller": {"resources": {"limits": {"memory": "lots"}}}},
+        "/controller/resources/limits/memory",
+        QUANTITY_FIX,
+    ),
+    "memory request '2 Gi'": (
+        {"adapter": {"resources": {"requests": {"memory": "2 Gi"}}}},
+        "/adapter/resources/requests/memory",
+        QUANTITY_FIX,
+    ),
+    "negative cpu": (
+        {"adapter": {"resources": {"requests": {"cpu": -1}}}},
+        "/adapter/resources/requests/cpu",
+        QUANTITY_FIX,
+    ),
+    "cpu '1 core'": (
+        {"report": {**REPORT, "resources": {"limits": {"cpu": "1 core"}}}},
+        "/report/resources/limits/cpu",
+        QUANTITY_FIX,
+    ),
+    "gpu '-1'": (
+        {"controller": {"resources": {"limits": {"nvidia.com/gpu": "-1"}}}},
+        "/controller/resources/limits/nvidia.com~1gpu",
+        QUANTITY_FIX,
+    ),
+    "volume size 'big'": (
+        {"report": {**REPORT, "persistence": {"size": "big"}}},
+        "/report/persistence/size",
+        QUANTITY_FIX,
+    ),
+    "misspelt 'limit'": (
+        {"controller": {"resources": {"limit": {"memory": "1Gi"}}}},
+        "/controller/resources",
+        "'limit' not allowed",
+    ),
+    "refreshInterval 5": ({"adapter": {"refreshInterval": 5}}, "/adapter/refreshInterval", DURATION_FIX),
+    "refreshInterval '5'": ({"adapter": {"refreshInterval": "5"}}, "/adapter/refreshInterval", DURATION_FIX),
+    "interval '1.5m'": ({"controller": {"interval": "1.5m"}}, "/controller/interval", DURATION_FIX),
+    "timeout '10 s'": ({"metricsSource": {"timeout": "10 s"}}, "/metricsSource/timeout", DURATION_FIX),
+    "window '1w'": ({"report": {**REPORT, "window": "1w"}}, "/report/window", DURATION_FIX),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED_AT_RENDER)
+def test_a_quantity_or_duration_is_refused_naming_the_value_and_the_fix(helm, work, case):
+    values, pointer, fix = REFUSED_AT_RENDER[case]
+    stderr = _fails(helm, work, values)
+    assert f"at '{pointer}'" in stderr and fix in stderr, stderr
+
+
+def test_quantities_kubernetes_accepts_reach_the_pods(helm, work):
+    resources = {
+        "requests": {"cpu": "100m", "memory": "0.5Gi", "ephemeral-storage": "1e9"},
+        "limits": {"cpu": 2, "memory": 1073741824, "nvidia.com/gpu": "1"},
+    }
+    objects = template(helm, {"controller": {"resources": resources}, "adapter": {"refreshInterval": "500ms"}}, work)
+    (container,) = _pod(_workloads(objects)["gpuscale-controller"])["containers"]
+    assert container["resources"] == resources
+    problems, _ = validation_problems(objects)
+    assert not problems, "\n".join(problems)
+
+
+# issue 34: a catalogue (or another policy file) passed through values that cannot be one fails the render with one
+# line naming the file; the components check every field at start.
+# tests/hostile/test_chart_policies.py tries bombs, nesting, sizes and what only gpuscale's start refuses.
+BAD_POLICY_FILES = {
+    "not YAML": ("metrics.yaml", "metrics: [gpu_utilization", "policies.metrics.yaml: not YAML with keys at the top"),
+    "a list": ("metrics.yaml", "- name: x\n  series: [X]\n", "policies.metrics.yaml: not YAML with keys at the top"),
+    "no metrics": ("metrics.yaml", "defaults: {max_age: 60s}\n", "policies.metrics.yaml: needs a `metrics:` list"),
+    "metrics empty": ("metrics.yaml", "metrics: []\n", "policies.metrics.yaml: needs a `metrics:` list"),
+    "an entry without name": (
+        "metrics.yaml",
+        "metrics:\n  - name: a\n    series: [X]\n  - help: no name\n",
+        "policies.metrics.yaml: metrics[1] is not a metric entry with a name",
+    ),
+    "past a ConfigMap's 1 MiB": (
+        "metrics.yaml",
+        "#" + "x" * 2**20 + "\nmetrics: [{name: a}]\n",
+        "policies.metrics.yaml: 1048599 bytes; its ConfigMap gpuscale-metrics holds at most 1 MiB",
+    ),
+    "health.yaml not YAML": ("health.yaml", "xids: {79: [", "policies.health.yaml: not YAML with keys at the top"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_POLICY_FILES)
+def test_a_policy_file_that_cannot_be_one_fails_the_render_naming_it(helm, work, case):
+    file, text, message = BAD_POLICY_FILES[case]
+    stderr = _fails(helm, work, {"policies": {file: text}})
+    (error,) = [line for line in stderr.splitlines() if line.startswith("Error:")]
+    assert message in error, stderr
+
+
+def test_the_shipped_policy_files_pass_the_render_check(helm, work):
+    policies = {p.name: p.read_text() for p in (ROOT / "policies").glob("*.yaml")}
+    assert "metrics.yaml" in policies and len(policies) > 5
+    configmaps = {
+        o["metadata"]["name"]: o for o in template(helm, {"policies": policies}, work) if o["kind"] == "ConfigMap"
+    }
+    assert configmaps["gpuscale-metrics"]["data"] == {"metrics.yaml": policies["metrics.yaml"]}

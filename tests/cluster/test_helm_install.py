@@ -85,6 +85,9 @@ def release(helm, plane, exporter, tmp_path_factory):
     )
     assert done.returncode == 0, done.stderr
     assert "kubectl get apiservices | grep metrics" in done.stdout, f"NOTES.txt, what to check next:\n{done.stdout}"
+    assert "The controller runs in DRY-RUN" in done.stdout and "--set controller.dryRun=false" in done.stdout, (
+        f"NOTES.txt says the controller only looks, and how to let it act:\n{done.stdout}"
+    )
     manifest = _helm(helm, plane, "get", "manifest", RELEASE)
     assert manifest.returncode == 0, manifest.stderr
     yield {
@@ -135,6 +138,11 @@ def test_helm_install_creates_every_object_of_the_chart(plane, release):
     def pods() -> list[dict] | None:
         items = rest.get(f"/api/v1/namespaces/{NAMESPACE}/pods").body["items"]
         return items if len(items) == 4 else None
+
+    # A first install looks before it acts (issue 34): the controller's pods are made with --dry-run.
+    controller = rest.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/gpuscale-controller").expect(200)
+    args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--dry-run" in args and "--no-dry-run" not in args, args
 
     created = until(pods, timeout=30, what="2 adapter and 2 controller pods")
     assert sorted(p["metadata"]["labels"]["app.kubernetes.io/component"] for p in created) == [

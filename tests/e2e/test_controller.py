@@ -126,3 +126,52 @@ async def test_the_controller_waits_for_an_api_that_is_not_up_yet(tmp_path):
             await until(ready)
             proc.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+
+async def test_two_dry_run_replicas_as_a_first_install_runs_them_only_look(tmp_path):
+    """issue 34: the chart's and deploy/controller's defaults run two replicas with --dry-run (leader election on,
+    as deployed). A dry run takes no Lease, so both reconcile: each has its would-be writes validated by the API
+    server (dryRun=All), logs and counts them, and is ready; the node with a fatal Xid is left as it was."""
+    async with simulated_cluster(3) as (api, exporters):
+        api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuscale"}})
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        ports = {name: free_port() for name in ("replica-a", "replica-b")}
+        commands = {
+            name: controller_command(kubeconfig, exporters, port, "--dry-run", "--identity", name, "--no-hints")
+            for name, port in ports.items()
+        }
+        exporters.sim.override_gpu("gpu-02", 1, last_xid=79, xid_window=((79, 1),))
+        async with (
+            controller_process(commands["replica-a"], tmp_path / "a.stderr") as a,
+            controller_process(commands["replica-b"], tmp_path / "b.stderr") as b,
+            aiohttp.ClientSession() as http,
+        ):
+            texts: dict[str, str] = {}
+
+            async def both_counted_dry_runs() -> bool:
+                for (name, port), proc in zip(ports.items(), (a, b), strict=True):
+                    assert proc.returncode is None, (tmp_path / f"{name[-1]}.stderr").read_text()
+                    try:
+                        async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
+                            if r.status != 200:
+                                return False
+                        async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+                            texts[name] = await r.text()
+                    except aiohttp.ClientError:
+                        return False
+                dry = r'gpuscale_controller_actions_total\{action="patch",planner="health",result="dry-run"\} [1-9]'
+                return all(re.search(dry, t) for t in texts.values())
+
+            await until(both_counted_dry_runs)
+            for text in texts.values():
+                assert "gpuscale_controller_dry_run 1.0" in text
+                assert not re.search(r'result="applied"\} [1-9]', text), text
+            node = api.get("v1", "Node", "gpu-02")
+            assert not node["spec"].get("unschedulable") and not node["spec"].get("taints"), node["spec"]
+            assert api.list("coordination.k8s.io/v1", "Lease", namespace="gpuscale") == []
+            a.send_signal(signal.SIGTERM)
+            b.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(a.wait(), 20) == 0 and await asyncio.wait_for(b.wait(), 20) == 0
+        for name in ("a", "b"):
+            log = (tmp_path / f"{name}.stderr").read_text()
+            assert "action=patch object=Node/gpu-02 result=dry-run" in log, log[-2000:]
