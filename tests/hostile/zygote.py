@@ -33,6 +33,12 @@ PRELOAD = (
     "gpuscale.settings",
     "gpuscale.cli.simulate",
     "gpuscale.cli.report",
+    # the servers' and top's own (~2.5 s together): most of test_files' cases start one of them
+    "kubernetes_asyncio",
+    "gpuscale.sources.kube",
+    "gpuscale.cli.top",
+    "gpuscale.cli.adapter",
+    "gpuscale.cli.controller",
 )
 
 
