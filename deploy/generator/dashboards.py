@@ -774,7 +774,7 @@ def gpuscale_self():
                     ),
                     st(
                         "Leader",
-                        "Replicas holding the Lease (1 is normal).",
+                        "Replicas acting as leader (1 is normal; 0 while the controller runs in dry-run, which takes no Lease).",
                         f"sum(gpuscale_controller_leader{{{sel}}})",
                     ),
                     st(

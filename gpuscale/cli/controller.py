@@ -349,6 +349,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
             actuator=actuator,
             metrics=metrics,
             leadership=elector,
+            acting=not settings.dry_run,
             observers=observers,
             interval_seconds=settings.interval,
         )

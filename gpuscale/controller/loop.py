@@ -90,6 +90,7 @@ class Controller:
         actuator: Actuator,
         metrics: ControllerMetrics,
         leadership: Leadership | None = None,
+        acting: bool = True,
         observers: Sequence[Callable[[ClusterView, ClusterTelemetry, float], None]] = (),
         interval_seconds: float = 15.0,
         clock: Callable[[], float] = time.time,
@@ -101,6 +102,9 @@ class Controller:
         self.actuator = actuator
         self.metrics = metrics
         self.leadership: Leadership = leadership or _AlwaysLeader()
+        # NB: a dry run plans as a leader (to say what it would do) but takes no Lease and writes nothing, so its
+        # leader gauge stays 0: two dry-run replicas of a first install must not read as two leaders.
+        self.acting = acting
         self.observers = list(observers)
         self.interval_seconds = interval_seconds
         self.clock = clock
@@ -118,7 +122,7 @@ class Controller:
         result = ReconcileResult(at=now)
         live = self.view if isinstance(self.view, LiveClusterView) else None
         leading = self.leadership.is_leader
-        self.metrics.leader.set(1 if leading else 0)
+        self.metrics.leader.set(1 if leading and self.acting else 0)
         if live is not None:
             if leading and not self._led:
                 # NB: a new leader acts only on what it has just listed (the old leader's last writes included).

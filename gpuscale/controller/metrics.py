@@ -83,7 +83,12 @@ class ControllerMetrics:
         self.reconcile_failures = Counter(
             "gpuscale_controller_reconcile_failures", "reconciles or planners that failed", ["stage"], registry=r
         )
-        self.leader = Gauge("gpuscale_controller_leader", "1 while this replica holds the Lease", registry=r)
+        self.leader = Gauge(
+            "gpuscale_controller_leader",
+            "1 while this replica acts as the leader (holds the Lease, or acts alone with --no-leader-elect); "
+            "0 in dry-run, which takes no Lease",
+            registry=r,
+        )
         self.view_confirmed = Gauge(
             "gpuscale_controller_view_confirmed",
             "1 when every watch cache has listed since its last error (and since this replica became leader); "

@@ -165,6 +165,7 @@ async def test_two_dry_run_replicas_as_a_first_install_runs_them_only_look(tmp_p
             await until(both_counted_dry_runs)
             for text in texts.values():
                 assert "gpuscale_controller_dry_run 1.0" in text
+                assert "gpuscale_controller_leader 0.0" in text  # no Lease taken: not two leaders on the dashboard
                 assert not re.search(r'result="applied"\} [1-9]', text), text
             node = api.get("v1", "Node", "gpu-02")
             assert not node["spec"].get("unschedulable") and not node["spec"].get("taints"), node["spec"]
