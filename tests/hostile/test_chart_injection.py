@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import resource
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -210,9 +209,8 @@ def test_no_string_value_adds_a_flag_or_an_object(renderer):
     tried = len(LEAVES) * len(PAYLOADS)
     print(
         f"\nchart injection: {len(LEAVES)} string values x {len(PAYLOADS)} payloads = {tried} hostile inputs, "
-        f"{outcomes}; {renderer.renders} helm renders, slowest {renderer.slowest[0]:.2f} s ({renderer.slowest[1]}), "
-        f"helm peak RSS {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB"
-    )
+        f"{outcomes}; {renderer.renders} helm renders, slowest {renderer.slowest[0]:.2f} s ({renderer.slowest[1]})"
+    )  # NB: no helm peak here: a child's ru_maxrss starts from this worker's high-water mark (test_chart_policies)
     assert not problems, "\n".join(problems)
     assert sum(outcomes.values()) == tried
 

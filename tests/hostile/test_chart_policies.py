@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -87,27 +89,43 @@ CASES = [
 FIGURES: dict[str, float] = {"inputs": 0, RENDER: 0, START: 0, OK: 0, "helm_seconds": 0, "helm_peak_bytes": 0}
 
 
+# helm's own peak RSS. NB: not this process's wait4 on helm: Linux carries the forking process's high-water mark
+# into a child's ru_maxrss at exec, so helm forked from a worker that had grown to 544 MiB "peaked" at 544 MiB. A
+# small interpreter in between forks helm and reports the child's figure, which starts from its own few MiB.
+_MEASURED = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss * 1024}")
+"""
+
+
 def _render(values: dict[str, Any], directory: Path, helm: str) -> tuple[int, str, str]:
     """`helm template` of the chart: its exit status, stdout and stderr; its time and peak RSS (wait4) bounded."""
     path = directory / "values.json"
     path.write_text(json.dumps(values))
     home = str(directory / "helm-home")
     env = {**os.environ, "HELM_CACHE_HOME": home, "HELM_CONFIG_HOME": home, "HELM_DATA_HOME": home}
-    out, err = directory / "helm.out", directory / "helm.err"
+    out, err, rusage = directory / "helm.out", directory / "helm.err", directory / "helm.rusage"
     start = time.monotonic()
     with open(out, "w") as stdout, open(err, "w") as stderr:
         proc = subprocess.Popen(
-            [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(path)],
+            [sys.executable, "-S", "-c", _MEASURED, str(rusage), helm, "template", RELEASE, str(CHART),
+             "--namespace", NAMESPACE, "--values", str(path)],
             stdout=stdout,
             stderr=stderr,
             env={**env, "KUBECONFIG": "/dev/null"},
-        )
-    timer = threading.Timer(HELM_SECONDS, proc.kill)
+            start_new_session=True,
+        )  # fmt: skip
+    timer = threading.Timer(HELM_SECONDS, lambda: os.killpg(proc.pid, signal.SIGKILL))
     timer.start()
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc.wait()
     timer.cancel()
-    proc.returncode = code = os.waitstatus_to_exitcode(status)  # NB: reaped here, so Popen must not wait again
-    seconds, peak = time.monotonic() - start, usage.ru_maxrss * 1024
+    code, peak = (int(x) for x in rusage.read_text().split()) if rusage.exists() else (-9, 0)
+    seconds = time.monotonic() - start
     assert code >= 0, f"helm template killed after {seconds:.1f} s (limit {HELM_SECONDS} s)"
     assert peak < HELM_PEAK_BYTES, f"helm template peaked at {peak / 2**20:.0f} MiB"
     FIGURES["helm_seconds"] = max(FIGURES["helm_seconds"], seconds)
