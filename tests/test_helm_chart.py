@@ -387,6 +387,59 @@ def test_the_notes_say_dry_run_and_the_value_that_acts(helm, work):
     assert "The controller ACTS on nodes" in acting and "DRY-RUN" not in acting, acting
 
 
+def _alert_rules(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule" and o["metadata"]["name"] == "gpuscale-alerts"]
+    return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+def test_the_runbook_links_point_where_the_value_says(helm, work):
+    """issue 34: runbook_url = monitoring.prometheusRules.runbookBaseURL + "#<alert>"; nothing else in the rules
+    changes, and the default is the page the shipped rule files carry. `$1` and `&` are taken literally."""
+    page = "https://wiki.example.com/ops/gpu$1?space=GPU&v=2"
+    shipped = {
+        r["alert"]: r
+        for g in yaml.safe_load((DEPLOY / "alerts" / "gpuscale-alerts.rules.yaml").read_text())["groups"]
+        for r in g["rules"]
+    }
+    default = _alert_rules(template(helm, {"monitoring": MONITORING_ON}, work))
+    assert default == shipped
+    values = {"monitoring": {**MONITORING_ON, "prometheusRules": {"enabled": True, "runbookBaseURL": page}}}
+    custom = _alert_rules(template(helm, values, work))
+    assert custom.keys() == shipped.keys() and len(custom) > 20
+    for name, rule in custom.items():
+        assert rule["annotations"]["runbook_url"] == f"{page}#{name.lower()}"
+        rule["annotations"]["runbook_url"] = shipped[name]["annotations"]["runbook_url"]
+    assert custom == shipped
+    placeholder = yaml.safe_load((CHART / "values.yaml").read_text())["monitoring"]["prometheusRules"]
+    assert {r["annotations"]["runbook_url"].split("#")[0] for r in shipped.values()} == {placeholder["runbookBaseURL"]}
+    assert "set monitoring.prometheusRules.runbookBaseURL" in _notes(helm, work, {"monitoring": MONITORING_ON})
+    assert "runbookBaseURL" not in _notes(helm, work, values)
+
+
+# Each lands in every alert's annotations, which Prometheus expands as a Go template: refused with the fix.
+RUNBOOK_FIX = "value must be 'an http(s) URL of the runbook page without a #fragment"
+BAD_RUNBOOK_PAGES = {
+    "a fragment": "https://wiki.example.com/ops#gpu",
+    "a template action": "https://wiki.example.com/{{ .Release.Name }}",
+    "a space and a comment": "https://wiki.example.com/ops #x",
+    "a line break": "https://wiki.example.com/ops\n    severity: none",
+    "a quote": "https://wiki.example.com/o'ps",
+    "no scheme": "wiki.example.com/ops",
+    "a repository path": "docs/operating.md",
+    "javascript": "javascript:alert(1)",
+}
+
+
+@pytest.mark.parametrize("case", BAD_RUNBOOK_PAGES)
+def test_a_runbook_page_that_is_not_a_plain_url_is_refused_with_the_fix(helm, work, case):
+    values = {"monitoring": {"prometheusRules": {"enabled": True, "runbookBaseURL": BAD_RUNBOOK_PAGES[case]}}}
+    stderr = _fails(helm, work, values)
+    assert "at '/monitoring/prometheusRules/runbookBaseURL'" in stderr and RUNBOOK_FIX in stderr, stderr
+    # A render that skips the schema is refused by the template, naming the value.
+    skipped = _fails(helm, work, values, "--skip-schema-validation")
+    assert "monitoring.prometheusRules.runbookBaseURL: " in skipped, skipped
+
+
 def test_victoriametrics_and_policies_reach_every_component(helm, work):
     catalogue = (ROOT / "policies" / "metrics.yaml").read_text().replace("max_age: 60s", "max_age: 90s")
     health = (ROOT / "policies" / "health.yaml").read_text()

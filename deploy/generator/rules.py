@@ -39,6 +39,13 @@ WAITING_REQUESTS_SLO = 20  # requests waiting per model
 TTFT_P99_SLO_SECONDS = 2.0
 STALE_SOURCE_SECONDS = 120
 
+# The page every alert's runbook_url points into (each appends #<alert name in lower case>, the anchor a Markdown
+# renderer gives the alert's heading in docs/operating.md). gpuscale has no public home to point at, so the default
+# is a placeholder under the reserved .example domain: set it to where your copy of docs/operating.md is served
+# (Helm: monitoring.prometheusRules.runbookBaseURL; kustomize and plain rule files: docs/operating.md, "Runbook
+# links"). The chart rewrites the part of each runbook_url before the "#", so it follows this without a change.
+RUNBOOK_PAGE = "https://gpuscale.example/docs/operating.md"
+
 
 def _xid_classes(health: dict[str, Any]) -> dict[str, list[int]]:
     """policies/health.yaml's Xid table → the codes per alert class."""
@@ -88,8 +95,7 @@ def _alert(name: str, expr: str, for_: str, severity: str, summary: str, descrip
         "annotations": {
             "summary": summary,
             "description": description,
-            # The runbook's place in the gpuscale repository; prefix it with where your copy of the docs lives.
-            "runbook": f"docs/operating.md#{name.lower()}",
+            "runbook_url": f"{RUNBOOK_PAGE}#{name.lower()}",
         },
     }
 

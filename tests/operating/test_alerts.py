@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -23,6 +24,10 @@ ALERTS = ROOT / "deploy" / "alerts"
 RULE_FILES = sorted(ALERTS.glob("*.rules.yaml"))
 UNIT_TESTS = ALERTS / "tests"
 PROMTOOL = shutil.which("promtool")
+# The page the shipped runbook_urls point into: the chart's default for monitoring.prometheusRules.runbookBaseURL.
+RUNBOOK_PAGE = yaml.safe_load((ROOT / "deploy" / "charts" / "gpuscale" / "values.yaml").read_text())["monitoring"][
+    "prometheusRules"
+]["runbookBaseURL"]
 if PROMTOOL is None:  # NB: a missing promtool is a broken setup (bash .ci/setup --test), not a skip
     raise RuntimeError("promtool is required (run: bash .ci/setup --test)")
 
@@ -132,19 +137,46 @@ def test_every_alert_has_a_firing_case_with_its_subject():
             }, f"{name}: fired without a label naming its subject: {labels}"
 
 
+def anchors(page: Path) -> set[str]:
+    """The fragments a Markdown renderer (GitHub's rule) gives the page's headings."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), re.M)
+    return {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
 def test_every_alert_has_texts_a_runbook_and_a_for_that_tolerates_a_lost_scrape():
-    docs = (ROOT / "docs" / "operating.md").read_text()
-    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", docs, re.M)}
     for name, rule in alerts().items():
         notes = rule["annotations"]
         assert notes["summary"] and notes["description"], name
-        assert notes["runbook"] == f"docs/operating.md#{name.lower()}", name
-        assert name.lower() in anchors, f"{name}: no runbook section '## {name}' in docs/operating.md"
+        assert set(notes) == {"summary", "description", "runbook_url"}, f"{name}: {sorted(notes)}"
+        # An absolute URL (Alertmanager and Grafana show it as a link), under the page a user sets, whose fragment
+        # is a heading of the docs page it names.
+        url = urlsplit(notes["runbook_url"])
+        assert url.scheme == "https" and url.netloc, f"{name}: {notes['runbook_url']}"
+        assert f"{url.scheme}://{url.netloc}{url.path}" == RUNBOOK_PAGE, name
+        assert url.fragment == name.lower(), name
+        page = ROOT / url.path.lstrip("/")
+        assert url.fragment in anchors(page), f"{name}: no heading '#### {name}' in {page.relative_to(ROOT)}"
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
         # 1 m scrapes: an instant condition needs for ≥ 2m to ride out one lost scrape; a condition over a range
         # (increase, max_over_time…) does not depend on one scrape.
         minutes = int(rule["for"].removesuffix("m"))
         assert minutes >= 2 or re.search(r"\[\d+[mh]\]", rule["expr"]), f"{name}: for: {rule['for']}"
+
+
+def test_the_documented_sed_points_the_plain_rule_files_at_your_page(tmp_path):
+    """docs/operating.md's one-liner for rule_files: users rewrites every runbook_url's page and nothing else."""
+    (script,) = re.findall(r"sed '(s\|runbook_url: [^']+)'", (ROOT / "docs" / "operating.md").read_text())
+    page = script.split("|")[2].removeprefix("runbook_url: ").removesuffix("#")
+    source = ALERTS / "gpuscale-alerts.rules.yaml"
+    done = subprocess.run(["sed", script, str(source)], capture_output=True, text=True, timeout=30, check=True)
+    copy = tmp_path / source.name
+    copy.write_text(done.stdout)
+    assert promtool("check", "rules", str(copy)).returncode == 0
+    rewritten = [r for g in yaml.safe_load(done.stdout)["groups"] for r in g["rules"]]
+    assert [r["annotations"]["runbook_url"] for r in rewritten] == [f"{page}#{r['alert'].lower()}" for r in rewritten]
+    for rule in rewritten:
+        rule["annotations"]["runbook_url"] = alerts()[rule["alert"]]["annotations"]["runbook_url"]
+    assert rewritten == [r for g in yaml.safe_load(source.read_text())["groups"] for r in g["rules"]]
 
 
 def test_xid_classes_are_policies_health():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import textwrap
 from pathlib import Path
 
 import yaml
@@ -144,3 +145,28 @@ def test_dashboards_offer_the_template_variables_operators_filter_by():
     assert "job" in {v for v in seen if "training" in seen[v]} and "model" in {
         v for v in seen if "inference" in seen[v]
     }
+
+
+def test_the_documented_overlay_points_every_runbook_link_at_your_page(tmp_path):
+    """issue 34: docs/operating.md's kustomize overlay, as written there, rewrites the page of every runbook_url,
+    keeps each alert's anchor, changes nothing else and applies no extra object."""
+    docs = (Path(DEPLOY).parent / "docs" / "operating.md").read_text()
+    (block,) = re.findall(r"```yaml\n( *# my-monitoring/kustomization.yaml\n.*?)```", docs, re.S)
+    overlay = tmp_path / "my-monitoring"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(textwrap.dedent(block))
+    (tmp_path / "deploy").symlink_to(DEPLOY)
+    (page,) = re.findall(r"literals: \[page=(\S+)\]", block)
+    objects = _kustomize(overlay)
+    shipped = render("monitoring")
+    key = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    assert key == [(o["kind"], o["metadata"]["name"]) for o in shipped]
+    rules = one(objects, "PrometheusRule", "gpuscale-alerts")
+    alerts = [r for g in rules["spec"]["groups"] for r in g["rules"]]
+    assert len(alerts) > 20
+    for rule in alerts:
+        assert rule["annotations"]["runbook_url"] == f"{page}#{rule['alert'].lower()}"
+    before = one(shipped, "PrometheusRule", "gpuscale-alerts")
+    for rule, old in zip(alerts, [r for g in before["spec"]["groups"] for r in g["rules"]], strict=True):
+        rule["annotations"]["runbook_url"] = old["annotations"]["runbook_url"]
+    assert objects == shipped
