@@ -42,7 +42,7 @@ from gpuscale.replay.history import (
     promql_for,
     replay_history,
 )
-from gpuscale.replay.results import SCHEMA, Outcome
+from gpuscale.replay.results import SCHEMA, Outcome, latency_column
 from gpuscale.replay.serving import ServingProfile
 from gpuscale.replay.signals import CpuProfile, check_metrics
 from gpuscale.replay.simulate import ReplaySettings, check_budget, replay
@@ -398,7 +398,7 @@ def render_table(doc: dict, console: Console) -> None:
         f"(SLO: p{slo['slo_quantile'] * 100:g} queue time ≤ {slo['slo_queue_s']:g} s per minute)",
         header_style="bold",
     )
-    latency = "TTFT p95 s" if doc.get("model", "llm") == "llm" else "latency p95 s"
+    latency = latency_column(doc)
     for col in ("HPA", "GPU-h", "queue p50 s", "p95 s", "p99 s", latency, "SLO min", "max pods", "up/down"):
         table.add_column(col, justify="left" if col == "HPA" else "right")
     for r in doc["results"]:

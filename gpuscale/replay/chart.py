@@ -1,7 +1,8 @@
 """A self-contained HTML page of a simulate document: the summary table, the request rate, one chart of every
 HPA's replicas side by side and, per HPA, a chart of replicas (desired and ready, drawn as the steps they
-are), queue and GPU util over time, and its scaling events. Every y axis starts at 0; tick labels carry
-enough digits not to repeat.
+are), queue and GPU util over time, and its scaling events. Every y axis starts at 0; every axis's ticks are equal
+steps of 1, 2 or 5 × 10^k (``ticks``), the right-hand queue axis on the left axis's gridlines; tick labels carry
+enough digits not to repeat. The summary table has the columns of the text output (TTFT p95 included).
 
 Charts are drawn by pygal (small, pure Python, SVG out) with its JavaScript left out, so the page is plain
 HTML + inline SVG: it opens with no network, and prints. ``render_html`` is pure; ``write_html`` writes it.
@@ -15,6 +16,9 @@ from typing import Any
 
 import pygal
 from pygal.style import Style
+
+from gpuscale.replay.results import latency_column
+from gpuscale.replay.ticks import nice_step_for, nice_ticks
 
 _STYLE = Style(
     background="white",
@@ -32,7 +36,10 @@ def _tick(v: float) -> str:
     return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
-def _xy(title: str, y_title: str, **options: Any) -> pygal.XY:
+def _xy(
+    title: str, y_title: str, *, minutes: list[float], top: float, integer: bool = False, **options: Any
+) -> pygal.XY:
+    """A chart over ``minutes`` whose y axis runs from 0 to at least ``top``, both on nice ticks."""
     return pygal.XY(
         style=_STYLE,
         width=1100,
@@ -47,6 +54,8 @@ def _xy(title: str, y_title: str, **options: Any) -> pygal.XY:
         title=title,
         value_formatter=_tick,
         include_x_axis=True,  # NB: pygal's name for "the y range includes 0"
+        x_labels=nice_ticks(0.0, max(minutes, default=1.0)),
+        y_labels=nice_ticks(0.0, max(top, 0.0), integer=integer),
         **options,
     )
 
@@ -65,17 +74,31 @@ def _rate_chart(trace: dict[str, Any]) -> str:
     rate = trace.get("requests_per_s_by_minute")
     if not rate:
         return ""
-    chart = _xy(f"{trace['name']}: request rate (mean over each minute)", "requests/s")
-    chart.add("requests/s", _steps([(float(m), float(v)) for m, v in enumerate(rate)]))
+    points = _steps([(float(m), float(v)) for m, v in enumerate(rate)])
+    chart = _xy(
+        f"{trace['name']}: request rate (mean over each minute)",
+        "requests/s",
+        minutes=[m for m, _ in points],
+        top=max(v for _, v in points),
+    )
+    chart.add("requests/s", points)
     return chart.render(is_unicode=True)
 
 
 def _comparison_chart(results: list[dict[str, Any]]) -> str:
     if len(results) < 2:
         return ""
-    chart = _xy("every HPA: desired replicas", "replicas")
-    for r in results:
-        chart.add(r["hpa"], _steps([(round(s["t"] / 60.0, 2), s["desired"]) for s in r["timeline"]]))
+    lines = {r["hpa"]: _steps([(round(s["t"] / 60.0, 2), s["desired"]) for s in r["timeline"]]) for r in results}
+    points = [p for line in lines.values() for p in line]
+    chart = _xy(
+        "every HPA: desired replicas",
+        "replicas",
+        minutes=[m for m, _ in points],
+        top=max((v for _, v in points), default=1),
+        integer=True,
+    )
+    for name, line in lines.items():
+        chart.add(name, line)
     return chart.render(is_unicode=True)
 
 
@@ -86,12 +109,29 @@ def _chart(result: dict[str, Any]) -> str:
     def series(key: str) -> list[tuple[float, float]]:
         return list(zip(minutes, (s[key] for s in timeline), strict=True))
 
-    top = max((s["desired"] for s in timeline), default=1)
-    replicas = _xy(f"{result['hpa']}: replicas and queue", "replicas", y_labels=list(range(0, top + 2)))
+    top = max((max(s["desired"], s["ready"]) for s in timeline), default=1)
+    left = nice_ticks(0.0, top + 1, integer=True)  # NB: one replica of headroom: the top line is not the frame
+    # pygal puts the right axis's labels on the left axis's gridlines, at equal parts of the right range: a range
+    # of (gridlines - 1) nice steps makes them nice too (not 44.4, 88.8 from a range ending at the queue's peak).
+    queue_step = nice_step_for(max((s["queue"] for s in timeline), default=0), intervals=len(left) - 1, integer=True)
+    replicas = _xy(
+        f"{result['hpa']}: replicas and queue",
+        "replicas",
+        minutes=minutes,
+        top=top + 1,
+        integer=True,
+        secondary_range=(0, queue_step * (len(left) - 1)),
+    )
     replicas.add("desired replicas", _steps(series("desired")))
     replicas.add("ready replicas", _steps(series("ready")), stroke_style={"width": 2, "dasharray": "6, 3"})
     replicas.add("queued requests (right axis)", series("queue"), secondary=True)
-    gpu = _xy(f"{result['hpa']}: what the GPUs report (mean over ready replicas)", "percent", range=(0, 100))
+    gpu = _xy(
+        f"{result['hpa']}: what the GPUs report (mean over ready replicas)",
+        "percent",
+        minutes=minutes,
+        top=100,
+        range=(0, 100),
+    )
     gpu.add("GPU util %", series("gpu_util"))
     gpu.add("SM active %", series("sm_active"))
     return replicas.render(is_unicode=True) + gpu.render(is_unicode=True)
@@ -123,7 +163,8 @@ def _render_history(doc: dict[str, Any]) -> str:
     charts = []
     for r in doc["results"]:
         minutes = [round(s["t"] / 60.0, 2) for s in r["timeline"]]
-        chart = _xy(f"{r['hpa']}: replicas observed and decided", "replicas")
+        top = max((max(s["observed"], s["desired"]) for s in r["timeline"]), default=1)
+        chart = _xy(f"{r['hpa']}: replicas observed and decided", "replicas", minutes=minutes, top=top, integer=True)
         chart.add("observed pods", list(zip(minutes, (s["observed"] for s in r["timeline"]), strict=True)))
         chart.add("HPA's replicas", list(zip(minutes, (s["desired"] for s in r["timeline"]), strict=True)))
         charts.append(f"<h2>{esc(r['hpa'])}</h2><p class=src>{esc(r['source'])}</p>{chart.render(is_unicode=True)}")
@@ -154,6 +195,7 @@ def render_html(doc: dict[str, Any]) -> str:
                     f"{q['p50']:.2f}",
                     f"{q['p95']:.2f}",
                     f"{q['p99']:.2f}",
+                    f"{r['ttft_s']['p95']:.2f}",
                     f"{r['slo']['violating_minutes']}/{r['slo']['minutes']}",
                     r["max_replicas"],
                     f"{r['scale_ups']}/{r['scale_downs']}",
@@ -173,6 +215,7 @@ def render_html(doc: dict[str, Any]) -> str:
             f"<details><summary>{len(r['events'])} scaling events</summary><ul>{events}{more}</ul></details>"
         )
     title = f"gpuscale simulate: {trace['name']}"
+    latency = esc(latency_column(doc))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
@@ -186,8 +229,8 @@ svg {{ max-width: 100%; height: auto; }}
 <h1>{esc(title)}</h1>
 <p>{trace["requests"]} requests over {trace["duration_s"] / 60:.1f} min; SLO: p{settings["slo_quantile"] * 100:g} queue
 time ≤ {settings["slo_queue_s"]:g} s per minute; new replicas ready after {settings["startup_s"]:g} s.</p>
-<table><tr><th>HPA</th><th>GPU-h</th><th>queue p50 s</th><th>p95 s</th><th>p99 s</th><th>SLO-violating min</th>
-<th>max pods</th><th>scale up/down</th></tr>
+<table><tr><th>HPA</th><th>GPU-h</th><th>queue p50 s</th><th>p95 s</th><th>p99 s</th><th>{latency}</th>
+<th>SLO-violating min</th><th>max pods</th><th>scale up/down</th></tr>
 {"".join(rows)}
 </table>
 {_rate_chart(trace)}{_comparison_chart(doc["results"])}

@@ -37,6 +37,7 @@ admitted count as waiting until the end). Floats are rounded (6 significant digi
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -175,3 +176,9 @@ def summarize(
         events=events,
         swaps=getattr(model, "swaps", 0),
     )
+
+
+def latency_column(doc: dict[str, Any]) -> str:
+    """The heading of ``ttft_s``'s p95 in a summary table: time to first token for an LLM, the response time for the
+    general model (``"model": "general"``)."""
+    return "TTFT p95 s" if doc.get("model", "llm") == "llm" else "latency p95 s"
