@@ -26,8 +26,8 @@ import yaml
 from aiohttp import web
 
 from gpuscale.cli.main import main
-from gpuscale.cli.render_top import GpuTopList
 from gpuscale.metrics.exposition import parse_samples
+from gpuscale.top.document import GpuTopList
 from tests.helpers import H100, H100_NODE, TRITON
 
 KUBECTL = shutil.which("kubectl")

@@ -11,26 +11,20 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscale.cli.render_top import (
-    Column,
-    GpuTopList,
-    RenderOptions,
-    Scope,
-    legend,
-    render,
-    sort_items,
-    table,
-)
-from gpuscale.cli.top import parse_quantity
 from gpuscale.errors import ConfigError
 from gpuscale.metrics.attribution import Attributor, Target
 from gpuscale.metrics.devices import DEVICE_SERIES, gpu_statuses, read_devices
 from gpuscale.metrics.diagnosis import load_policy
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.rollups import node_statuses, pod_statuses
-from gpuscale.model import pod
+from gpuscale.model import parse_quantity, pod
 from gpuscale.sources.base import SeriesValue
 from gpuscale.sources.scrape import ScrapeSource
+from gpuscale.top.columns import RenderOptions
+from gpuscale.top.document import GpuTopList, Scope
+from gpuscale.top.render import legend, render
+from gpuscale.top.sorting import sort_items
+from gpuscale.top.table import Column, table
 from tests.helpers import H100, MIG, T0
 
 POLICY = load_policy()
