@@ -76,8 +76,8 @@ def _gpu_columns(o: RenderOptions) -> list[Column[GpuStatus]]:
         return g.pod if o.scope.namespace and not o.scope.all_namespaces else f"{g.namespace}/{g.pod}"
 
     cols: list[Column[GpuStatus]] = [
-        Column("NODE", lambda g: g.node or NONE, cut="host", min_width=14, shrink_first=True),
-        Column("GPU", lambda g: g.device_id),
+        Column("NODE", lambda g: g.node or NONE, cut="host", min_width=14, shrink_first=True, keep=True),
+        Column("GPU", lambda g: g.device_id, keep=True),
     ]
     if o.wide:
         cols += [
@@ -85,7 +85,7 @@ def _gpu_columns(o: RenderOptions) -> list[Column[GpuStatus]]:
             Column("PROFILE", lambda g: g.mig_profile or NONE),
         ]
     cols += [
-        Column("POD", pod, cut="middle", min_width=18),
+        Column("POD", pod, cut="middle", min_width=18, keep=True),
         Column("UTIL", lambda g: pct(g.signals.gpu_util_percent), right=True),
     ]
     if o.wide:
@@ -98,7 +98,7 @@ def _gpu_columns(o: RenderOptions) -> list[Column[GpuStatus]]:
             Column("THROTTLE", lambda g: throttle(g.clock_events, o.policy)),
             Column("XID", lambda g: xids(g.signals)),
         ]
-    cols.append(Column("VERDICT", lambda g: g.verdict.code.value, style=lambda g: _verdict_style(g.verdict)))
+    cols.append(Column("VERDICT", lambda g: g.verdict.code.value, keep=True, style=lambda g: _verdict_style(g.verdict)))
     if o.wide:
         cols += [
             Column("SEVERITY", lambda g: g.verdict.severity.value),
@@ -128,9 +128,9 @@ def _serving_columns() -> list[Column[PodStatus]]:
 def _pod_columns(o: RenderOptions, *, serving: bool = False) -> list[Column[PodStatus]]:
     cols: list[Column[PodStatus]] = []
     if o.scope.namespace is None or o.scope.all_namespaces:
-        cols.append(Column("NAMESPACE", lambda p: p.namespace, cut="end", min_width=10))
+        cols.append(Column("NAMESPACE", lambda p: p.namespace, keep=True))
     cols += [
-        Column("POD", lambda p: p.name, cut="middle", min_width=18),
+        Column("POD", lambda p: p.name, cut="middle", min_width=18, keep=True),
         Column("GPUS", lambda p: number(p.gpus), right=True),
     ]
     if o.wide:
@@ -150,13 +150,14 @@ def _pod_columns(o: RenderOptions, *, serving: bool = False) -> list[Column[PodS
         cols += _serving_columns()
     cols += [
         Column("Q:C", lambda p: _inference(p, "queue_compute_ratio", 2), right=True),
-        Column("VERDICT", lambda p: p.verdict.code.value, style=lambda p: _verdict_style(p.verdict)),
+        Column("VERDICT", lambda p: p.verdict.code.value, keep=True, style=lambda p: _verdict_style(p.verdict)),
     ]
     if serving:
         cols.append(
             Column(
                 "SERVING",
                 lambda p: p.serving.code.value if p.serving else NONE,
+                keep=True,
                 style=lambda p: SEVERITY_STYLES[p.serving.severity] if p.serving else None,
             )
         )
@@ -170,7 +171,7 @@ def _pod_columns(o: RenderOptions, *, serving: bool = False) -> list[Column[PodS
 
 def _node_columns(o: RenderOptions) -> list[Column[NodeStatus]]:
     cols: list[Column[NodeStatus]] = [
-        Column("NODE", lambda n: n.name, cut="host", min_width=14),
+        Column("NODE", lambda n: n.name, cut="host", min_width=14, keep=True),
         Column("GPUS", lambda n: number(n.gpus), right=True),
     ]
     if o.wide:
@@ -187,6 +188,7 @@ def _node_columns(o: RenderOptions) -> list[Column[NodeStatus]]:
         Column(
             "VERDICTS",
             verdict_counts,
+            keep=True,
             style=lambda n: SEVERITY_STYLES[n.worst.severity] if n.worst else None,
         )
     )
@@ -197,8 +199,8 @@ def _node_columns(o: RenderOptions) -> list[Column[NodeStatus]]:
 
 def _workload_columns() -> list[Column[WorkloadStatus]]:
     return [
-        Column("NAMESPACE", lambda w: w.namespace, cut="end"),
-        Column("WORKLOAD", lambda w: f"{w.kind.lower()}/{w.name}", cut="middle", min_width=16),
+        Column("NAMESPACE", lambda w: w.namespace, keep=True),
+        Column("WORKLOAD", lambda w: f"{w.kind.lower()}/{w.name}", cut="middle", min_width=16, keep=True),
         Column("REQ/S NOW", lambda w: number(w.requests_per_second, 2), right=True),
         Column("FORECAST", lambda w: number(w.forecast_requests_per_second, 2), right=True),
         Column("P90", lambda w: number(w.forecast_p90_requests_per_second, 2), right=True),

@@ -98,6 +98,11 @@ def _table(doc: GpuTopList, options: RenderOptions) -> Rendered:
     prose = options.width or PROSE_WIDTH
     extra = legend(doc.view, doc.items, options.policy, width=prose, sources_failed=bool(failing))
     notes = [f"! {s.target}: {s.error or 'failed'}" for s in failing] + [f"! {n}" for n in doc.notes]
+    if out.left_out:
+        notes.append(
+            f"! {', '.join(out.left_out)}: left out to fit {options.width} columns; widen the terminal, or pipe "
+            "the output (| less -S) for every column"
+        )
     if failing:
         notes.insert(0, f"! {len(failing)} of {len(doc.sources)} sources failed:")
     if extra:

@@ -87,7 +87,8 @@ class Screen:
                 self._live.start()
             self._live.update(frame, refresh=True)
         elif self.terminal:
-            self.console.print(rendered.rich_text(), end="")
+            # NB: print() joins what it prints into a new Text that would wrap long rows at blanks: say no_wrap again
+            self.console.print(rendered.rich_text(), end="", no_wrap=True, overflow="ellipsis")
         else:
             title = f"{self._title(doc)}\n\n" if self.watch and self.headers else ""
             self._write(("\n" if self._frames else "") + title + rendered.plain())

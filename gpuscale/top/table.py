@@ -9,8 +9,11 @@ every cell here is ASCII and one ``len()`` measures it (the 7,500-row table rend
 
 from __future__ import annotations
 
+import re
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 if TYPE_CHECKING:
@@ -27,7 +30,9 @@ class Column(Generic[_T]):
     both ends, as for pod names whose unique part is the suffix; "host" drops a DNS name's domain first,
     ``ip-10-0-131-77.ec2.internal`` → ``ip-10-0-131-77``, then cuts the end); None = never cut.
     ``min_width`` is as far as a cut may go; ``shrink_first`` columns are cut before the others (node names
-    repeat on every row, pod names do not). ``style`` colours the cell on a terminal."""
+    repeat on every row, pod names do not). ``keep``: never left out when the row is still too wide (what
+    a row is, and its verdict); the other columns then go from the right. ``style`` colours the cell on a
+    terminal."""
 
     header: str
     cell: Callable[[_T], str]
@@ -35,6 +40,7 @@ class Column(Generic[_T]):
     cut: Literal["end", "middle", "host"] | None = None
     min_width: int = 12
     shrink_first: bool = False
+    keep: bool = False
     style: Callable[[_T], str | None] | None = None
 
 
@@ -42,18 +48,41 @@ GAP = "  "
 ELLIPSIS = "…"
 
 
+# A name's segments ("triton", "-inference", "-7d9f8b6c5", "-x2k4q"): cuts fall only between them, never
+# inside a word (a legend line's words are segments too).
+_SEGMENTS = re.compile(r"[-_./:, ]*[^-_./:, ]+|[-_./:, ]+$")
+
+
 def cut(text: str, width: int, how: str | None) -> str:
+    """``text`` in at most ``width`` characters, "…" where some was left out, whole segments either side of it
+    (``triton-inference-7d9f8b6c5-x2k4q`` in 18 → ``triton…-x2k4q``); a segment is cut inside only when it
+    alone is wider than the room. ``how`` as in ``Column.cut``; "middle" keeps the last segment (what tells a
+    pod from its siblings) and, of the ways to keep up to half the room at the end, the one that keeps the
+    most of the name (on a tie, the longer end)."""
     if len(text) <= width:
         return text
     if width <= 1:
         return text[:width]
     if how == "host":
-        short = text.partition(".")[0]
-        return short if len(short) <= width else short[: width - 1] + ELLIPSIS
+        text = text.partition(".")[0]
+        if len(text) <= width:
+            return text
+    pieces = _SEGMENTS.findall(text)
+    starts = list(accumulate((len(p) for p in pieces), initial=0))  # starts[i]: where piece i begins
+    room = width - 1
+    head, tail = bisect_right(starts, room) - 1, 0  # NB: the most leading pieces that fit, no tail
     if how == "middle":
-        tail = (width - 1) * 2 // 5
-        return text[: width - 1 - tail] + ELLIPSIS + (text[-tail:] if tail else "")
-    return text[: width - 1] + ELLIPSIS
+        best = -1
+        for t in range(1, len(pieces)):
+            tail_length = len(text) - starts[len(pieces) - t]
+            if tail_length > (room + 1) // 2:  # NB: the end may take half the room, the start the rest
+                break
+            h = min(bisect_right(starts, room - tail_length) - 1, len(pieces) - t)
+            if h > 0 and starts[h] + tail_length >= best:
+                best, head, tail = starts[h] + tail_length, h, t
+    if head == 0:
+        return text[:room] + ELLIPSIS  # NB: one segment wider than the room: nothing whole to keep
+    return text[: starts[head]] + ELLIPSIS + (text[starts[len(pieces) - tail] :] if tail else "")
 
 
 def fit(natural: list[int], columns: Sequence[Column[Any]], width: int | None, mins: list[int]) -> list[int]:
@@ -79,12 +108,29 @@ def fit(natural: list[int], columns: Sequence[Column[Any]], width: int | None, m
     return widths
 
 
+def _shown(columns: Sequence[Column[Any]], widths: list[int], width: int | None) -> list[int]:
+    """The columns shown: all that fit; when the names are cut as far as they go and the row is still too
+    wide, columns not marked ``keep`` are left out from the right (a row is one line: wrapped, or cut at the
+    terminal's edge, its cells would break mid-word)."""
+    shown = list(range(len(columns)))
+    if width is None:
+        return shown
+    for i in reversed(range(len(columns))):
+        if sum(widths[j] for j in shown) + len(GAP) * (len(shown) - 1) <= width:
+            break
+        if not columns[i].keep:
+            shown.remove(i)
+    return shown
+
+
 @dataclass(slots=True)
 class Rendered:
-    """Text lines plus colour spans ``(line, start, end, rich style)`` for a terminal."""
+    """Text lines plus colour spans ``(line, start, end, rich style)`` for a terminal, and the headers of the
+    columns left out to fit the width."""
 
     lines: list[str]
     spans: list[tuple[int, int, int, str]] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
 
     def plain(self) -> str:
         return "\n".join(self.lines) + "\n" if self.lines else ""
@@ -113,7 +159,11 @@ def table(columns: Sequence[Column[_T]], items: Sequence[_T], *, width: int | No
         for i, c in enumerate(columns)
     ]
     widths = fit(natural, columns, width, mins)
-    out = Rendered([])
+    shown = _shown(columns, widths, width)
+    out = Rendered([], left_out=[c.header for i, c in enumerate(columns) if i not in shown])
+    if out.left_out:  # NB: fitted again: the room of the columns left out goes back to the names
+        columns, cells = [columns[i] for i in shown], [[row[i] for i in shown] for row in cells]
+        widths = fit([natural[i] for i in shown], columns, width, [mins[i] for i in shown])
     rows: list[tuple[list[str], _T | None]] = [([c.header for c in columns], None)] if headers else []
     rows += list(zip(cells, items, strict=True))
     # NB: per column once, not per cell (a table of 5,000 pods has 60,000 cells).
