@@ -13,6 +13,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
@@ -53,6 +54,7 @@ ELLIPSIS = "…"
 _SEGMENTS = re.compile(r"[-_./:, ]*[^-_./:, ]+|[-_./:, ]+$")
 
 
+@lru_cache(maxsize=1 << 14)  # NB: ~10 µs a name; with --watch the same names come back every frame
 def cut(text: str, width: int, how: str | None) -> str:
     """``text`` in at most ``width`` characters, "…" where some was left out, whole segments either side of it
     (``triton-inference-7d9f8b6c5-x2k4q`` in 18 → ``triton…-x2k4q``); a segment is cut inside only when it
