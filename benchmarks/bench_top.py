@@ -43,14 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscale.cli.render_top import RenderOptions, render, sort_items
-from gpuscale.cli.top import (
-    Selection,
-    SourcesCollector,
-    TopSettings,
-    _metrics_sources,
-    inference_catalogue,
-)
+from gpuscale.cli.top import TopSettings, _metrics_sources
 from gpuscale.metrics.aggregation import build_snapshot
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import load_catalogue
@@ -62,6 +55,11 @@ from gpuscale.sim.load import H100_SXM, activity, device_signals, unit_hash
 from gpuscale.sim.scenario import GpuSlot, SimNode
 from gpuscale.sources.scrape import ScrapeSource
 from gpuscale.sources.targets import target_resolver
+from gpuscale.top.collect import SourcesCollector, inference_catalogue
+from gpuscale.top.columns import RenderOptions
+from gpuscale.top.render import render
+from gpuscale.top.selection import Selection
+from gpuscale.top.sorting import sort_items
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "triton"
 NAMESPACES = tuple(f"team-{i:02d}" for i in range(12))

@@ -1,6 +1,6 @@
 """The architecture's one-way data flow, checked on every module's imports (parsed with ``ast``, nothing imported).
 
-sources (I/O) → metrics (pure core) → consumers (adapter, cli/top, controller, report, replay); cli/ is the
+sources (I/O) → metrics (pure core) → consumers (adapter, top, controller, report, replay); cli/ is the
 composition root and may import anything. Each row of LAYERS names the modules a layer holds and the gpuscale
 modules and third-party packages it must never import; KNOWN_EXCEPTIONS lists, per file, the crossings that
 exist today with the reason, so a new one fails here and an old one is visible.
@@ -31,7 +31,7 @@ CORE = (
     "gpuscale.disruption",
     "gpuscale.settings",
 )
-CONSUMERS = ("gpuscale.adapter", "gpuscale.controller", "gpuscale.report", "gpuscale.replay", "gpuscale.cli.top")
+CONSUMERS = ("gpuscale.adapter", "gpuscale.controller", "gpuscale.report", "gpuscale.replay", "gpuscale.top")
 IO_LIBRARIES = ("aiohttp", "kubernetes_asyncio", "multidict")
 ABOVE_CORE = ("gpuscale.sources", "gpuscale.pipeline", *CONSUMERS, "gpuscale.cli", "gpuscale.sim")
 
@@ -49,7 +49,7 @@ LAYERS = [
         (
             f"consumer {own}",
             (own,),
-            (*_others(own), "gpuscale.cli" if own != "gpuscale.cli.top" else "gpuscale.cli.main", "gpuscale.sim"),
+            (*_others(own), "gpuscale.cli", "gpuscale.sim"),
         )
         for own in CONSUMERS
     ),

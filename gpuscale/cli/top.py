@@ -1,8 +1,8 @@
 """`gpuscale top nodes | pods | gpus | workloads`: kubectl-top for GPUs, with a verdict that says what the GPU
 really does; ``workloads`` shows each Deployment's request rate now beside the adapter's forecast of it.
 
-The composition root of the command (the only place that wires sources, the Kubernetes cache and the
-pure layers together)::
+The composition root of the command: its flags, and the wiring of sources and the Kubernetes cache to
+the parts in ``gpuscale/top/`` (collect, custom_metrics, selection, screen, render)::
 
     --scrape-url / --prometheus-url ─▶ MetricsSource ─┐ read_devices ─┬─ gpu_statuses ──────────────── gpus
                                                       │               ├─ gpu_statuses → node_statuses ─ nodes
@@ -11,7 +11,7 @@ pure layers together)::
     --adapter-url ─▶ custom.metrics.k8s.io (pods, nodes; no per-GPU view) ─────────────── pods / nodes
                    └─ deployments/statefulsets: rate now + forecast (adapter/forecasts.py) ── workloads
                                      │
-                          filter (-n/-A/-l) → sort (--sort-by) → render_top (table|wide|json|yaml)
+                 filter (-n/-A/-l: selection) → sort (--sort-by) → render (table|wide|json|yaml) → screen
 
 One-shot by default; ``--watch`` refreshes in place (rich Live on a terminal, frames one after another
 otherwise) until Ctrl-C or ``--iterations``. Errors are one line and a non-zero exit (``main`` prints
@@ -28,52 +28,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
-import sys
-import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpuscale.cli.render_top import (
-    FORMATTERS,
-    SORT_KEYS,
-    GpuTopList,
-    RenderOptions,
-    Scope,
-    SourceStatus,
-    View,
-    WorkloadStatus,
-    render,
-    sort_items,
-)
 from gpuscale.config import HttpUrl, Seconds
-from gpuscale.errors import ConfigError, GpuscaleError, MetricNotFound, ObjectNotFound, SelectorError, SourceUnavailable
-from gpuscale.metrics.attribution import Device
-from gpuscale.metrics.devices import DEVICE_SERIES, GpuStatus, device_queries, gpu_statuses, read_devices
-from gpuscale.metrics.diagnosis import DiagnosisPolicy, GpuSignals, diagnose, diagnose_serving, load_policy
-from gpuscale.metrics.rollups import (
-    INFERENCE_METRICS,
-    InferenceStats,
-    NodeStatus,
-    PodStatus,
-    inference_stats,
-    node_statuses,
-    pod_statuses_of_readings,
-)
-from gpuscale.model import parse_quantity
+from gpuscale.errors import SelectorError, SourceUnavailable
+from gpuscale.metrics.devices import DEVICE_SERIES, device_queries
+from gpuscale.metrics.diagnosis import DiagnosisPolicy, load_policy
 from gpuscale.pipeline import cyclic_gc_paused
 from gpuscale.policy_files import check_policies_dir
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import add_arguments
-from gpuscale.sources.base import MetricsSource, SeriesValue, TargetHealth, TermQuery
+from gpuscale.sources.base import MetricsSource
+from gpuscale.top.collect import Collector, SourcesCollector, inference_catalogue
+from gpuscale.top.custom_metrics import AdapterCollector
+from gpuscale.top.document import View
+from gpuscale.top.render import FORMATTERS
+from gpuscale.top.screen import Screen, show_frames, unless_stopped
+from gpuscale.top.selection import Selection, resolve_selection
+from gpuscale.top.sorting import SORT_KEYS
 
 if TYPE_CHECKING:
-    import aiohttp
-
-    from gpuscale.metrics.attribution import Attributor
     from gpuscale.metrics.catalogue import Catalogue
     from gpuscale.sources.kube import ClusterObjects
 
@@ -229,438 +207,6 @@ def add_top_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, default=None, help=argparse.SUPPRESS, **spec)
 
 
-# --- what is shown -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Selection:
-    """The resolved -n/-A/-l: ``namespace`` None = every namespace (or a cluster-scoped view)."""
-
-    view: View
-    namespace: str | None
-    selector: LabelSelector | None
-    cluster: ClusterObjects | None
-
-    @property
-    def scope(self) -> Scope:
-        text = str(self.selector) if self.selector is not None and not self.selector.is_empty else None
-        return Scope(namespace=self.namespace, all_namespaces=self.namespace is None, selector=text)
-
-    def pod_in_scope(self, namespace: str, name: str) -> bool:
-        if self.namespace is not None and namespace != self.namespace:
-            return False
-        if self.selector is None or self.selector.is_empty:
-            return True
-        info = self.cluster.pod(namespace, name) if self.cluster is not None else None
-        return info is not None and self.selector.matches(info.labels)
-
-    def node_in_scope(self, name: str) -> bool:
-        if self.selector is None or self.selector.is_empty:
-            return True
-        labels = self.cluster.node_labels(name) if self.cluster is not None else None
-        return labels is not None and self.selector.matches(labels)
-
-    @property
-    def narrows_pods(self) -> bool:
-        """True when only some pods are asked for (-n, or -l on pods/gpus; -l on nodes selects nodes)."""
-        if self.view == "nodes":
-            return False
-        return self.namespace is not None or (self.selector is not None and not self.selector.is_empty)
-
-    def check_namespace(self) -> None:
-        """ObjectNotFound for a namespace the Kubernetes API does not have (when one is known)."""
-        cluster = self.cluster
-        if cluster is None or not cluster.synced or self.namespace is None:
-            return
-        if self.namespace not in cluster.namespaces():
-            raise ObjectNotFound(f'namespaces "{self.namespace}" not found')
-
-    def nothing_found(self) -> MetricNotFound:
-        what = {"gpus": "GPUs", "pods": "GPU pods", "nodes": "GPU nodes", "workloads": "workloads with a request rate"}
-        where = ""
-        namespaced = self.view in ("pods", "workloads")
-        if self.namespace is not None:
-            where = f' in namespace "{self.namespace}"'
-        elif namespaced:
-            where = " in any namespace"
-        matching = f" matching -l {self.scope.selector}" if self.scope.selector else ""
-        hint = " (use -A for every namespace)" if namespaced and self.namespace is not None else ""
-        return MetricNotFound(f"no {what[self.view]} found{where}{matching}{hint}")
-
-
-def _resolve_selection(settings: TopSettings, cluster: ClusterObjects | None) -> Selection:
-    namespace = settings.namespace
-    if namespace is None and not settings.all_namespaces and settings.view in ("pods", "workloads"):
-        namespace = _context_namespace(settings.kubeconfig) if settings.kubeconfig else "default"
-    if settings.view == "nodes":
-        namespace = None  # NB: nodes are cluster-scoped; -n is accepted and ignored, as by kubectl top node
-    selector = LabelSelector.parse(settings.selector) if settings.selector else None
-    return Selection(settings.view, namespace, selector, cluster)
-
-
-def _context_namespace(kubeconfig: str) -> str:
-    """The current context's namespace in a kubeconfig, else "default" (as kubectl)."""
-    from gpuscale.sources.kube import current_context, read_kubeconfig
-
-    try:
-        namespace = (current_context(read_kubeconfig(kubeconfig)) or {}).get("namespace")
-    except GpuscaleError:
-        return "default"  # NB: load_api_client reports a broken kubeconfig; here only the default matters
-    return namespace if isinstance(namespace, str) and namespace else "default"
-
-
-_I = TypeVar("_I", GpuStatus, PodStatus, NodeStatus)
-
-
-def _wanted(selection: Selection, item: GpuStatus | PodStatus | NodeStatus) -> bool:
-    if isinstance(item, NodeStatus):
-        return selection.node_in_scope(item.name)
-    if isinstance(item, PodStatus):
-        return selection.pod_in_scope(item.namespace, item.name)
-    if not selection.narrows_pods:
-        return True  # NB: the gpus view shows idle GPUs too unless pods are narrowed down
-    return item.pod is not None and item.namespace is not None and selection.pod_in_scope(item.namespace, item.pod)
-
-
-def _finish(selection: Selection, items: list[_I]) -> list[_I]:
-    """Items in scope; MetricNotFound when none are."""
-    everything = not selection.narrows_pods and (selection.selector is None or selection.selector.is_empty)
-    kept = items if everything else [i for i in items if _wanted(selection, i)]  # NB: -A: 5,000 pods, no test each
-    if not kept:
-        raise selection.nothing_found()
-    return kept
-
-
-def _source_status(h: TargetHealth) -> SourceStatus:
-    return SourceStatus(target=h.target, healthy=h.healthy, error=h.error, last_success=h.last_success, series=h.series)
-
-
-# --- collectors --------------------------------------------------------------------------------------
-
-
-class Collector(Protocol):
-    """Reads its sources once and answers with the items of one view."""
-
-    async def collect(self, *, first: bool) -> GpuTopList: ...
-
-
-class SourcesCollector:
-    """Per-GPU data from MetricsSources (scrape, Prometheus): devices → statuses → the asked view.
-
-    The Triton values of the pods view come from the adapter's catalogue terms, aggregated exactly as the
-    adapter does (``build_snapshot``) — only the inference metrics, the GPU ones are the records' own.
-    """
-
-    def __init__(
-        self,
-        sources: list[MetricsSource],
-        attributor: Attributor,
-        *,
-        selection: Selection,
-        policy: DiagnosisPolicy,
-        inference: Catalogue | None,
-        max_age_seconds: float,
-        rate_interval_seconds: float = 0.0,
-        clock: Callable[[], float] = time.time,
-        before_refresh: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        self.before_refresh = before_refresh
-        self.sources = sources
-        self.attributor = attributor
-        self.selection = selection
-        self.policy = policy
-        self.inference = inference
-        self.max_age_seconds = max_age_seconds
-        self.rate_interval_seconds = rate_interval_seconds
-        self.clock = clock
-
-    def read(self, query: TermQuery) -> list[SeriesValue]:
-        if len(self.sources) == 1:
-            return self.sources[0].read(query)
-        return [v for s in self.sources for v in s.read(query)]
-
-    async def _refresh(self) -> list[SourceStatus]:
-        if self.before_refresh is not None:
-            await self.before_refresh()
-        await asyncio.gather(*(s.refresh(now=self.clock()) for s in self.sources))
-        health = [h for s in self.sources for h in s.health()]
-        # NB: a Prometheus with one failed query of twenty is unhealthy but has data: only "nothing at all" fails.
-        if not any(h.healthy or h.series for h in health):
-            failures = "; ".join(f"{h.target}: {h.error or 'no answer'}" for h in health)
-            raise SourceUnavailable("no source reachable", failures)
-        return [_source_status(h) for h in health]
-
-    def _serves_rates(self) -> bool:
-        windowed = self.inference.windowed_series if self.inference is not None else ()
-        return any(self.read(TermQuery(series=(name,))) for name in windowed)
-
-    async def collect(self, *, first: bool) -> GpuTopList:
-        statuses = await self._refresh()
-        if first and self.rate_interval_seconds > 0 and self._serves_rates():
-            # NB: a rate needs two scrapes; one short pause gives a one-shot `top pods` its queue:compute ratio.
-            await asyncio.sleep(self.rate_interval_seconds)
-            statuses = await self._refresh()
-        return self.build(statuses, now=self.clock())
-
-    def build(self, statuses: list[SourceStatus], *, now: float) -> GpuTopList:
-        """Everything after "the data arrived": pure given the sources' current values."""
-        self.attributor.begin_refresh()
-        selection = self.selection
-        keep = None
-        if selection.view == "pods" or selection.narrows_pods:
-            # NB: only GPUs held by pods in scope are read and diagnosed (idle GPUs are a quarter of a busy cluster).
-            keep = self._held_in_scope
-        readings = read_devices(self.read, self.attributor, keep=keep)
-        readings = [r for r in readings if now - r.sampled_at <= self.max_age_seconds]
-        items: list[Any]
-        if selection.view == "gpus":
-            items = _finish(selection, gpu_statuses(readings, self.policy))
-        elif selection.view == "nodes":
-            items = _finish(selection, node_statuses(gpu_statuses(readings, self.policy), self.policy))
-        else:
-            inference = self._inference(now)
-            pods = pod_statuses_of_readings(readings, self.policy, inference=inference, node_of=self._node_of)
-            items = _finish(selection, pods)
-        return GpuTopList(view=selection.view, generated_at=now, scope=selection.scope, sources=statuses, items=items)
-
-    def _held_in_scope(self, device: Device) -> bool:
-        owner = device.pod
-        return owner is not None and self.selection.pod_in_scope(owner.namespace or "", owner.name)
-
-    def _inference(self, now: float) -> dict[Any, InferenceStats]:
-        if self.inference is None:
-            return {}
-        from gpuscale.metrics.aggregation import build_snapshot
-
-        snapshot = build_snapshot(self.inference, self.read, self.attributor, now=now)
-        return inference_stats(snapshot.values, now=now, max_age_seconds=self.max_age_seconds)
-
-    def _node_of(self, namespace: str, name: str) -> str | None:
-        cluster = self.selection.cluster
-        info = cluster.pod(namespace, name) if cluster is not None else None
-        return info.node_name if info is not None else None
-
-
-def inference_catalogue(catalogue: Catalogue) -> Catalogue | None:
-    """The catalogue's inference metrics only (what the pods view reads besides the GPU records)."""
-    from gpuscale.metrics.catalogue import Catalogue
-
-    metrics = [m for m in catalogue if m.name in set(INFERENCE_METRICS.values())]
-    return Catalogue(defaults=catalogue.defaults, metrics=metrics) if metrics else None
-
-
-# --- the adapter's custom metrics API ------------------------------------------------------------------
-
-CUSTOM_API = "/apis/custom.metrics.k8s.io/v1beta2"
-
-# Catalogue metric → (GpuSignals field, scale from the served unit). NB: names and units of the shipped
-# policies/metrics.yaml (the public contract); gpu_memory_utilization gives FB_FREE from FB_USED below.
-ADAPTER_SIGNALS: dict[str, tuple[str, float]] = {
-    "gpu_utilization": ("gpu_util_percent", 1.0),
-    "gpu_sm_active": ("sm_active", 0.01),
-    "gpu_sm_occupancy": ("sm_occupancy", 0.01),
-    "gpu_tensor_active": ("tensor_active", 0.01),
-    "gpu_dram_active": ("dram_active", 0.01),
-    "gpu_memory_used_bytes": ("fb_used_mib", 1 / 1048576),
-    "gpu_power_watts": ("power_watts", 1.0),
-}
-MEMORY_SHARE = "gpu_memory_utilization"
-ADAPTER_NOTE = (
-    "read from the custom metrics API: values per pod or node, not per GPU (no GPU count, temperature, "
-    "throttling or Xid); verdicts use the utilisation signals only"
-)
-
-
-Values = dict[str, dict[str, float]]  # object name → metric → value
-# the adapter's workload metrics (adapter/forecasts.py) → WorkloadStatus fields
-WORKLOAD_METRICS = {
-    "workload_requests_per_second": "requests_per_second",
-    "forecast_requests_per_second": "forecast_requests_per_second",
-    "forecast_requests_per_second_p90": "forecast_p90_requests_per_second",
-    "forecast_desired_replicas": "forecast_replicas",
-}
-
-
-class AdapterCollector:
-    """Pods and nodes from a gpuscale adapter (or any custom.metrics.k8s.io serving the same catalogue)."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        selection: Selection,
-        policy: DiagnosisPolicy,
-        timeout_seconds: float,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.url = url.rstrip("/")
-        self.selection = selection
-        self.policy = policy
-        self.timeout_seconds = timeout_seconds
-        self.clock = clock
-        self._session: aiohttp.ClientSession | None = None
-        self._stale: set[str] = set()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def _get(self, path: str, *, label_selector: str | None = None) -> dict[str, Any] | None:
-        """The JSON body; None for 404 (no such metric/value) and 503 (stale); errors for the rest."""
-        import aiohttp
-
-        if self._session is None:
-            self._session = aiohttp.ClientSession(headers={"User-Agent": "gpuscale-top", "Accept": "application/json"})
-        params = {"labelSelector": label_selector} if label_selector else None
-        try:
-            timeout = aiohttp.ClientTimeout(total=self.timeout_seconds)
-            async with self._session.get(self.url + path, params=params, timeout=timeout) as resp:
-                status = resp.status
-                body = await resp.json(content_type=None) if resp.content_length != 0 else None
-        except TimeoutError as e:
-            raise SourceUnavailable(self.url, f"timed out after {self.timeout_seconds:g}s") from e
-        except aiohttp.ClientError as e:
-            raise SourceUnavailable(self.url, f"{type(e).__name__}: {e}") from e
-        except ValueError as e:  # NB: not JSON (a proxy's HTML page): not a metrics API
-            raise SourceUnavailable(self.url, f"{path}: the answer is not JSON") from e
-        message = body.get("message", "") if isinstance(body, dict) else ""
-        if status == 200 and isinstance(body, dict):
-            return body
-        if status == 404:
-            if message.startswith("namespaces "):
-                raise ObjectNotFound(message)
-            return None
-        if status == 503:
-            self._stale.add(path.rsplit("/", 1)[-1])
-            return None
-        if status == 400:
-            raise ConfigError(f"--adapter-url {self.url}: {message or 'bad request'}")
-        raise SourceUnavailable(self.url, f"{path}: HTTP {status} {message}".rstrip())
-
-    async def _check_api(self) -> None:
-        if await self._get(CUSTOM_API) is None:
-            raise SourceUnavailable(self.url, f"no {CUSTOM_API.removeprefix('/apis/')} API here (HTTP 404)")
-
-    async def _values(self, paths: Iterable[tuple[str, str]], selector: str | None) -> Values:
-        """GET every (metric, path) concurrently; object name → metric → value."""
-        pairs = list(paths)
-        bodies = await asyncio.gather(*(self._get(p, label_selector=selector) for _, p in pairs))
-        out: Values = {}
-        for (metric, _), body in zip(pairs, bodies, strict=True):
-            for item in (body or {}).get("items") or []:
-                name = (item.get("describedObject") or {}).get("name")
-                try:
-                    value = parse_quantity(str(item.get("value", "")))
-                except ValueError:
-                    continue
-                if name:
-                    out.setdefault(name, {})[metric] = value
-        return out
-
-    async def _namespaces(self, *extra: str) -> list[str]:
-        if self.selection.namespace is not None:
-            return [self.selection.namespace]
-        metrics = ("gpu_memory_used_bytes", "gpu_utilization", "inference_queue_depth", *extra)
-        found = await self._values(((m, f"{CUSTOM_API}/namespaces/*/metrics/{m}") for m in metrics), None)
-        return sorted(found)
-
-    def _signals(self, values: dict[str, float]) -> GpuSignals:
-        fields: dict[str, Any] = {f: values[m] * scale for m, (f, scale) in ADAPTER_SIGNALS.items() if m in values}
-        used, share = fields.get("fb_used_mib"), values.get(MEMORY_SHARE)
-        if used is not None and share is not None and share > 0:
-            fields["fb_free_mib"] = max(0.0, used * 100 / share - used)
-        return GpuSignals(**fields)
-
-    async def collect(self, *, first: bool) -> GpuTopList:
-        if first:
-            await self._check_api()
-        self._stale.clear()
-        selection = self.selection
-        selector = selection.scope.selector
-        metrics = [*ADAPTER_SIGNALS, MEMORY_SHARE]
-        items: list[Any]
-        if selection.view == "workloads":
-            items = await self._workloads(selector)
-        elif selection.view == "nodes":
-            values = await self._values(((m, f"{CUSTOM_API}/nodes/*/{m}") for m in metrics), selector)
-            items = [self._node(name, v) for name, v in sorted(values.items())]
-        else:
-            metrics += list(INFERENCE_METRICS.values())
-            namespaces = await self._namespaces()
-            per_namespace = await asyncio.gather(
-                *(
-                    self._values([(m, f"{CUSTOM_API}/namespaces/{ns}/pods/*/{m}") for m in metrics], selector)
-                    for ns in namespaces
-                )
-            )
-            items = [
-                self._pod(ns, name, v)
-                for ns, values in zip(namespaces, per_namespace, strict=True)
-                for name, v in sorted(values.items())
-            ]
-        now = self.clock()
-        notes = [ADAPTER_NOTE]
-        if self._stale:
-            notes.append(f"stale values left out (their source is failing): {', '.join(sorted(self._stale))}")
-        if not items:
-            raise selection.nothing_found()
-        status = SourceStatus(target=self.url, healthy=True, last_success=now, series=len(items))
-        return GpuTopList(
-            view=selection.view, generated_at=now, scope=selection.scope, sources=[status], notes=notes, items=items
-        )
-
-    async def _workloads(self, selector: str | None) -> list[WorkloadStatus]:
-        """Each Deployment/StatefulSet's rate now and forecast (adapter/forecasts.py), -l on workload labels."""
-        namespaces = await self._namespaces("inference_requests_per_second")
-        asks = [
-            (ns, kind, field, f"{CUSTOM_API}/namespaces/{ns}/{resource}/*/{metric}")
-            for ns in namespaces
-            for resource, kind in (("deployments.apps", "Deployment"), ("statefulsets.apps", "StatefulSet"))
-            for metric, field in WORKLOAD_METRICS.items()
-        ]
-        bodies = await asyncio.gather(*(self._get(path, label_selector=selector) for *_, path in asks))
-        found: dict[tuple[str, str, str], dict[str, float]] = {}
-        for (ns, kind, field, _), body in zip(asks, bodies, strict=True):
-            for item in (body or {}).get("items") or []:
-                name = (item.get("describedObject") or {}).get("name")
-                try:
-                    value = parse_quantity(str(item.get("value", "")))
-                except ValueError:
-                    continue
-                if not name:
-                    continue
-                values = found.setdefault((ns, kind, name), {})
-                values[field] = value
-                if field == "forecast_requests_per_second" and isinstance(item.get("windowSeconds"), int | float):
-                    values["horizon_seconds"] = float(item["windowSeconds"])  # a forecast's window is its horizon
-        return [
-            WorkloadStatus(namespace=ns, kind=kind, name=name, **v) for (ns, kind, name), v in sorted(found.items())
-        ]
-
-    def _pod(self, namespace: str, name: str, values: dict[str, float]) -> PodStatus:
-        signals = self._signals(values)
-        stats = {f: values[m] for f, m in INFERENCE_METRICS.items() if m in values}
-        cluster = self.selection.cluster
-        info = cluster.pod(namespace, name) if cluster is not None else None
-        inference = InferenceStats(**stats) if stats else None
-        return PodStatus(
-            namespace=namespace,
-            name=name,
-            node=info.node_name if info is not None else None,
-            gpus=None,
-            signals=signals,
-            verdict=diagnose(signals, self.policy),
-            serving=diagnose_serving(inference.serving(), signals, self.policy)
-            if inference is not None and inference.serves_llm
-            else None,
-            inference=inference,
-        )
-
-    def _node(self, name: str, values: dict[str, float]) -> NodeStatus:
-        return NodeStatus(name=name, signals=self._signals(values))
-
-
 # --- wiring --------------------------------------------------------------------------------------------
 
 
@@ -766,7 +312,14 @@ async def _open(settings: TopSettings, policy: DiagnosisPolicy) -> _Opened:
     closers: list[Callable[[], Awaitable[None]]] = []
     try:
         cluster, api = await _open_cluster(settings, closers)
-        selection = _resolve_selection(settings, cluster)
+        selection = resolve_selection(
+            settings.view,
+            namespace=settings.namespace,
+            all_namespaces=settings.all_namespaces,
+            selector=settings.selector,
+            kubeconfig=settings.kubeconfig,
+            cluster=cluster,
+        )
         selection.check_namespace()
         if settings.adapter_url:
             adapter = AdapterCollector(
@@ -816,102 +369,7 @@ async def _close_all(closers: list[Callable[[], Awaitable[None]]]) -> None:
             await close()
 
 
-# --- the screen ----------------------------------------------------------------------------------------
-
-
-class Screen:
-    """Where frames go: stdout once; with --watch a rich Live on a terminal, frames in sequence otherwise."""
-
-    def __init__(self, settings: TopSettings, policy: DiagnosisPolicy, selection: Selection) -> None:
-        from rich.console import Console
-
-        self.settings = settings
-        self.policy = policy
-        self.selection = selection
-        self.console = Console(highlight=False, soft_wrap=False)
-        self.terminal = self.console.is_terminal
-        self.structured = settings.output in ("json", "yaml")
-        self._live: Any = None
-        self._frames = 0
-        self._last: GpuTopList | None = None
-
-    def _width(self) -> int | None:
-        if self.structured:
-            return None
-        if self.terminal:
-            return self.console.width
-        return None  # NB: piped, as kubectl: whole names for grep and awk (notes still wrap at 120)
-
-    def _title(self, doc: GpuTopList) -> str:
-        from gpuscale.model import rfc3339
-
-        return f"Every {self.settings.watch_interval:g}s: gpuscale top {doc.view}    {rfc3339(doc.generated_at)}"
-
-    def show(self, doc: GpuTopList, *, problem: str | None = None) -> None:
-        self._last = doc
-        if problem:
-            doc = doc.model_copy(update={"notes": [*doc.notes, problem]})
-        options = RenderOptions(self.policy, self.selection.scope, width=self._width(), headers=self.settings.headers)
-        rendered = render(doc, self.settings.output, options)
-        watch = self.settings.watch
-        if self.structured:
-            prefix = "---\n" if self.settings.output == "yaml" and watch else ""
-            self._write(prefix + rendered.plain())
-        elif watch and self.terminal:
-            from rich.console import Group
-            from rich.live import Live
-            from rich.text import Text
-
-            frame = Group(Text(self._title(doc), style="dim"), rendered.rich_text())
-            if self._live is None:
-                self._live = Live(console=self.console, auto_refresh=False, redirect_stderr=False)
-                self._live.start()
-            self._live.update(frame, refresh=True)
-        elif self.terminal:
-            self.console.print(rendered.rich_text(), end="")
-        else:
-            title = f"{self._title(doc)}\n\n" if watch and self.settings.headers else ""
-            self._write(("\n" if self._frames else "") + title + rendered.plain())
-        self._frames += 1
-
-    def problem(self, error: GpuscaleError) -> None:
-        """A refresh after the first failed: keep the last frame, say why (or print to stderr)."""
-        text = f"refresh failed: {error}"
-        if self._last is not None and (self.terminal or not self.structured) and self.settings.headers:
-            self.show(self._last, problem=text)
-        else:
-            print(f"gpuscale top: {text}", file=sys.stderr, flush=True)
-
-    @staticmethod
-    def _write(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    def close(self) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-
-
 # --- the command ---------------------------------------------------------------------------------------
-
-_T = TypeVar("_T")
-
-
-async def _unless_stopped(work: Awaitable[_T], stop: asyncio.Event) -> tuple[bool, _T | None]:
-    """Run ``work`` unless ``stop`` is set first (then cancel it): (finished, result)."""
-    task = asyncio.ensure_future(work)
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopper.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return False, None
-    return True, task.result()
 
 
 async def run_top(settings: TopSettings, stop: asyncio.Event) -> None:
@@ -928,33 +386,19 @@ async def _run_top(settings: TopSettings, stop: asyncio.Event) -> None:
         from gpuscale.metrics.catalogue import load_catalogue
 
         load_catalogue(settings.config, policies=settings.policies)  # NB: a given file is never ignored
-    finished, opened = await _unless_stopped(_open(settings, policy), stop)
+    finished, opened = await unless_stopped(_open(settings, policy), stop)
     if not finished or opened is None:
         return
-    screen = Screen(settings, policy, opened.selection)
+    screen = Screen(
+        policy,
+        opened.selection.scope,
+        output=settings.output,
+        headers=settings.headers,
+        watch=settings.watch,
+        watch_interval=settings.watch_interval,
+    )
     try:
-        frames = 0
-        while True:
-            try:
-                finished, doc = await _unless_stopped(opened.collector.collect(first=frames == 0), stop)
-            except GpuscaleError as e:
-                if frames == 0:
-                    raise
-                screen.problem(e)
-                finished, doc = True, None
-            if not finished:
-                break
-            if doc is not None:
-                sorted_doc = doc.model_copy(update={"items": sort_items(doc.view, doc.items, settings.sort_by)})
-                screen.show(sorted_doc)
-            frames += 1
-            if not settings.watch or (settings.iterations is not None and frames >= settings.iterations):
-                break
-            gc.collect()  # NB: in the idle time between frames (see cyclic_gc_paused)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), settings.watch_interval)
-            if stop.is_set():
-                break
+        await show_frames(opened.collector, screen, stop, sort_by=settings.sort_by, iterations=settings.iterations)
     finally:
         screen.close()
         await _close_all(opened.closers)

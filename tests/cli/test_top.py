@@ -11,12 +11,17 @@ fixture file, never copied here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import os
+import pty
 import re
 import shutil
 import signal
+import struct
 import sys
+import termios
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +31,8 @@ import yaml
 from aiohttp import web
 
 from gpuscale.cli.main import main
-from gpuscale.cli.render_top import GpuTopList
 from gpuscale.metrics.exposition import parse_samples
+from gpuscale.top.document import GpuTopList
 from tests.helpers import H100, H100_NODE, TRITON
 
 KUBECTL = shutil.which("kubectl")
@@ -121,6 +126,57 @@ async def test_piped_top_keeps_whole_names_as_kubectl_does(exporter):
     assert max(len(line) for line in gpus.out.splitlines()) > WIDTH  # the table is as wide as its names
     notes = gpus.out.split("\n\n")[1:]
     assert all(len(line) <= WIDTH for part in notes for line in part.splitlines()), notes  # prose still wraps
+
+
+async def top_on_terminal(columns: int, *args: str, timeout: float = 30) -> Run:
+    """``gpuscale top`` with its stdout on a pseudo-terminal ``columns`` wide (what rich sees as a terminal);
+    the output without colour codes and carriage returns."""
+    main_fd, terminal_fd = pty.openpty()
+    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {k: v for k, v in child_env(TERM="xterm-256color").items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuscale.cli.main", "top", *args,
+        stdin=asyncio.subprocess.DEVNULL, stdout=terminal_fd, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    os.close(terminal_fd)
+
+    def read_all() -> bytes:
+        chunks = []
+        with contextlib.suppress(OSError):  # NB: EIO once the child has closed the terminal
+            while chunk := os.read(main_fd, 65536):
+                chunks.append(chunk)
+        os.close(main_fd)
+        return b"".join(chunks)
+
+    out, (_, err) = await asyncio.wait_for(asyncio.gather(asyncio.to_thread(read_all), proc.communicate()), timeout)
+    assert proc.returncode is not None
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode()).replace("\r", "")
+    return Run(proc.returncode, text, err.decode())
+
+
+async def test_a_narrow_terminal_shows_one_line_a_row_and_whole_words(exporter):
+    """80 columns: every row is one line that fits (it used to wrap onto two), names are cut between segments
+    only, the verdict stays, and the frame says which columns are left out (issue 34's rough edge)."""
+    url, _, _ = exporter
+    long_url = url.replace("/metrics", "/long-names")
+    piped, narrow = await asyncio.gather(
+        top("pods", "-A", "--scrape-url", long_url), top_on_terminal(80, "pods", "-A", "--scrape-url", long_url)
+    )
+
+    assert piped.code == 0 and narrow.code == 0, piped.err + narrow.err
+    assert all(len(line) <= 80 for line in narrow.out.splitlines()), narrow.out
+    table_lines = [run.out.split("\n\n")[0].splitlines() for run in (narrow, piped)]
+    assert len(table_lines[0]) == len(table_lines[1]), narrow.out  # one line a pod, not wrapped onto two
+    rows, whole = narrow.table(), piped.table()
+    assert [r["VERDICT"] for r in rows] == [r["VERDICT"] for r in whole]
+    for row, full in zip(rows, whole, strict=True):
+        assert row["NAMESPACE"] == full["NAMESPACE"]
+        head, _, tail = row["POD"].partition("…")
+        assert full["POD"].startswith(head) and full["POD"].endswith(tail), (row, full)
+        assert row["POD"] == full["POD"] or (full["POD"][len(head)] == "-" and tail.startswith("-")), (row, full)
+    assert LONG_POD not in narrow.out and LONG_POD.rsplit("-", 1)[1] in narrow.out  # cut, its own suffix kept
+    left_out = [h for h in whole[0] if h not in rows[0]]
+    assert left_out and f"{', '.join(left_out)}: left out to fit 80 columns" in narrow.out.replace("\n  ", " ")
 
 
 def closed_port_url() -> str:

@@ -9,28 +9,24 @@ document round trip, and the adapter API's quantities. Fixture values are read f
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from gpuscale.cli.render_top import (
-    Column,
-    GpuTopList,
-    RenderOptions,
-    Scope,
-    legend,
-    render,
-    sort_items,
-    table,
-)
-from gpuscale.cli.top import parse_quantity
 from gpuscale.errors import ConfigError
 from gpuscale.metrics.attribution import Attributor, Target
 from gpuscale.metrics.devices import DEVICE_SERIES, gpu_statuses, read_devices
 from gpuscale.metrics.diagnosis import load_policy
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.rollups import node_statuses, pod_statuses
-from gpuscale.model import pod
+from gpuscale.model import parse_quantity, pod
 from gpuscale.sources.base import SeriesValue
 from gpuscale.sources.scrape import ScrapeSource
+from gpuscale.top.columns import RenderOptions
+from gpuscale.top.document import GpuTopList, Scope
+from gpuscale.top.render import legend, render
+from gpuscale.top.sorting import sort_items
+from gpuscale.top.table import Column, cut, table
 from tests.helpers import H100, MIG, T0
 
 POLICY = load_policy()
@@ -163,6 +159,52 @@ def test_table_fits_the_width_cutting_names_the_readable_way():
     assert "x2k4q" in out.lines[1] and "…" in out.lines[1]  # the pod's unique suffix survives
     assert out.lines[1].endswith(" 63%") and out.lines[2].endswith("100%")  # numbers right-aligned
     assert table(columns, rows, width=None, headers=False).lines[0].split()[1] == rows[0][1]  # no cut unbounded
+
+
+SEPARATORS = "-_./:, "
+NAMES = [
+    "inference/triton-inference-7d9f8b6c5-x2k4q",
+    "nim/llama3-8b-instruct-5c6b9d8f47-qz7mh",
+    "ml-training/llm-finetune-worker-0",
+    "llama-3-1-70b-instruct-speculative-decoding-canary-7f9c8d6b5d-qz7mh",
+    "deployment/embeddings-batch",
+]
+
+
+@pytest.mark.parametrize("how", ["middle", "end"])
+@pytest.mark.parametrize("name", NAMES)
+def test_names_are_cut_between_segments_never_inside_a_word(name, how):
+    """A narrow terminal shortens a name by whole segments with "…" where some went (issue 34: it used to
+    break names mid-word, ``triton-infere…7d9f8b6c5-x2k4q``)."""
+    longest_word = max(len(word) for word in re.split(f"[{re.escape(SEPARATORS)}]", name))
+    for width in range(longest_word + 3, len(name)):  # NB: room for a separator, a word and "…"
+        short = cut(name, width, how)
+        head, ellipsis, tail = short.partition("…")
+        assert ellipsis and len(short) <= width, (width, short)
+        assert name.startswith(head) and name[len(head)] in SEPARATORS, (width, short)  # the head ends a word
+        assert name.endswith(tail) and (not tail or tail[0] in SEPARATORS), (width, short)  # the tail starts one
+        suffix = name[name.rfind("-") :]
+        if how == "middle" and width >= longest_word + len(suffix) + 2:
+            assert tail.endswith(suffix), (width, short)  # the pod's own suffix stays when a word fits beside it
+    assert cut("supercalifragilisticexpialidocious-0", 12, "middle") == "supercalifr…"  # one word wider than the room
+
+
+def test_a_row_too_wide_for_the_terminal_leaves_out_columns_not_words():
+    """Names cut as far as they go and still too wide: whole columns go from the right, the row's identity and
+    verdict stay, every line fits, and the frame names what is left out."""
+    pods = pod_statuses(statuses(("http://a/metrics", H100)), POLICY)
+    doc = GpuTopList(view="pods", generated_at=T0, scope=Scope(all_namespaces=True), items=pods)
+    whole = render(doc, "table", RenderOptions(POLICY, Scope(all_namespaces=True), width=None))
+    narrow = render(doc, "table", RenderOptions(POLICY, Scope(all_namespaces=True), width=80))
+    header = whole.lines[0].split()
+    shown = narrow.lines[0].split()
+    assert all(len(line) <= 80 for line in narrow.lines), narrow.lines
+    assert {"NAMESPACE", "POD", "VERDICT"} <= set(shown) and set(shown) < set(header)
+    assert narrow.left_out == [h for h in header if h not in shown] and narrow.left_out
+    verdicts = {line.split()[-1] for line in narrow.lines[1 : 1 + len(pods)]}
+    assert verdicts == {p.verdict.code.value for p in pods}  # whole verdicts, one row a line
+    note = " ".join(narrow.lines[narrow.lines.index(next(x for x in narrow.lines if "left out" in x)) :])
+    assert all(h in note for h in narrow.left_out) and "left out to fit 80 columns" in note, narrow.lines
 
 
 def test_legend_lists_the_verdicts_shown_with_the_policys_numbers(tmp_path):

@@ -7,7 +7,6 @@ requests queue on an under-filled GPU, so the verdict is ``batch-limited``.
 
 from __future__ import annotations
 
-from gpuscale.cli.render_top import GpuTopList, RenderOptions, Scope, render
 from gpuscale.metrics.aggregation import build_snapshot
 from gpuscale.metrics.attribution import Attributor, Target
 from gpuscale.metrics.catalogue import load_catalogue
@@ -17,6 +16,9 @@ from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.rollups import inference_stats, pod_statuses
 from gpuscale.model import pod
 from gpuscale.sources.scrape import ScrapeSource
+from gpuscale.top.columns import RenderOptions
+from gpuscale.top.document import GpuTopList, Scope
+from gpuscale.top.render import render
 from tests.helpers import FIXTURES, H100, T0
 
 POLICY = load_policy()
