@@ -30,6 +30,7 @@ CORE = (
     "gpuscale.policy_files",
     "gpuscale.disruption",
     "gpuscale.settings",
+    "gpuscale.backoff",
 )
 CONSUMERS = ("gpuscale.adapter", "gpuscale.controller", "gpuscale.report", "gpuscale.replay", "gpuscale.cli.top")
 IO_LIBRARIES = ("aiohttp", "kubernetes_asyncio", "multidict")
