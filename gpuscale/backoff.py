@@ -6,7 +6,7 @@ that failed together do not retry in step. Pure: no clock and no sleep here, the
 ``random.Random`` makes the jitter reproducible in tests.
 
 Used by the list+watch loops (sources/kube.py ``Reflector`` and its discovery retry), the report's Prometheus
-retries (sources/history.py), the controller's writes (controller/actuator.py), its Lease (controller/leader.py)
+retries (sources/history_fetch.py), the controller's writes (controller/actuator.py), its Lease (controller/leader.py)
 and the gang requests' wait between attempts (controller/pools.py ``GangPolicy``).
 """
 

@@ -71,13 +71,13 @@ __all__ = [
     "ALWAYS_ALLOW_PATHS",
     "ANONYMOUS",
     "AUTH_USER",
+    "AccessDecision",
     "AccessReviewer",
     "AuthenticationConfig",
     "AuthenticationConfigWatcher",
     "AuthenticationFlags",
     "Authenticator",
     "Authorizer",
-    "Decision",
     "DelegatedAuth",
     "KubeAccessReviewer",
     "KubeTokenReviewer",
@@ -648,13 +648,13 @@ def _with_authenticated_group(user: UserInfo) -> UserInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class AccessDecision:
     allowed: bool
     reason: str = ""
 
 
 class AccessReviewer(Protocol):
-    async def review(self, user: UserInfo, attributes: RequestAttributes) -> Decision:
+    async def review(self, user: UserInfo, attributes: RequestAttributes) -> AccessDecision:
         """Allowed or not; SourceUnavailable when no answer can be had."""
         ...
 
@@ -673,13 +673,13 @@ class Authorizer:
     ) -> None:
         self._reviewer = reviewer
         self._always = frozenset(always_allow_groups)
-        self._cache: _CachedLookup[str, Decision] = _CachedLookup(
+        self._cache: _CachedLookup[str, AccessDecision] = _CachedLookup(
             ttl=lambda d: allowed_ttl_seconds if d.allowed else denied_ttl_seconds, clock=clock
         )
 
-    async def authorize(self, user: UserInfo, attributes: RequestAttributes) -> Decision:
+    async def authorize(self, user: UserInfo, attributes: RequestAttributes) -> AccessDecision:
         if self._always.intersection(user.groups):
-            return Decision(True, "member of an always-allowed group")
+            return AccessDecision(True, "member of an always-allowed group")
         key = json.dumps(review_spec(user, attributes), sort_keys=True, separators=(",", ":"))
         return await self._cache.get(key, lambda: self._reviewer.review(user, attributes))
 
@@ -749,7 +749,7 @@ class KubeAccessReviewer:
         self._api = client.AuthorizationV1Api(api_client)
         self._timeout = timeout_seconds
 
-    async def review(self, user: UserInfo, attributes: RequestAttributes) -> Decision:
+    async def review(self, user: UserInfo, attributes: RequestAttributes) -> AccessDecision:
         body = {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SubjectAccessReview",
@@ -758,7 +758,7 @@ class KubeAccessReviewer:
         status = await _create_review(self._api.create_subject_access_review, body, timeout=self._timeout)
         if status.get("evaluationError"):
             log.debug("SubjectAccessReview evaluation error: %s", status["evaluationError"])
-        return Decision(bool(status.get("allowed")), str(status.get("reason") or ""))
+        return AccessDecision(bool(status.get("allowed")), str(status.get("reason") or ""))
 
 
 # --- HTTP -----------------------------------------------------------------------------------------------------
@@ -800,7 +800,7 @@ def make_auth_middleware(
             decision = await authorizer.authorize(user, attributes)
         except SourceUnavailable as e:
             log.warning("cannot authorize %s %s for %s: %s", request.method, path, user.name, e)
-            decision = Decision(False, AUTHORIZATION_UNAVAILABLE)
+            decision = AccessDecision(False, AUTHORIZATION_UNAVAILABLE)
         if not decision.allowed:
             log.debug("forbidden: %s %s for %s (%s)", request.method, path, user.name, decision.reason or "denied")
             return forbidden_response(user, attributes, decision.reason)

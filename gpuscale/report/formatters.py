@@ -1,5 +1,5 @@
 """Report formats, one function each, registered by name: ``table`` (a terminal, 120 columns), ``json`` (the
-versioned schema of ``report/model.py``), ``markdown``, ``html`` (one self-contained file with charts). An
+versioned schema of ``report/schema.py``), ``markdown``, ``html`` (one self-contained file with charts). An
 unknown name fails with the list of valid ones."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from gpuscale.errors import ConfigError
-from gpuscale.report.model import CostFigures, IdleNode, Incident, Report, Workload
+from gpuscale.report.schema import CostFigures, IdleNode, Incident, Report, Workload
 
 Formatter = Callable[[Report], str]
 FORMATTERS: dict[str, Formatter] = {}

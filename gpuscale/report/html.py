@@ -30,7 +30,7 @@ from gpuscale.report.formatters import (
     when,
     workload_row,
 )
-from gpuscale.report.model import Report
+from gpuscale.report.schema import Report
 
 # Colours the Chromium test looks for in the screenshot (one per chart), and a cool→hot ramp for the bands.
 ACTIVE_COLOUR = "#1f77b4"

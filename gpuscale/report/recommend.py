@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuscale.metrics.diagnosis import GpuSignals, VerdictCode, diagnose
-from gpuscale.report.model import CostFigures, Recommendation, SignalStats, VerdictShare, Workload
 from gpuscale.report.policy import Product, ReportPolicy
+from gpuscale.report.schema import CostFigures, Recommendation, SignalStats, VerdictShare, Workload
 from gpuscale.report.stats import confidence, estimate
 from gpuscale.report.usage import SIGNALS, WorkloadUsage, longest_run
 
