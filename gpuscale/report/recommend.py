@@ -307,6 +307,14 @@ class _OneGpuShape:
     share_safe: float  # the safety-percentile compute share
     share_target: float  # that + margin, at most 1
 
+    def freed(self, share: float) -> tuple[float, float | None]:
+        """(GPU-hours a month, their price) freed when each pod keeps ``1 - share`` of its GPU."""
+        # NB: multiplied left to right in the order they always were, so the rounded figures stay the same
+        hours = share * self.avg_pods * HOURS_PER_MONTH * min(self.requested, 1.0)
+        if self.price is None:
+            return hours, None
+        return hours, self.price * share * self.avg_pods * HOURS_PER_MONTH * min(self.requested, 1.0)
+
 
 def _mig_profile(shape: _OneGpuShape, *, policy: ReportPolicy) -> Recommendation | None:
     """**MIG profile**: the smallest profile holding the memory and compute share needed."""
@@ -316,12 +324,7 @@ def _mig_profile(shape: _OneGpuShape, *, policy: ReportPolicy) -> Recommendation
     mig = _mig_fit(product, fb_mib=shape.fit_fb, share=share_target)
     if mig is None or mig.compute_share >= 1.0:
         return None  # NB: the whole GPU as a MIG profile saves nothing: not a recommendation
-    freed_hours = (1 - mig.compute_share) * shape.avg_pods * HOURS_PER_MONTH * min(shape.requested, 1.0)
-    saving = (  # NB: multiplied in the order it always was, so the rounded figures stay the same
-        shape.price * (1 - mig.compute_share) * shape.avg_pods * HOURS_PER_MONTH * min(shape.requested, 1.0)
-        if shape.price is not None
-        else None
-    )
+    freed_hours, saving = shape.freed(1 - mig.compute_share)
     return Recommendation(
         kind="mig-profile",
         severity="warning",
@@ -383,12 +386,7 @@ def _time_slicing(shape: _OneGpuShape, *, policy: ReportPolicy) -> Recommendatio
         pods_per_gpu = min(pods_per_gpu, int(gpu_memory // max(shape.fit_fb, 1.0)))
     if pods_per_gpu < rs.time_slicing_min_pods:
         return None
-    freed_hours = (1 - 1 / pods_per_gpu) * shape.avg_pods * HOURS_PER_MONTH * min(shape.requested, 1.0)
-    saving = (
-        shape.price * (1 - 1 / pods_per_gpu) * shape.avg_pods * HOURS_PER_MONTH * min(shape.requested, 1.0)
-        if shape.price is not None
-        else None
-    )
+    freed_hours, saving = shape.freed(1 - 1 / pods_per_gpu)
     return Recommendation(
         kind="time-slicing",
         severity="info",
