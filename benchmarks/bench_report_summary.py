@@ -39,8 +39,8 @@ import numpy as np
 from gpuscale.report.build import build_report
 from gpuscale.report.policy import load_report_policy
 from gpuscale.report.summary import build_summary_report
-from gpuscale.sources.history import FetchOptions, RangeClient, fetch_history
-from gpuscale.sources.summary import fetch_summaries
+from gpuscale.sources.history_fetch import FetchOptions, RangeClient, fetch_history
+from gpuscale.sources.summary_fetch import fetch_summaries
 
 H100 = "NVIDIA H100 80GB HBM3"
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from gpuscale.hpa import parse_manifests
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.replay.serving import ServingProfile
-from gpuscale.replay.simulate import ReplaySettings, replay
+from gpuscale.replay.trace_replay import ReplaySettings, replay
 from gpuscale.replay.traces import read_trace
 
 TRACES = Path(__file__).parents[1] / "tests" / "fixtures" / "traces"

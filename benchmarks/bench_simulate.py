@@ -18,7 +18,7 @@ from pathlib import Path
 from gpuscale.hpa import parse_manifests
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.replay.serving import ServingProfile
-from gpuscale.replay.simulate import ReplaySettings, replay
+from gpuscale.replay.trace_replay import ReplaySettings, replay
 from gpuscale.replay.traces import read_trace
 
 TRACE = Path(__file__).parents[1] / "tests" / "fixtures" / "traces" / "AzureLLMInferenceTrace_conv.csv.gz"

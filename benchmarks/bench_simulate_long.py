@@ -33,7 +33,7 @@ from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.replay.distributions import parse_distribution
 from gpuscale.replay.general import ServiceProfile
 from gpuscale.replay.serving import ServingProfile
-from gpuscale.replay.simulate import ReplaySettings, replay
+from gpuscale.replay.trace_replay import ReplaySettings, replay
 from gpuscale.replay.traces import read_trace
 
 HPA = """apiVersion: autoscaling/v2

@@ -5,7 +5,7 @@ For each trace this script writes (in a temporary directory):
     LLM traces (Azure code and conv, Mooncake) get one per request from its tokens — 0.1 s + 50 µs per prompt
     token + 25 ms per generated token (a decode step shared in a batch) — and a replica serves 8 at once;
     the synthetic diurnal days are Poisson arrivals from benchmarks/diurnal.py with lognormal service times;
-  * the forecast the adapter would have served, walking forward through the trace (gpuscale/replay/forecast.py:
+  * the forecast the adapter would have served, walking forward through the trace (gpuscale/replay/served_forecast.py:
     every 5 s refresh the rate over the last 60 s into the adapter's demand book, model and settings; the
     horizon the median start-up, as the adapter measures it):
     ``forecast_desired_replicas`` = p90 ÷ capacity per replica, capacity = 75 % of concurrency ÷ mean
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import diurnal
 
 from gpuscale.replay.distributions import parse_distribution
-from gpuscale.replay.forecast import series_csv, served_forecast
+from gpuscale.replay.served_forecast import series_csv, served_forecast
 from gpuscale.replay.traces import Trace, read_trace
 
 ROOT = Path(__file__).parents[1]

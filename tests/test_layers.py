@@ -30,6 +30,7 @@ CORE = (
     "gpuscale.policy_files",
     "gpuscale.disruption",
     "gpuscale.settings",
+    "gpuscale.backoff",
 )
 CONSUMERS = ("gpuscale.adapter", "gpuscale.controller", "gpuscale.report", "gpuscale.replay", "gpuscale.top")
 IO_LIBRARIES = ("aiohttp", "kubernetes_asyncio", "multidict")
@@ -60,9 +61,10 @@ LAYERS = [
 
 # file → modules it may import despite its layer's rule, and why. Shrink this; never grow it without a reason.
 KNOWN_EXCEPTIONS = {
-    # The adapter's delegated authentication (TokenReview/SubjectAccessReview) and its selector lookups use the
-    # Kubernetes client and watch cache directly; a protocol wired by cli/ would remove these.
-    "gpuscale/adapter/auth.py": ("gpuscale.sources.kube",),
+    # The adapter's delegated authentication (TokenReview/SubjectAccessReview, the watched ConfigMap of CAs) and
+    # its selector lookups use the Kubernetes client and watch cache directly; a protocol wired by cli/ would
+    # remove these.
+    "gpuscale/adapter/auth.py": ("gpuscale.sources.kube", "gpuscale.sources.configmaps"),
     "gpuscale/adapter/provider.py": ("gpuscale.sources.kube",),
     # The controller's one writer (ENGINEERING.md §1: I/O in sources and in one actuator) and its leader lease.
     "gpuscale/controller/actuator.py": ("gpuscale.sources.kuberest",),

@@ -46,7 +46,6 @@ import datetime as dt
 import hashlib
 import json
 import logging
-import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
@@ -65,19 +64,20 @@ from multidict import MultiMapping
 from gpuscale.adapter.status import status_response
 from gpuscale.adapter.tls import CABundle, CertificateRejected, ServerTLS, peer_certificates
 from gpuscale.errors import ConfigError, GpuscaleError, SourceUnavailable
-from gpuscale.sources.kube import WatchExpired, api_unavailable, read_json, watch_events
+from gpuscale.sources.configmaps import ConfigMapWatch
+from gpuscale.sources.kube import WatchExpired, read_json
 
 __all__ = [
     "ALWAYS_ALLOW_PATHS",
     "ANONYMOUS",
     "AUTH_USER",
+    "AccessDecision",
     "AccessReviewer",
     "AuthenticationConfig",
     "AuthenticationConfigWatcher",
     "AuthenticationFlags",
     "Authenticator",
     "Authorizer",
-    "Decision",
     "DelegatedAuth",
     "KubeAccessReviewer",
     "KubeTokenReviewer",
@@ -109,8 +109,6 @@ AUTHORIZATION_UNAVAILABLE = (
     "the authorization check could not be completed (SubjectAccessReview unavailable); denied until it can be"
 )
 _REVIEW_TIMEOUT_SECONDS = 5.0
-_LIST_TIMEOUT_SECONDS = 60.0
-_INITIAL_BACKOFF_SECONDS = 0.5
 _CACHE_ENTRIES = 4096
 
 
@@ -384,7 +382,8 @@ class AuthenticationConfigWatcher:
     ``current`` is always usable (before the first list it holds the flags' parts only). ``subscribe`` callbacks
     run with each new config. ``start()`` launches the loop (a no-op when the flags give everything or there is
     no ApiClient); ``wait_synced`` waits for the first list. A ConfigMap that cannot be parsed is logged and
-    ignored (the previous config stays); a deleted or absent one trusts nothing from the cluster.
+    ignored (the previous config stays); a deleted or absent one trusts nothing from the cluster. The loop is
+    the one every cache shares (``sources.configmaps.ConfigMapWatch`` on ``kube.Reflector``).
     """
 
     def __init__(
@@ -399,22 +398,22 @@ class AuthenticationConfigWatcher:
     ) -> None:
         self._fixed_client_ca, self._fixed_request_header = (flags or AuthenticationFlags()).load()
         self._namespace, self._name = namespace, name
-        self._watch_timeout = int(watch_timeout_seconds)
-        self._backoff_max = float(backoff_max_seconds)
-        self._backoff_min = min(_INITIAL_BACKOFF_SECONDS, self._backoff_max)
         needs_cluster = api_client is not None and (self._fixed_client_ca is None or self._fixed_request_header is None)
-        # NB: typed as Any: with _preload_content=False it returns the raw aiohttp response, not a V1ConfigMapList.
-        self._list_call: Callable[..., Awaitable[Any]] | None = (
-            client.CoreV1Api(api_client).list_namespaced_config_map if needs_cluster else None
+        self._watch = (
+            ConfigMapWatch(
+                api_client,
+                namespace=namespace,
+                name=name,
+                on_data=self._apply,
+                missing_note="only the flags' CAs are trusted until it appears",
+                watch_timeout_seconds=watch_timeout_seconds,
+                backoff_max_seconds=backoff_max_seconds,
+            )
+            if needs_cluster and api_client is not None
+            else None
         )
         self._current = self._merge(AuthenticationConfig())
         self._subscribers: list[Callable[[AuthenticationConfig], None]] = []
-        self._synced = asyncio.Event()
-        if self._list_call is None:
-            self._synced.set()
-        self._task: asyncio.Task[None] | None = None
-        self.last_error: str | None = None
-        """The last error of the loop (cleared by the next successful list or watch); for readiness messages."""
 
     @property
     def current(self) -> AuthenticationConfig:
@@ -422,38 +421,38 @@ class AuthenticationConfigWatcher:
 
     @property
     def synced(self) -> bool:
-        return self._synced.is_set()
+        return self._watch is None or self._watch.synced
+
+    @property
+    def last_error(self) -> str | None:
+        """The last error of the loop (cleared by the next successful list or watch); for readiness messages."""
+        return self._watch.last_error if self._watch is not None else None
 
     def subscribe(self, callback: Callable[[AuthenticationConfig], None]) -> None:
         self._subscribers.append(callback)
 
     async def start(self) -> None:
-        if self._list_call is not None and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="watch-extension-apiserver-authentication")
+        if self._watch is not None:
+            await self._watch.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._watch is not None:
+            await self._watch.stop()
 
     async def wait_synced(self, timeout: float) -> None:
         """Wait for the first list; SourceUnavailable naming the last error after ``timeout`` seconds."""
+        if self._watch is None:
+            return
         try:
-            await asyncio.wait_for(self._synced.wait(), timeout)
-        except TimeoutError:
+            await self._watch.wait_synced(timeout)
+        except SourceUnavailable:
             reason = f"ConfigMap {self._namespace}/{self._name} not read after {timeout:g}s"
             raise SourceUnavailable(SOURCE, f"{reason}: {self.last_error}" if self.last_error else reason) from None
 
     async def refresh_once(self) -> None:
         """List the ConfigMap once and apply it (SourceUnavailable if the API cannot be read)."""
-        if self._list_call is None:
-            return
-        try:
-            await self._list()
-        except (client.ApiException, aiohttp.ClientError, OSError, TimeoutError, ValueError, WatchExpired) as e:
-            raise api_unavailable("configmaps", e) from e
+        if self._watch is not None:
+            await self._watch.refresh_once()
 
     def _merge(self, from_cluster: AuthenticationConfig) -> AuthenticationConfig:
         return AuthenticationConfig(
@@ -482,81 +481,6 @@ class AuthenticationConfigWatcher:
                 callback(config)
             except GpuscaleError as e:
                 log.error("applying the new authentication config failed: %s", e)
-
-    async def _run(self) -> None:
-        backoff = self._backoff_min
-        resource_version: str | None = None
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                if resource_version is None:
-                    resource_version = await self._list()
-                    backoff = self._backoff_min
-                started = loop.time()
-                resource_version, events = await self._watch(resource_version)
-                self.last_error = None
-                if events == 0 and loop.time() - started < 1.0:
-                    # NB: a server that ends watches at once would otherwise have us spinning.
-                    await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
-                    backoff = min(backoff * 2, self._backoff_max)
-                else:
-                    backoff = self._backoff_min
-            except WatchExpired as e:
-                log.info("ConfigMap %s/%s watch expired (%s); relisting", self._namespace, self._name, e)
-                resource_version = None
-            except asyncio.CancelledError:
-                raise
-            except (client.ApiException, aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-                error = api_unavailable("configmaps", e)
-                self.last_error = error.reason
-                log.warning("%s; retrying in %.1fs", error, backoff)
-                await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
-                backoff = min(backoff * 2, self._backoff_max)
-
-    def _selector(self) -> str:
-        return f"metadata.name={self._name}"
-
-    async def _list(self) -> str:
-        assert self._list_call is not None
-        response = await self._list_call(
-            self._namespace,
-            field_selector=self._selector(),
-            _preload_content=False,
-            _request_timeout=_LIST_TIMEOUT_SECONDS,
-        )
-        try:
-            body = await read_json(response)
-        finally:
-            response.release()
-        items = body.get("items") or []
-        if not items:
-            log.warning(
-                "ConfigMap %s/%s not found: only the flags' CAs are trusted until it appears",
-                self._namespace,
-                self._name,
-            )
-        self._apply(items[0].get("data") if items else None)
-        self.last_error = None
-        self._synced.set()
-        return (body.get("metadata") or {}).get("resourceVersion", "")
-
-    async def _watch(self, resource_version: str) -> tuple[str, int]:
-        assert self._list_call is not None
-        events = 0
-        async for kind, obj in watch_events(
-            self._list_call,
-            resource_version=resource_version,
-            timeout_seconds=self._watch_timeout,
-            namespace=self._namespace,
-            field_selector=self._selector(),
-        ):
-            events += 1
-            resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
-            if kind in ("ADDED", "MODIFIED"):
-                self._apply(obj.get("data") or {})
-            elif kind == "DELETED":
-                self._apply(None)
-        return resource_version, events
 
 
 # --- caching ------------------------------------------------------------------------------------------------
@@ -724,13 +648,13 @@ def _with_authenticated_group(user: UserInfo) -> UserInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class AccessDecision:
     allowed: bool
     reason: str = ""
 
 
 class AccessReviewer(Protocol):
-    async def review(self, user: UserInfo, attributes: RequestAttributes) -> Decision:
+    async def review(self, user: UserInfo, attributes: RequestAttributes) -> AccessDecision:
         """Allowed or not; SourceUnavailable when no answer can be had."""
         ...
 
@@ -749,13 +673,13 @@ class Authorizer:
     ) -> None:
         self._reviewer = reviewer
         self._always = frozenset(always_allow_groups)
-        self._cache: _CachedLookup[str, Decision] = _CachedLookup(
+        self._cache: _CachedLookup[str, AccessDecision] = _CachedLookup(
             ttl=lambda d: allowed_ttl_seconds if d.allowed else denied_ttl_seconds, clock=clock
         )
 
-    async def authorize(self, user: UserInfo, attributes: RequestAttributes) -> Decision:
+    async def authorize(self, user: UserInfo, attributes: RequestAttributes) -> AccessDecision:
         if self._always.intersection(user.groups):
-            return Decision(True, "member of an always-allowed group")
+            return AccessDecision(True, "member of an always-allowed group")
         key = json.dumps(review_spec(user, attributes), sort_keys=True, separators=(",", ":"))
         return await self._cache.get(key, lambda: self._reviewer.review(user, attributes))
 
@@ -825,7 +749,7 @@ class KubeAccessReviewer:
         self._api = client.AuthorizationV1Api(api_client)
         self._timeout = timeout_seconds
 
-    async def review(self, user: UserInfo, attributes: RequestAttributes) -> Decision:
+    async def review(self, user: UserInfo, attributes: RequestAttributes) -> AccessDecision:
         body = {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SubjectAccessReview",
@@ -834,7 +758,7 @@ class KubeAccessReviewer:
         status = await _create_review(self._api.create_subject_access_review, body, timeout=self._timeout)
         if status.get("evaluationError"):
             log.debug("SubjectAccessReview evaluation error: %s", status["evaluationError"])
-        return Decision(bool(status.get("allowed")), str(status.get("reason") or ""))
+        return AccessDecision(bool(status.get("allowed")), str(status.get("reason") or ""))
 
 
 # --- HTTP -----------------------------------------------------------------------------------------------------
@@ -876,7 +800,7 @@ def make_auth_middleware(
             decision = await authorizer.authorize(user, attributes)
         except SourceUnavailable as e:
             log.warning("cannot authorize %s %s for %s: %s", request.method, path, user.name, e)
-            decision = Decision(False, AUTHORIZATION_UNAVAILABLE)
+            decision = AccessDecision(False, AUTHORIZATION_UNAVAILABLE)
         if not decision.allowed:
             log.debug("forbidden: %s %s for %s (%s)", request.method, path, user.name, decision.reason or "denied")
             return forbidden_response(user, attributes, decision.reason)

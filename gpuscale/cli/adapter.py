@@ -38,7 +38,7 @@ from gpuscale.selectors import LabelSelector
 from gpuscale.settings import AdapterSettings
 from gpuscale.sources.base import MetricsSource, TargetHealth
 from gpuscale.sources.credentials import check_prometheus_files
-from gpuscale.sources.discovery import DiscoveryRules, discover
+from gpuscale.sources.exporter_discovery import DiscoveryRules, discover
 from gpuscale.sources.hpas import HpaCache
 from gpuscale.sources.kube import KubeCache, load_api_client
 from gpuscale.sources.scrape import ScrapeSource

@@ -49,7 +49,7 @@ from gpuscale.selectors import LabelSelector
 from gpuscale.settings import ControllerSettings
 from gpuscale.sources.base import MetricsSource
 from gpuscale.sources.credentials import check_prometheus_files
-from gpuscale.sources.discovery import DiscoveryRules, discover
+from gpuscale.sources.exporter_discovery import DiscoveryRules, discover
 from gpuscale.sources.kube import PodInfo, StaticClusterObjects, load_api_client
 from gpuscale.sources.kuberest import KubeRest
 from gpuscale.sources.objects import ObjectCache, WatchSpec

@@ -30,7 +30,7 @@ from gpuscale.hpa import SYNC_PERIOD_SECONDS, parse_manifests
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import DEFAULT_CATALOGUE_PATH
 from gpuscale.model import parse_quantity
-from gpuscale.replay.results import SCHEMA, Event, Sample
+from gpuscale.replay.results import SCHEMA, Event, ReplaySample
 from gpuscale.replay.traces import Trace, read_trace
 from gpuscale.sim.cluster import SimCluster
 from gpuscale.sim.load import PiecewiseLinearLoad
@@ -108,7 +108,7 @@ class DemoReplay:
             f"trace (30 min, rate ×{factor:.0f}), {self.speedup:.0f}× faster than real time:"
         )
         follower = asyncio.create_task(_follow(cluster, stop))
-        timeline: list[Sample] = []
+        timeline: list[ReplaySample] = []
         events: list[Event] = []
         queue_times: list[float] = []
         waiting: list[tuple[float, int]] = []  # (scale-up time, replicas asked for) not yet all ready
@@ -140,7 +140,7 @@ class DemoReplay:
                 waiting = [(t, n) for t, n in waiting if ready < n]
                 if d.desired_replicas > d.current_replicas:
                     waiting.append((now, d.desired_replicas))
-                sample = Sample(
+                sample = ReplaySample(
                     now,
                     d.desired_replicas,
                     ready,
@@ -176,7 +176,7 @@ class DemoReplay:
                 await follower
         return self.summary(timeline, events, queue_times)
 
-    def summary(self, timeline: list[Sample], events: list[Event], queue_times: list[float]) -> dict[str, Any]:
+    def summary(self, timeline: list[ReplaySample], events: list[Event], queue_times: list[float]) -> dict[str, Any]:
         period = SYNC_PERIOD_SECONDS
         qt = np.array(queue_times or [0.0])
         minutes = {int(s.t // 60) for s in timeline}

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import aiohttp
 
 from gpuscale.errors import SourceUnavailable
-from gpuscale.hpa import Autoscaler, Decision, MetricUnavailable, PodInfo, ResourceSample
+from gpuscale.hpa import Autoscaler, Decision, MetricUnavailable, ResourceSample, SelectedPod
 from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscaler, MetricIdentifier
 from gpuscale.model import format_quantity, milli_value, parse_quantity, rfc3339
 from gpuscale.selectors import LabelSelector
@@ -118,7 +118,7 @@ def hpa_status(hpa: HorizontalPodAutoscaler, decision: Decision, *, wall: float,
 class SyncResult:
     decision: Decision
     fetched: Fetched
-    pods: list[PodInfo]
+    pods: list[SelectedPod]
 
 
 class HpaLoop:
@@ -184,7 +184,7 @@ class HpaLoop:
                 external[name] = None if items is None else sum(milli_value(parse_quantity(i["value"])) for i in items)
         return Fetched(pods, objects, external)
 
-    async def list_pods(self, selector: str) -> list[PodInfo]:
+    async def list_pods(self, selector: str) -> list[SelectedPod]:
         status, body = await self._json(
             f"{self.kube_url}/api/v1/namespaces/{self.namespace}/pods?labelSelector={quote(selector)}"
         )
@@ -194,7 +194,7 @@ class HpaLoop:
         for pod in body["items"]:
             conditions = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions") or []}
             out.append(
-                PodInfo(
+                SelectedPod(
                     pod["metadata"]["name"],
                     phase=pod.get("status", {}).get("phase", "Pending"),
                     ready=conditions.get("Ready") == "True",

@@ -2,7 +2,7 @@
 
 The composition root of the command::
 
-    --prometheus-url ─▶ sources/history (range queries, chunked) ─┐
+    --prometheus-url ─▶ sources/history_fetch (range queries, chunked) ─┐
     --from FILE ─▶ sources/history_file ──────────────────────────┼─▶ History ─▶ report/build ─▶ Report
                                                                   │                 (pure)         │
     --export FILE ◀─ sources/history_file ◀───────────────────────┘        -o table|json|markdown|html
@@ -126,7 +126,7 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
     import aiohttp
 
     from gpuscale.sources.credentials import read_token, verifying_context
-    from gpuscale.sources.history import FetchOptions, RangeClient, fetch_history
+    from gpuscale.sources.history_fetch import FetchOptions, RangeClient, fetch_history
 
     assert settings.prometheus_url is not None
     # NB: read once, within files.py's limits (a FIFO, /dev/zero or 100 MB token is refused naming the flag)
@@ -157,7 +157,7 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
         )
         if settings.mode == "summary":
             from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
-            from gpuscale.sources.summary import fetch_summaries
+            from gpuscale.sources.summary_fetch import fetch_summaries
 
             idle = policy.diagnosis.diagnosis.idle
             abnormal = set(policy.diagnosis.diagnosis.clock_events.abnormal)

@@ -32,7 +32,7 @@ from gpuscale.policy_files import check_policies_dir
 from gpuscale.replay.budget import check_grid
 from gpuscale.replay.distributions import Distribution, parse_distribution
 from gpuscale.replay.general import ServiceProfile
-from gpuscale.replay.history import (
+from gpuscale.replay.metric_history import (
     MetricHistory,
     Series,
     check_history,
@@ -45,7 +45,7 @@ from gpuscale.replay.history import (
 from gpuscale.replay.results import SCHEMA, Outcome, latency_column
 from gpuscale.replay.serving import ServingProfile
 from gpuscale.replay.signals import CpuProfile, check_metrics
-from gpuscale.replay.simulate import ReplaySettings, check_budget, replay
+from gpuscale.replay.trace_replay import ReplaySettings, check_budget, replay
 from gpuscale.replay.traces import MAX_ROWS, Trace, read_trace
 
 _PROFILE = ServingProfile()

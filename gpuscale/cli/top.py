@@ -245,7 +245,7 @@ def _discovered_through_the_api(
     ``scrape`` (and in ``explicit``, so each value belongs to its pod)."""
     from gpuscale.selectors import LabelSelector
     from gpuscale.settings import AdapterSettings
-    from gpuscale.sources.discovery import DiscoveryRules, discover, through_pod_proxy
+    from gpuscale.sources.exporter_discovery import DiscoveryRules, discover, through_pod_proxy
 
     defaults = AdapterSettings.model_fields
     rules = DiscoveryRules(

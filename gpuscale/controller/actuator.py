@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuscale.backoff import Backoff
 from gpuscale.controller.writes import Create, Delete, Emit, Evict, Patch, Write, WriteOutcome
 from gpuscale.errors import SourceUnavailable
 from gpuscale.sources.kuberest import PATCH_CONTENT_TYPES, KubeAnswer, KubeRest
@@ -217,7 +217,7 @@ class KubeActuator:
         query = {"dryRun": "All"} if self.dry_run else {}
         if method in ("POST", "PATCH"):
             query["fieldManager"] = self.component
-        delay = self.backoff_seconds
+        backoff = Backoff(initial_seconds=self.backoff_seconds, max_seconds=self.backoff_max_seconds, jitter=0.2)
         answer = KubeAnswer(0)
         for attempt in range(self.attempts):
             try:
@@ -236,7 +236,7 @@ class KubeActuator:
                     return answer
             if attempt < self.attempts - 1:
                 self.retries += 1
-                wait = max(delay * random.uniform(0.8, 1.2), answer.retry_after_seconds if answer.status else 0.0)
+                wait = max(backoff.next_delay(), answer.retry_after_seconds if answer.status else 0.0)
                 log.info(
                     "action=%s object=%s retry=%d after=%.2fs status=%s",
                     action_of(write),
@@ -246,7 +246,6 @@ class KubeActuator:
                     answer.status or "no answer",
                 )
                 await self._sleep(wait)
-                delay = min(delay * 2, self.backoff_max_seconds)
         return answer
 
     # -- events

@@ -36,7 +36,7 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 KARPENTER_POOL = "karpenter.sh/nodepool"
 IDLE_PODS = "gpuscale.io/idle-gpu-pods"
-# NB: the pods discovery scrapes as inference servers (sources/discovery.py): the selector's, or annotated so —
+# NB: the pods discovery scrapes as inference servers (sources/exporter_discovery.py): the selector's, or annotated so —
 # how vLLM, SGLang, TGI and NIM pods are usually marked, since the default selector names Triton.
 SCRAPE_ANNOTATION = "gpuscale.io/scrape"
 UNDER_REMEDIATION = "gpuscale.io/tainted-by"  # the health planner's mark: the autoscaler should replace the node

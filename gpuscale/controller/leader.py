@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuscale.backoff import Backoff
 from gpuscale.errors import SourceUnavailable
 from gpuscale.sources.kuberest import KubeRest
 
@@ -72,7 +73,8 @@ class LeaseElector:
         self.changed = asyncio.Event()
         self.problem = ""
         """Why the Lease could not be read or written in the last step ("" when it could)."""
-        self._backoff = 0.0
+        self._retries = Backoff(initial_seconds=retry_period, max_seconds=60.0)
+        self._backoff = 0.0  # seconds to wait before the next step beyond the retry period (0 while healthy)
 
     @property
     def is_leader(self) -> bool:
@@ -90,12 +92,13 @@ class LeaseElector:
             if e.reason != self.problem:
                 log.warning("lease=%s/%s %s; retrying with backoff", self.namespace, self.name, e.reason)
             self.problem = e.reason
-            self._backoff = min(max(self._backoff * 2, self.retry_period), 60.0)
+            self._backoff = self._retries.next_delay()
             won = False
         else:
             if self.problem:
                 log.info("lease=%s/%s readable and writable again", self.namespace, self.name)
             self.problem, self._backoff = "", 0.0
+            self._retries.reset()
         if won:
             self._renewed_at = self._monotonic()
         if was_leader != self.is_leader:

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuscale.backoff import doubling_delay
 from gpuscale.config import Regex, Seconds, read_yaml, validate
 from gpuscale.model import parse_quantity
 from gpuscale.policy_files import POOLS_FILE, policy_file
@@ -91,7 +92,7 @@ class GangPolicy(BaseModel):
 
     def backoff_seconds(self, failures: int) -> float:
         """The wait before the request after ``failures`` failed ones: base, 2×base, 4×base… up to the max."""
-        return min(self.backoff_base * 2 ** max(failures - 1, 0), self.backoff_max)
+        return doubling_delay(failures - 1, initial_seconds=self.backoff_base, max_seconds=self.backoff_max)
 
 
 class PoolsPolicy(BaseModel):

@@ -21,14 +21,14 @@ cpu (``--horizontal-pod-autoscaler-cpu-initialization-period``, ``--horizontal-p
 ``Readiness``), which no other metric type is subject to; ContainerResource is not.
 """
 
-from gpuscale.hpa.controller import (
+from gpuscale.hpa.autoscaler import (
     Autoscaler,
     Decision,
     MetricUnavailable,
-    PodInfo,
     Readiness,
     Readings,
     ResourceSample,
+    SelectedPod,
 )
 from gpuscale.hpa.spec import HorizontalPodAutoscaler, parse_manifests
 
@@ -41,9 +41,9 @@ __all__ = [
     "Decision",
     "HorizontalPodAutoscaler",
     "MetricUnavailable",
-    "PodInfo",
     "Readiness",
     "Readings",
     "ResourceSample",
+    "SelectedPod",
     "parse_manifests",
 ]

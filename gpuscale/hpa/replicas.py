@@ -45,7 +45,7 @@ class Tolerances:
 
 
 @dataclass(frozen=True, slots=True)
-class PodInfo:
+class SelectedPod:
     """What the controller's pod lister knows of one pod selected by the HPA (times in seconds on the
     caller's clock, the one ``reconcile`` gets ``now`` on; only a cpu Resource metric reads them)."""
 
@@ -75,7 +75,7 @@ class Readiness:
     cpu_initialization_period_s: float = CPU_INITIALIZATION_PERIOD_SECONDS
     initial_readiness_delay_s: float = INITIAL_READINESS_DELAY_SECONDS
 
-    def unready_cpu_sample(self, pod: PodInfo, sample: ResourceSample, now: float) -> bool:
+    def unready_cpu_sample(self, pod: SelectedPod, sample: ResourceSample, now: float) -> bool:
         """``groupPods``' rule for a cpu sample of a Running pod that reported one."""
         if pod.ready_changed is None or pod.started is None:
             return True
@@ -94,7 +94,7 @@ def pods_metric_replicas(
     *,
     target_average_milli: int,
     values_milli: Mapping[str, int],
-    pods: Sequence[PodInfo],
+    pods: Sequence[SelectedPod],
     tolerances: Tolerances,
 ) -> tuple[int, int]:
     """(proposed replicas, average usage in milli) for a Pods metric with an AverageValue target
@@ -118,7 +118,7 @@ def resource_replicas(
     target_average_milli: int | None = None,
     target_utilization: int | None = None,
     samples: Mapping[str, ResourceSample],
-    pods: Sequence[PodInfo],
+    pods: Sequence[SelectedPod],
     tolerances: Tolerances,
     readiness: Readiness,
     now: float,
@@ -129,7 +129,7 @@ def resource_replicas(
         raise NoMetrics(f"unable to get metrics for resource {resource}: no metrics returned from resource metrics API")
     values = {name: s.value_milli for name, s in samples.items()}
 
-    def unready_sample(pod: PodInfo) -> bool:
+    def unready_sample(pod: SelectedPod) -> bool:
         return resource == "cpu" and readiness.unready_cpu_sample(pod, samples[pod.name], now)
 
     if target_average_milli is not None:
@@ -175,9 +175,9 @@ def _plain_replicas(
     *,
     target_milli: int,
     values_milli: Mapping[str, int],
-    pods: Sequence[PodInfo],
+    pods: Sequence[SelectedPod],
     tolerances: Tolerances,
-    unready_sample: Callable[[PodInfo], bool] | None,
+    unready_sample: Callable[[SelectedPod], bool] | None,
     ratio_of: Callable[[Mapping[str, int]], tuple[float, int]] | None = None,
     missing_on_scale_down: Callable[[str], int] | None = None,
 ) -> tuple[int, int]:
@@ -239,7 +239,7 @@ def _plain_replicas(
     return proposed, usage
 
 
-def ready_pod_count(pods: Sequence[PodInfo]) -> int:
+def ready_pod_count(pods: Sequence[SelectedPod]) -> int:
     """``getReadyPodsCount``: Running and Ready pods; an error when the selector matches none."""
     if not pods:
         raise NoMetrics("no pods returned by selector while calculating replica count")
@@ -247,7 +247,7 @@ def ready_pod_count(pods: Sequence[PodInfo]) -> int:
 
 
 def usage_ratio_replicas(
-    current_replicas: int, ratio: float, *, pods: Sequence[PodInfo], tolerances: Tolerances
+    current_replicas: int, ratio: float, *, pods: Sequence[SelectedPod], tolerances: Tolerances
 ) -> int:
     """``getUsageRatioReplicaCount``: Object/External Value targets scale the ready pods by the ratio."""
     if current_replicas != 0:
@@ -258,7 +258,7 @@ def usage_ratio_replicas(
 
 
 def value_replicas(
-    current_replicas: int, *, usage_milli: int, target_milli: int, pods: Sequence[PodInfo], tolerances: Tolerances
+    current_replicas: int, *, usage_milli: int, target_milli: int, pods: Sequence[SelectedPod], tolerances: Tolerances
 ) -> tuple[int, int]:
     """Object or External metric with a Value target (``GetObjectMetricReplicas``, ``GetExternalMetricReplicas``)."""
     ratio = usage_milli / target_milli

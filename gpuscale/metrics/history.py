@@ -1,6 +1,6 @@
 """GPU utilization history on a fixed time grid: what ``gpuscale report`` reads, whoever fetched it.
 
-Pure data (numpy arrays, no I/O). ``sources/history.py`` fills it from a Prometheus-compatible range API,
+Pure data (numpy arrays, no I/O). ``sources/history_fetch.py`` fills it from a Prometheus-compatible range API,
 ``sources/history_file.py`` from an exported file; ``report/`` reads it. Shape::
 
     History(start, step_seconds, steps)             the grid: sample i describes [start + i·step, + step)

@@ -49,7 +49,7 @@ SCHEMA = "gpuscale.simulate/v2"
 
 
 @dataclass(frozen=True)
-class Sample:
+class ReplaySample:
     t: float
     desired: int
     ready: int
@@ -80,7 +80,7 @@ class Outcome:
     slo: dict[str, float]
     requests: dict[str, int]
     max_replicas: int
-    timeline: list[Sample]
+    timeline: list[ReplaySample]
     events: list[Event]
     swaps: int = 0  # general model: requests that waited for their replica to load their model
 
@@ -136,7 +136,7 @@ def summarize(
     trace: Trace,
     model: ServingModel | GeneralServingModel,
     end_s: float,
-    timeline: list[Sample],
+    timeline: list[ReplaySample],
     events: list[Event],
     slo_queue_s: float,
     slo_quantile: float,

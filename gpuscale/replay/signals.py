@@ -29,7 +29,7 @@ from gpuscale.hpa import MetricUnavailable, ResourceSample
 from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscaler, MetricIdentifier
 from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.model import milli_value
-from gpuscale.replay.history import Series, value_at
+from gpuscale.replay.metric_history import Series, value_at
 from gpuscale.replay.serving import Replica, ServingModel
 
 GPU_METRICS = ("gpu_utilization", "gpu_sm_active", "gpu_tensor_active")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from gpuscale.metrics.history import History, PodRef
 from gpuscale.report.costs import fleet_costs, incidents, workload_cost
-from gpuscale.report.model import Report, Window, Workload
 from gpuscale.report.policy import ReportPolicy
 from gpuscale.report.ranges import gap_line, out_of_range, screen
 from gpuscale.report.recommend import workload_report
+from gpuscale.report.schema import Report, Window, Workload
 from gpuscale.report.usage import WorkloadKey, WorkloadUsage, collect
 
 EXACT_RAW = [

@@ -21,8 +21,8 @@ import numpy as np
 
 from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS, decode_clock_events
 from gpuscale.metrics.history import GpuHistory, History
-from gpuscale.report.model import CostFigures, Group, IdleNode, Incident, TimelinePoint
 from gpuscale.report.policy import ReportPolicy
+from gpuscale.report.schema import CostFigures, Group, IdleNode, Incident, TimelinePoint
 from gpuscale.report.usage import GpuActivity, pods_of
 
 

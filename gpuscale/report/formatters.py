@@ -1,5 +1,5 @@
 """Report formats, one function each, registered by name: ``table`` (a terminal, 120 columns), ``json`` (the
-versioned schema of ``report/model.py``), ``markdown``, ``html`` (one self-contained file with charts). An
+versioned schema of ``report/schema.py``), ``markdown``, ``html`` (one self-contained file with charts). An
 unknown name fails with the list of valid ones."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from gpuscale.errors import ConfigError
-from gpuscale.report.model import CostFigures, Report, Workload
+from gpuscale.report.schema import CostFigures, IdleNode, Incident, Report, Workload
 
 Formatter = Callable[[Report], str]
 FORMATTERS: dict[str, Formatter] = {}
@@ -118,6 +118,28 @@ def cost_row(name: str, c: CostFigures, currency: str) -> list[str]:
     ]
 
 
+IDLE_NODE_COLUMNS = ("Node", "Pool", "GPUs", "Allocated", "Active", "Idle GPU-h", "Idle cost")
+
+
+def idle_node_row(n: IdleNode, currency: str) -> list[str]:
+    return [
+        n.node,
+        n.pool,
+        str(n.gpus),
+        f"{n.allocated_share:.0%}",
+        f"{n.active_share:.1%}",
+        hours(n.idle_hours),
+        money(n.idle_cost, currency),
+    ]
+
+
+INCIDENT_COLUMNS = ("First seen (UTC)", "Kind", "Value", "Node", "GPU", "Pod", "Count", "Meaning")
+
+
+def incident_row(i: Incident) -> list[str]:
+    return [when(i.first_seen), i.kind, i.value, i.node, i.gpu, i.pod or "—", str(i.count), i.meaning]
+
+
 def evidence_text(evidence: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in evidence.items() if v is not None and k != "example")
 
@@ -221,31 +243,11 @@ def markdown(report: Report) -> str:
         lines.append("")
     if report.idle_nodes:
         lines += ["## Requested but idle nodes", ""]
-        lines += _md_table(
-            ("Node", "Pool", "GPUs", "Allocated", "Active", "Idle GPU-h", "Idle cost"),
-            [
-                [
-                    n.node,
-                    n.pool,
-                    str(n.gpus),
-                    f"{n.allocated_share:.0%}",
-                    f"{n.active_share:.1%}",
-                    hours(n.idle_hours),
-                    money(n.idle_cost, report.currency),
-                ]
-                for n in report.idle_nodes
-            ],
-        )
+        lines += _md_table(IDLE_NODE_COLUMNS, [idle_node_row(n, report.currency) for n in report.idle_nodes])
         lines.append("")
     if report.incidents:
         lines += ["## Health incidents", ""]
-        lines += _md_table(
-            ("First seen (UTC)", "Kind", "Value", "Node", "GPU", "Pod", "Count", "Meaning"),
-            [
-                [when(i.first_seen), i.kind, i.value, i.node, i.gpu, i.pod or "—", str(i.count), i.meaning]
-                for i in report.incidents
-            ],
-        )
+        lines += _md_table(INCIDENT_COLUMNS, [incident_row(i) for i in report.incidents])
         lines.append("")
     lines += ["## Exact and approximate figures", ""]
     lines += [f"- exact: {e}" for e in report.exact] + [f"- approximate: {a}" for a in report.approximate]

@@ -18,15 +18,19 @@ from pygal.style import Style
 
 from gpuscale.report.formatters import (
     COST_COLUMNS,
+    IDLE_NODE_COLUMNS,
+    INCIDENT_COLUMNS,
     WORKLOAD_COLUMNS,
     cost_row,
     evidence_text,
     headline,
+    idle_node_row,
+    incident_row,
     money,
     when,
     workload_row,
 )
-from gpuscale.report.model import Report
+from gpuscale.report.schema import Report
 
 # Colours the Chromium test looks for in the screenshot (one per chart), and a cool→hot ramp for the bands.
 ACTIVE_COLOUR = "#1f77b4"
@@ -174,34 +178,10 @@ def render_html(report: Report) -> str:
     parts.append(f"<div class='chart' id='chart-timeline'>{charts.get('timeline', '<p>no data</p>')}</div>")
     if report.idle_nodes:
         parts.append("<h2>Requested but idle nodes</h2>")
-        parts.append(
-            _table(
-                ("Node", "Pool", "GPUs", "Allocated", "Active", "Idle GPU-h", "Idle cost"),
-                [
-                    [
-                        n.node,
-                        n.pool,
-                        str(n.gpus),
-                        f"{n.allocated_share:.0%}",
-                        f"{n.active_share:.1%}",
-                        f"{n.idle_hours:.1f}",
-                        money(n.idle_cost, report.currency),
-                    ]
-                    for n in report.idle_nodes
-                ],
-            )
-        )
+        parts.append(_table(IDLE_NODE_COLUMNS, [idle_node_row(n, report.currency) for n in report.idle_nodes]))
     if report.incidents:
         parts.append("<h2>Health incidents</h2>")
-        parts.append(
-            _table(
-                ("First seen (UTC)", "Kind", "Value", "Node", "GPU", "Pod", "Count", "Meaning"),
-                [
-                    [when(i.first_seen), i.kind, i.value, i.node, i.gpu, i.pod or "—", str(i.count), i.meaning]
-                    for i in report.incidents
-                ],
-            )
-        )
+        parts.append(_table(INCIDENT_COLUMNS, [incident_row(i) for i in report.incidents]))
     parts.append("<h2>Exact and approximate figures</h2><ul>")
     parts += [f"<li>exact: {esc(e)}</li>" for e in report.exact]
     parts += [f"<li>approximate: {esc(a)}</li>" for a in report.approximate]

@@ -45,7 +45,7 @@ class Replicas(_Section):
     min_pods: int = Field(3, ge=2)
 
 
-class IdleNode(_Section):
+class IdleNodeRule(_Section):
     min_allocated_share: Ratio
     max_active_share: Ratio
 
@@ -65,7 +65,7 @@ class Rightsizing(_Section):
     time_slicing_min_pods: int = Field(ge=2)
     scale_to_zero: ScaleToZero
     replicas: Replicas = Field(default_factory=Replicas)
-    idle_node: IdleNode
+    idle_node: IdleNodeRule
     throttle_incident_min: Seconds
     fewer_gpus_critical_share: Ratio
 

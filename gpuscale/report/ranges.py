@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuscale.metrics.history import History
-from gpuscale.report.model import OutOfRange
+from gpuscale.report.schema import OutOfRange
 
 _MAX_FB_MIB = 4.0 * 1024 * 1024  # 4 TiB: the memory histogram's top; no GPU comes within 20x of it
 _MAX_COUNT = float(2**32)  # Xid codes, ECC counts and the clock-event bit mask are 32-bit integers in DCGM

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
 from gpuscale.metrics.diagnosis import GpuSignals, VerdictCode, diagnose
-from gpuscale.report.model import CostFigures, Recommendation, SignalStats, VerdictShare, Workload
 from gpuscale.report.policy import Product, ReportPolicy
+from gpuscale.report.schema import CostFigures, Recommendation, SignalStats, VerdictShare, Workload
 from gpuscale.report.stats import confidence, estimate
 from gpuscale.report.usage import SIGNALS, WorkloadUsage, longest_run
 
@@ -207,140 +208,201 @@ def _recommend(
     step_seconds: float = 0.0,
     cold_starts: list[float] | None = None,
 ) -> list[Recommendation]:
-    rs = policy.rightsizing
-    margin = rs.margin_fraction
-    out: list[Recommendation] = []
-    peak_busy = max((float(p.busy.max()) for p in usage.pods.values()), default=0.0)
-    peak_pod_fb = max((float(p.fb_mib.max()) for p in usage.pods.values()), default=0.0)
-    fb = signals.get("fb_used_mib")
-    peak_gpu_fb = fb.max if fb else None
-    gpu_memory = product.memory_mib if product else None
-    for_memory = math.ceil(peak_pod_fb * (1 + margin) / gpu_memory) if gpu_memory else 1
-    needed = max(1, math.ceil(peak_busy), for_memory)
+    """The rules of the module docstring, in its order; each rule is one function below."""
+    margin = policy.rightsizing.margin_fraction
     avg_pods = _average_pods(usage)
-    if requested and needed < requested:
-        freed = requested - needed
-        saving = freed * avg_pods * price * HOURS_PER_MONTH if price is not None else None
+    need = _gpus_needed(usage, product=product, margin=margin)
+    out: list[Recommendation] = []
+    if requested and need.gpus < requested:
         out.append(
-            Recommendation(
-                kind="fewer-gpus",
-                severity="critical" if freed / requested >= rs.fewer_gpus_critical_share else "warning",
-                short=f"fewer-gpus {requested:g}→{needed}",
-                summary=f"request {needed} GPU{'s' if needed > 1 else ''} per pod instead of {requested:g}: "
-                f"at most {peak_busy:g} busy at once, peak memory {peak_pod_fb / 1024:.1f} GiB per pod",
-                evidence={
-                    "gpus_requested": requested,
-                    "gpus_busy_max": peak_busy,
-                    "gpus_busy_p95": signals["gpus_busy"].p95 if "gpus_busy" in signals else None,
-                    "pod_fb_peak_mib": _r(peak_pod_fb),
-                    "gpu_memory_mib": gpu_memory,
-                    "gpus_for_memory": for_memory,
-                    "margin": margin,
-                    "recommended": needed,
-                    "average_pods": _r(avg_pods),
-                    "gpu_hours_freed_per_month": _r(freed * avg_pods * HOURS_PER_MONTH),
-                },
-                monthly_saving=_r(saving) if saving is not None else None,
-            )
+            _fewer_gpus(need, policy=policy, signals=signals, requested=requested, price=price, avg_pods=avg_pods)
         )
-    if busy or share_target is None or peak_gpu_fb is None:
-        pass
-    elif needed == 1:
-        fit_fb = peak_gpu_fb * (1 + margin)
-        share_safe = share_target  # the exact safety-percentile share (see workload_report)
-        share_target = min(1.0, share_safe * (1 + margin))  # what a smaller shape must hold: that plus the margin
-        mig = _mig_fit(product, fb_mib=fit_fb, share=share_target) if product else None
-        if mig is not None and mig.compute_share >= 1.0:
-            mig = None  # NB: the whole GPU as a MIG profile saves nothing: not a recommendation
-        if mig is not None and product is not None:
-            saving = (
-                price * (1 - mig.compute_share) * avg_pods * HOURS_PER_MONTH * min(requested, 1.0)
-                if price is not None
-                else None
-            )
-            out.append(
-                Recommendation(
-                    kind="mig-profile",
-                    severity="warning",
-                    short=f"mig {mig.profile}",
-                    summary=f"fits MIG {mig.profile} on {product.name}: peak FB {peak_gpu_fb / 1024:.1f} GiB "
-                    f"(+{margin:.0%} = {fit_fb / 1024:.1f} ≤ {mig.memory_mib / 1024:.1f} GiB), activity "
-                    f"p{rs.safety_percentile * 100:g} {share_safe:.0%} (+{margin:.0%} = {share_target:.0%}) "
-                    f"≤ {mig.compute_share:.0%}",
-                    evidence={
-                        f"activity_p{rs.safety_percentile * 100:g}": _r(share_safe, 4),
-                        "fb_peak_mib": _r(peak_gpu_fb),
-                        "fb_needed_mib": _r(fit_fb),
-                        "profile_memory_mib": mig.memory_mib,
-                        "compute_share_target": _r(share_target, 4),
-                        "profile_compute_share": _r(mig.compute_share, 4),
-                        "resource": f"nvidia.com/mig-{mig.profile}",
-                        "gpu_hours_freed_per_month": _r(
-                            (1 - mig.compute_share) * avg_pods * HOURS_PER_MONTH * min(requested, 1.0)
-                        ),
-                    },
-                    monthly_saving=_r(saving) if saving is not None else None,
-                )
-            )
-        smaller = _smaller_product(policy, product, fb_mib=fit_fb, share=share_target, price=price)
-        if smaller is not None and product is not None:
-            cand, cand_price = smaller
-            saving = (price - cand_price) * avg_pods * HOURS_PER_MONTH if price is not None else None
-            out.append(
-                Recommendation(
-                    kind="smaller-gpu",
-                    severity="warning",
-                    short=f"smaller-gpu {cand.name}",
-                    summary=f"a {cand.name} would do: peak FB {peak_gpu_fb / 1024:.1f} GiB fits its "
-                    f"{cand.memory_mib / 1024:.0f} GiB; activity p{rs.safety_percentile * 100:g} "
-                    f"+{margin:.0%} = {share_target:.0%} of a {product.name} is "
-                    f"{share_target * product.tflops / cand.tflops:.0%} of it",
-                    evidence={
-                        f"activity_p{rs.safety_percentile * 100:g}": _r(share_safe, 4),
-                        "fb_needed_mib": _r(fit_fb),
-                        "candidate_memory_mib": cand.memory_mib,
-                        "compute_share_target": _r(share_target, 4),
-                        "tflops_now": product.tflops,
-                        "tflops_candidate": cand.tflops,
-                        "price_now": price,
-                        "price_candidate": cand_price,
-                    },
-                    monthly_saving=_r(saving) if saving is not None else None,
-                )
-            )
-        pods_per_gpu = int(1.0 / share_target) if share_target > 0 else rs.time_slicing_min_pods
-        if gpu_memory:
-            pods_per_gpu = min(pods_per_gpu, int(gpu_memory // max(fit_fb, 1.0)))
-        if pods_per_gpu >= rs.time_slicing_min_pods:
-            saving = (
-                price * (1 - 1 / pods_per_gpu) * avg_pods * HOURS_PER_MONTH * min(requested, 1.0)
-                if price is not None
-                else None
-            )
-            out.append(
-                Recommendation(
-                    kind="time-slicing",
-                    severity="info",
-                    short=f"time-slicing {pods_per_gpu}/GPU",
-                    summary=f"time-slicing candidate: {pods_per_gpu} such pods fit one GPU "
-                    f"(compute share {share_target:.0%}, peak FB {peak_gpu_fb / 1024:.1f} GiB)",
-                    evidence={
-                        f"activity_p{rs.safety_percentile * 100:g}": _r(share_safe, 4),
-                        "compute_share_target": _r(share_target, 4),
-                        "fb_needed_mib": _r(fit_fb),
-                        "gpu_memory_mib": gpu_memory,
-                        "pods_per_gpu": pods_per_gpu,
-                        "gpu_hours_freed_per_month": _r(
-                            (1 - 1 / pods_per_gpu) * avg_pods * HOURS_PER_MONTH * min(requested, 1.0)
-                        ),
-                    },
-                    monthly_saving=_r(saving) if saving is not None else None,
-                )
-            )
+    fb = signals.get("fb_used_mib")
+    # NB: a busy workload is never downsized; a smaller shape only replaces one whole GPU.
+    if not busy and share_target is not None and fb is not None and need.gpus == 1:
+        shape = _OneGpuShape(
+            product=product,
+            price=price,
+            requested=requested,
+            avg_pods=avg_pods,
+            margin=margin,
+            peak_gpu_fb=fb.max,
+            fit_fb=fb.max * (1 + margin),
+            share_safe=share_target,  # the exact safety-percentile share (see workload_report)
+            share_target=min(1.0, share_target * (1 + margin)),  # what a smaller shape must hold: that plus margin
+        )
+        out += [r for rule in (_mig_profile, _smaller_gpu, _time_slicing) if (r := rule(shape, policy=policy))]
     out += _replicas(usage, policy=policy, requested=requested, price=price, busy_hours=busy_hours)
     out += _scale_to_zero(usage, policy=policy, steps=steps, step_seconds=step_seconds, price=price,
                           requested=requested, longest_idle=longest_idle, cold_starts=cold_starts or [])  # fmt: skip
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _GpusNeeded:
+    """GPUs one pod needs: the most busy at once, or what its peak memory (+ margin) takes, at least 1."""
+
+    gpus: int
+    peak_busy: float
+    peak_pod_fb_mib: float
+    gpu_memory_mib: float | None
+    for_memory: int
+
+
+def _gpus_needed(usage: WorkloadUsage, *, product: Product | None, margin: float) -> _GpusNeeded:
+    peak_busy = max((float(p.busy.max()) for p in usage.pods.values()), default=0.0)
+    peak_pod_fb = max((float(p.fb_mib.max()) for p in usage.pods.values()), default=0.0)
+    gpu_memory = product.memory_mib if product else None
+    for_memory = math.ceil(peak_pod_fb * (1 + margin) / gpu_memory) if gpu_memory else 1
+    return _GpusNeeded(max(1, math.ceil(peak_busy), for_memory), peak_busy, peak_pod_fb, gpu_memory, for_memory)
+
+
+def _fewer_gpus(
+    need: _GpusNeeded,
+    *,
+    policy: ReportPolicy,
+    signals: dict[str, SignalStats],
+    requested: float,
+    price: float | None,
+    avg_pods: float,
+) -> Recommendation:
+    """**fewer GPUs per pod**, for a need below the request."""
+    rs = policy.rightsizing
+    needed = need.gpus
+    freed = requested - needed
+    saving = freed * avg_pods * price * HOURS_PER_MONTH if price is not None else None
+    return Recommendation(
+        kind="fewer-gpus",
+        severity="critical" if freed / requested >= rs.fewer_gpus_critical_share else "warning",
+        short=f"fewer-gpus {requested:g}→{needed}",
+        summary=f"request {needed} GPU{'s' if needed > 1 else ''} per pod instead of {requested:g}: "
+        f"at most {need.peak_busy:g} busy at once, peak memory {need.peak_pod_fb_mib / 1024:.1f} GiB per pod",
+        evidence={
+            "gpus_requested": requested,
+            "gpus_busy_max": need.peak_busy,
+            "gpus_busy_p95": signals["gpus_busy"].p95 if "gpus_busy" in signals else None,
+            "pod_fb_peak_mib": _r(need.peak_pod_fb_mib),
+            "gpu_memory_mib": need.gpu_memory_mib,
+            "gpus_for_memory": need.for_memory,
+            "margin": rs.margin_fraction,
+            "recommended": needed,
+            "average_pods": _r(avg_pods),
+            "gpu_hours_freed_per_month": _r(freed * avg_pods * HOURS_PER_MONTH),
+        },
+        monthly_saving=_r(saving) if saving is not None else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _OneGpuShape:
+    """What a 1-GPU pod must keep on a smaller shape (MIG profile, smaller GPU, a time-sliced share)."""
+
+    product: Product | None
+    price: float | None
+    requested: float
+    avg_pods: float
+    margin: float
+    peak_gpu_fb: float
+    fit_fb: float  # peak FB × (1 + margin), MiB
+    share_safe: float  # the safety-percentile compute share
+    share_target: float  # that + margin, at most 1
+
+    def freed(self, share: float) -> tuple[float, float | None]:
+        """(GPU-hours a month, their price) freed when each pod keeps ``1 - share`` of its GPU."""
+        # NB: multiplied left to right in the order they always were, so the rounded figures stay the same
+        hours = share * self.avg_pods * HOURS_PER_MONTH * min(self.requested, 1.0)
+        if self.price is None:
+            return hours, None
+        return hours, self.price * share * self.avg_pods * HOURS_PER_MONTH * min(self.requested, 1.0)
+
+
+def _mig_profile(shape: _OneGpuShape, *, policy: ReportPolicy) -> Recommendation | None:
+    """**MIG profile**: the smallest profile holding the memory and compute share needed."""
+    rs, product, margin, share_target = policy.rightsizing, shape.product, shape.margin, shape.share_target
+    if product is None:
+        return None
+    mig = _mig_fit(product, fb_mib=shape.fit_fb, share=share_target)
+    if mig is None or mig.compute_share >= 1.0:
+        return None  # NB: the whole GPU as a MIG profile saves nothing: not a recommendation
+    freed_hours, saving = shape.freed(1 - mig.compute_share)
+    return Recommendation(
+        kind="mig-profile",
+        severity="warning",
+        short=f"mig {mig.profile}",
+        summary=f"fits MIG {mig.profile} on {product.name}: peak FB {shape.peak_gpu_fb / 1024:.1f} GiB "
+        f"(+{margin:.0%} = {shape.fit_fb / 1024:.1f} ≤ {mig.memory_mib / 1024:.1f} GiB), activity "
+        f"p{rs.safety_percentile * 100:g} {shape.share_safe:.0%} (+{margin:.0%} = {share_target:.0%}) "
+        f"≤ {mig.compute_share:.0%}",
+        evidence={
+            f"activity_p{rs.safety_percentile * 100:g}": _r(shape.share_safe, 4),
+            "fb_peak_mib": _r(shape.peak_gpu_fb),
+            "fb_needed_mib": _r(shape.fit_fb),
+            "profile_memory_mib": mig.memory_mib,
+            "compute_share_target": _r(share_target, 4),
+            "profile_compute_share": _r(mig.compute_share, 4),
+            "resource": f"nvidia.com/mig-{mig.profile}",
+            "gpu_hours_freed_per_month": _r(freed_hours),
+        },
+        monthly_saving=_r(saving) if saving is not None else None,
+    )
+
+
+def _smaller_gpu(shape: _OneGpuShape, *, policy: ReportPolicy) -> Recommendation | None:
+    """**smaller GPU**: the cheapest priced product holding the memory and the throughput needed."""
+    rs, product, price, share_target = policy.rightsizing, shape.product, shape.price, shape.share_target
+    smaller = _smaller_product(policy, product, fb_mib=shape.fit_fb, share=share_target, price=price)
+    if smaller is None or product is None:
+        return None
+    cand, cand_price = smaller
+    saving = (price - cand_price) * shape.avg_pods * HOURS_PER_MONTH if price is not None else None
+    return Recommendation(
+        kind="smaller-gpu",
+        severity="warning",
+        short=f"smaller-gpu {cand.name}",
+        summary=f"a {cand.name} would do: peak FB {shape.peak_gpu_fb / 1024:.1f} GiB fits its "
+        f"{cand.memory_mib / 1024:.0f} GiB; activity p{rs.safety_percentile * 100:g} "
+        f"+{shape.margin:.0%} = {share_target:.0%} of a {product.name} is "
+        f"{share_target * product.tflops / cand.tflops:.0%} of it",
+        evidence={
+            f"activity_p{rs.safety_percentile * 100:g}": _r(shape.share_safe, 4),
+            "fb_needed_mib": _r(shape.fit_fb),
+            "candidate_memory_mib": cand.memory_mib,
+            "compute_share_target": _r(share_target, 4),
+            "tflops_now": product.tflops,
+            "tflops_candidate": cand.tflops,
+            "price_now": price,
+            "price_candidate": cand_price,
+        },
+        monthly_saving=_r(saving) if saving is not None else None,
+    )
+
+
+def _time_slicing(shape: _OneGpuShape, *, policy: ReportPolicy) -> Recommendation | None:
+    """**time-slicing**: when the compute share and memory leave room for enough such pods on one GPU."""
+    rs, share_target = policy.rightsizing, shape.share_target
+    gpu_memory = shape.product.memory_mib if shape.product else None
+    pods_per_gpu = int(1.0 / share_target) if share_target > 0 else rs.time_slicing_min_pods
+    if gpu_memory:
+        pods_per_gpu = min(pods_per_gpu, int(gpu_memory // max(shape.fit_fb, 1.0)))
+    if pods_per_gpu < rs.time_slicing_min_pods:
+        return None
+    freed_hours, saving = shape.freed(1 - 1 / pods_per_gpu)
+    return Recommendation(
+        kind="time-slicing",
+        severity="info",
+        short=f"time-slicing {pods_per_gpu}/GPU",
+        summary=f"time-slicing candidate: {pods_per_gpu} such pods fit one GPU "
+        f"(compute share {share_target:.0%}, peak FB {shape.peak_gpu_fb / 1024:.1f} GiB)",
+        evidence={
+            f"activity_p{rs.safety_percentile * 100:g}": _r(shape.share_safe, 4),
+            "compute_share_target": _r(share_target, 4),
+            "fb_needed_mib": _r(shape.fit_fb),
+            "gpu_memory_mib": gpu_memory,
+            "pods_per_gpu": pods_per_gpu,
+            "gpu_hours_freed_per_month": _r(freed_hours),
+        },
+        monthly_saving=_r(saving) if saving is not None else None,
+    )
 
 
 def _scale_to_zero(

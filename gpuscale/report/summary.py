@@ -27,8 +27,8 @@ import numpy as np
 from gpuscale.metrics.history import SUMMARY_STATS, PodRef, SeriesSummary, SummaryHistory
 from gpuscale.report.build import workloads_of
 from gpuscale.report.costs import CostAccumulator, _price_of, find_idle_nodes
-from gpuscale.report.model import Group, Incident, Report, TimelinePoint, Window
 from gpuscale.report.policy import ReportPolicy
+from gpuscale.report.schema import Group, Incident, Report, TimelinePoint, Window
 from gpuscale.report.usage import SIGNALS, PodSteps, WorkloadKey, WorkloadUsage, new_usage, owner_of
 
 EXACT_SUMMARY = [

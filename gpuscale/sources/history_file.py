@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuscale.errors import ConfigError, one_line
 from gpuscale.metrics.history import FIELDS, History, Owner, PodRef, clean
-from gpuscale.sources.history import GridBudget
+from gpuscale.sources.history_fetch import GridBudget
 
 FORMAT = "gpuscale.history/v1"
 

@@ -27,7 +27,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 import aiohttp
 from kubernetes_asyncio import client, config
 
+from gpuscale.backoff import Backoff
 from gpuscale.config import read_yaml
 from gpuscale.errors import SelectorError, SourceUnavailable
 from gpuscale.files import named_by
@@ -491,7 +491,6 @@ class Reflector:
     def __init__(self, *, watch_timeout_seconds: int = 300, backoff_max_seconds: float = 30) -> None:
         self._watch_timeout = int(watch_timeout_seconds)
         self._backoff_max = float(backoff_max_seconds)
-        self._backoff_min = min(_INITIAL_BACKOFF_SECONDS, self._backoff_max)
         self._kinds: tuple[_Kind, ...] = ()
         self._listed: set[str] = set()
         self._synced_event = asyncio.Event()
@@ -578,27 +577,25 @@ class Reflector:
     # -- the loop
 
     async def _run(self, kind: _Kind) -> None:
-        backoff = self._backoff_min
+        backoff = self._backoff()
         resource_version: str | None = None
         while True:
             try:
                 if resource_version is None:
                     resource_version = await self._list(kind)
-                    backoff = self._backoff_min
+                    backoff.reset()
                 loop = asyncio.get_running_loop()
                 started = loop.time()
                 resource_version, events = await self._watch(kind, resource_version)
                 self._answered(kind.name)
                 if events == 0 and loop.time() - started < 1.0:
                     # NB: a server that ends watches at once would otherwise have us spinning.
-                    await asyncio.sleep(self._jitter(backoff))
-                    backoff = min(backoff * 2, self._backoff_max)
+                    await asyncio.sleep(backoff.next_delay())
                 else:
-                    backoff = self._backoff_min
+                    backoff.reset()
             except WatchExpired as e:
                 if resource_version is None:  # the list itself expired (a stale continue token): not too fast
-                    await asyncio.sleep(self._jitter(backoff))
-                    backoff = min(backoff * 2, self._backoff_max)
+                    await asyncio.sleep(backoff.next_delay())
                 log.info("kubernetes %s watch expired (%s); relisting", kind.name, e)
                 self.relists += 1
                 resource_version = None
@@ -622,18 +619,17 @@ class Reflector:
                 self._failures[kind.name] = self._failures.get(kind.name, 0) + 1
                 self._last_problem[kind.name] = (error.reason, time.time())
                 # NB: a 429 or 503 says when to come back; never sooner than it asks.
-                delay = max(self._jitter(backoff), _retry_after(e))
+                delay = max(backoff.next_delay(), _retry_after(e))
                 # NB: said once per distinct problem (and every 5 minutes while it lasts), not every retry
                 said, said_at = self._said.get(kind.name, ("", 0.0))
                 if said != error.reason or time.monotonic() - said_at > 300:
                     log.warning("%s; retrying with backoff (now %.1fs)", error, delay)
                     self._said[kind.name] = (error.reason, time.monotonic())
                 await asyncio.sleep(delay)
-                backoff = min(backoff * 2, self._backoff_max)
 
-    @staticmethod
-    def _jitter(seconds: float) -> float:
-        return seconds * random.uniform(0.8, 1.2)
+    def _backoff(self) -> Backoff:
+        """A loop's delays after errors: from 0.5 s, doubling up to ``backoff_max_seconds``, ±20 % jitter."""
+        return Backoff(initial_seconds=_INITIAL_BACKOFF_SECONDS, max_seconds=self._backoff_max, jitter=0.2)
 
     async def _list(self, kind: _Kind) -> str:
         """List every object of a kind (paged), replace its index, return the list's resourceVersion."""

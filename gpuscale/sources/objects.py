@@ -188,15 +188,14 @@ class ObjectCache(Reflector):
         await super().start()
 
     async def _prepare_then_run(self) -> None:
-        delay = self._backoff_min
+        backoff = self._backoff()
         while True:
             try:
                 await self.prepare()
                 break
             except SourceUnavailable as e:
                 self.last_errors["discovery"] = e.reason
-                await asyncio.sleep(self._jitter(delay))
-                delay = min(delay * 2, self._backoff_max)
+                await asyncio.sleep(backoff.next_delay())
         self.last_errors.pop("discovery", None)
         self._tasks.extend(asyncio.create_task(self._run(kind), name=f"kube-watch-{kind.name}") for kind in self._kinds)
 

@@ -31,4 +31,4 @@ def test_help_loads_no_subcommand():
 def test_a_subcommand_loads_its_own_flags_only():
     loaded = _modules_after("report", "--help")
     assert "gpuscale.cli.report" in loaded
-    assert not loaded & {"gpuscale.cli.simulate", "gpuscale.cli.top", "gpuscale.replay.simulate"}
+    assert not loaded & {"gpuscale.cli.simulate", "gpuscale.cli.top", "gpuscale.replay.trace_replay"}

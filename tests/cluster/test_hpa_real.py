@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpuscale.hpa import controller as hpa
+from gpuscale.hpa import autoscaler as hpa
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from tests.cluster.metrics_stack import CUSTOM, EXTERNAL, NS, llm_deployment, until
 
@@ -135,7 +135,7 @@ def gpuscale_path(manifest: dict, *, start: int, value_percent: int, seconds: fl
         decision = autoscaler.reconcile(
             float(tick),
             spec_replicas=current,
-            pods=[hpa.PodInfo(name) for name in pods],
+            pods=[hpa.SelectedPod(name) for name in pods],
             readings=_Readings(pods, value_percent * 1000),
         )
         if decision.desired_replicas != current:
@@ -290,8 +290,8 @@ def _rfc3339(t: float) -> str:
 
 def _start_cpu_pods(
     rest, app: str, *, started_ago: int, ready: bool, changed_ago: int
-) -> tuple[list[hpa.PodInfo], float]:
-    """The Deployment's two pods, bound and given a status as a kubelet would; (their PodInfo, the status' now)."""
+) -> tuple[list[hpa.SelectedPod], float]:
+    """The Deployment's two pods, bound and given a status as a kubelet would; (their SelectedPod, the status' now)."""
     deployment = llm_deployment()
     deployment["metadata"].update(name=app, namespace=CPU_NS)
     deployment["spec"].update(replicas=2, selector={"matchLabels": {"app": app}})
@@ -329,7 +329,7 @@ def _start_cpu_pods(
         }
         rest.patch(f"{base}/status", {"status": status}).expect(200)
         infos.append(
-            hpa.PodInfo(name, ready=is_ready, started=started, ready_changed=changed, requests_milli={"cpu": 1000})
+            hpa.SelectedPod(name, ready=is_ready, started=started, ready_changed=changed, requests_milli={"cpu": 1000})
         )
     return infos, now
 
@@ -403,7 +403,7 @@ def test_cpu_readiness_matches_the_real_controller(control_plane):
             autoscaler = hpa.Autoscaler(HorizontalPodAutoscaler.model_validate(manifest))
             current, ours, ours_utilization = 2, [2], None
             for tick in range(int(seconds) + 2):
-                pending = [hpa.PodInfo(f"new-{i}", phase="Pending", ready=False) for i in range(current - 2)]
+                pending = [hpa.SelectedPod(f"new-{i}", phase="Pending", ready=False) for i in range(current - 2)]
                 stamps = {pod: fixed.get(pod, now + tick) for pod in usage}
                 decision = autoscaler.reconcile(
                     now + tick, spec_replicas=current, pods=[*infos, *pending], readings=_CpuReadings(usage, stamps)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
-from tests.test_lock import locked
+from tests.deploy.test_lock import locked
 
 pytestmark = pytest.mark.e2e
 

@@ -9,8 +9,8 @@ import itertools
 
 import pytest
 
-from gpuscale.hpa import Autoscaler, MetricUnavailable, PodInfo, parse_manifests
-from gpuscale.hpa.controller import _Event
+from gpuscale.hpa import Autoscaler, MetricUnavailable, SelectedPod, parse_manifests
+from gpuscale.hpa.autoscaler import _Event
 
 HEAD = """
 apiVersion: autoscaling/v2
@@ -56,8 +56,8 @@ class Values:
         return self.object(None, metric)
 
 
-def pods(n: int) -> list[PodInfo]:
-    return [PodInfo(f"p{i}") for i in range(n)]
+def pods(n: int) -> list[SelectedPod]:
+    return [SelectedPod(f"p{i}") for i in range(n)]
 
 
 def sync(auto: Autoscaler, now: float, current: int, value_milli: int) -> int:
@@ -275,7 +275,7 @@ def test_docs_select_policy_disabled_and_min():
 def test_not_yet_ready_replicas_are_counted_as_the_controller_counts_them():
     """Docs: pods without metrics count as 0 on a scale-up, so loading replicas damp the next scale-up."""
     auto = Autoscaler(hpa("  maxReplicas: 100\n" + QUEUE))
-    fleet = [*pods(2), PodInfo("new-0", ready=False), PodInfo("new-1", phase="Pending", ready=False)]
+    fleet = [*pods(2), SelectedPod("new-0", ready=False), SelectedPod("new-1", phase="Pending", ready=False)]
     readings = Values({"p0": 300, "p1": 300})
     d = auto.reconcile(0, spec_replicas=4, pods=fleet, readings=readings)
     # ratio 3 over 2 reporting pods; with new-0 missing (0) and new-1 pending (0): 600 // 4 → 1.5 → ceil(6)
@@ -295,7 +295,7 @@ def test_external_and_object_average_value_divide_by_the_pods_that_exist():
     auto = Autoscaler(hpa("  maxReplicas: 20\n" + external))
     readings = Values(pods=0)
     readings.objects["inference_queue_depth"] = 130_000  # 130 waiting over the namespace
-    fleet = [*pods(3), PodInfo("loading", ready=False)]
+    fleet = [*pods(3), SelectedPod("loading", ready=False)]
     d = auto.reconcile(0, spec_replicas=4, pods=fleet, readings=readings)
     assert d.proposals[0].replicas == 7 and d.proposals[0].usage_milli == 32500  # ceil(130 / 20); 130 / 4 pods
     obj = """

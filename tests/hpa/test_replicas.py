@@ -13,9 +13,9 @@ import pytest
 
 from gpuscale.hpa.replicas import (
     NoMetrics,
-    PodInfo,
     Readiness,
     ResourceSample,
+    SelectedPod,
     Tolerances,
     average_value_replicas,
     pods_metric_replicas,
@@ -26,9 +26,10 @@ from gpuscale.hpa.replicas import (
 T = Tolerances()
 
 
-def _pods(n: int, ready: list[bool] | None = None, phase: list[str] | None = None) -> list[PodInfo]:
+def _pods(n: int, ready: list[bool] | None = None, phase: list[str] | None = None) -> list[SelectedPod]:
     return [
-        PodInfo(f"test-pod-{i}", phase=(phase or ["Running"] * n)[i], ready=(ready or [True] * n)[i]) for i in range(n)
+        SelectedPod(f"test-pod-{i}", phase=(phase or ["Running"] * n)[i], ready=(ready or [True] * n)[i])
+        for i in range(n)
     ]
 
 
@@ -102,7 +103,7 @@ def test_pending_pods_count_zero_on_scale_up_only():
 
 def test_deleted_and_failed_pods_are_ignored():
     """TestReplicaCalcScaleUpIgnoresFailedPods / ...DeletionPods: 2 live pods at 500 and 700 of 300 → 4."""
-    pods = [*_pods(2), PodInfo("failed", phase="Failed"), PodInfo("gone", deleting=True)]
+    pods = [*_pods(2), SelectedPod("failed", phase="Failed"), SelectedPod("gone", deleting=True)]
     got = pods_metric_replicas(
         2, target_average_milli=300, values_milli={"test-pod-0": 500, "test-pod-1": 700}, pods=pods, tolerances=T
     )
@@ -174,50 +175,50 @@ ZERO = -1e10
 @pytest.mark.parametrize(
     ("case", "pod", "sample", "unready"),
     [
-        ("unready a pod without ready condition", PodInfo("p", started=0.0, ready_changed=None), (0, 60), True),
+        ("unready a pod without ready condition", SelectedPod("p", started=0.0, ready_changed=None), (0, 60), True),
         (
             "count in a ready pod with fresh metrics during initialization period",
-            PodInfo("p", started=-60, ready_changed=-30),
+            SelectedPod("p", started=-60, ready_changed=-30),
             (0, 30),
             False,
         ),
         (
             "unready a ready pod without fresh metrics during initialization period",
-            PodInfo("p", started=-60, ready_changed=-30),
+            SelectedPod("p", started=-60, ready_changed=-30),
             (0, 60),
             True,
         ),
         (
             "unready an unready pod during initialization period",
-            PodInfo("p", ready=False, started=-600, ready_changed=-594),
+            SelectedPod("p", ready=False, started=-600, ready_changed=-594),
             (ZERO, 0),
             True,
         ),
         (
             "count in a ready pod without fresh metrics after initialization period",
-            PodInfo("p", started=-180, ready_changed=-180),
+            SelectedPod("p", started=-180, ready_changed=-180),
             (-120, 60),
             False,
         ),
         (
             "count in an unready pod that was ready after initialization period",
-            PodInfo("p", ready=False, started=-600, ready_changed=-540),
+            SelectedPod("p", ready=False, started=-600, ready_changed=-540),
             (ZERO, 0),
             False,
         ),
         (
             "unready pod that has never been ready after initialization period (at the delay: counted)",
-            PodInfo("p", ready=False, started=-600, ready_changed=-590),
+            SelectedPod("p", ready=False, started=-600, ready_changed=-590),
             (ZERO, 0),
             False,
         ),
         (
             "... and a second inside the delay: unready",
-            PodInfo("p", ready=False, started=-600, ready_changed=-591),
+            SelectedPod("p", ready=False, started=-600, ready_changed=-591),
             (ZERO, 0),
             True,
         ),
-        ("no start time", PodInfo("p", started=None, ready_changed=-30), (0, 30), True),
+        ("no start time", SelectedPod("p", started=None, ready_changed=-30), (0, 30), True),
     ],
 )
 def test_cpu_readiness_matches_upstream_group_pods(case, pod, sample, unready):
@@ -234,7 +235,7 @@ def _cpu_pods(levels, *, ready=None, started=None, request=2000):
     timestamp and the Ready condition's last transition at Go's zero time, a 1 min window."""
     n = len(levels)
     pods = [
-        PodInfo(
+        SelectedPod(
             f"p{i}",
             ready=(ready or [True] * n)[i],
             started=(started or [ZERO] * n)[i],
@@ -309,7 +310,7 @@ def test_missing_cpu_on_a_scale_down_counts_as_its_request_times_the_target():
             resource="cpu",
             target_utilization=50,
             samples=samples,
-            pods=[PodInfo("p0", started=ZERO, ready_changed=ZERO)],
+            pods=[SelectedPod("p0", started=ZERO, ready_changed=ZERO)],
             tolerances=T,
             readiness=Readiness(),
             now=0.0,

@@ -190,8 +190,8 @@ def test_xid_classes_are_policies_health():
 
 def test_every_dcgm_field_the_rules_and_dashboards_read_is_enabled_in_deploy():
     """deploy/dcgm-exporter/counters.csv switches on every DCGM field an alert, a rule or a panel reads."""
+    from tests.deploy.test_deploy import COUNTERS, _enabled_counters
     from tests.operating.test_dashboards import metric_names
-    from tests.test_deploy import COUNTERS, _enabled_counters
 
     exprs = [r["expr"] for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]]
     for board in (ROOT / "deploy" / "dashboards").glob("*.json"):

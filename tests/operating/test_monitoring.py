@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.test_deploy import DEPLOY, _kustomize
+from tests.deploy.test_deploy import DEPLOY, _kustomize
 
 
 def render(path: str) -> list[dict]:
@@ -96,7 +96,7 @@ def test_the_component_adds_the_monitoring_objects_to_an_overlay(tmp_path):
         "components": [os.path.relpath(DEPLOY / "components/monitoring", tmp_path)],
     }
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    from tests.test_deploy import _kustomize as kustomize
+    from tests.deploy.test_deploy import _kustomize as kustomize
 
     objects = kustomize(tmp_path)
     kinds = {o["kind"] for o in objects}

@@ -14,7 +14,7 @@ from gpuscale.hpa import parse_manifests
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.replay.chart import render_html
 from gpuscale.replay.serving import ServingProfile
-from gpuscale.replay.simulate import ReplaySettings, replay
+from gpuscale.replay.trace_replay import ReplaySettings, replay
 from gpuscale.replay.traces import read_trace
 from tests.browser import screenshot
 from tests.replay.test_ticks import assert_equal_nice_steps

@@ -11,7 +11,7 @@ import numpy as np
 
 from gpuscale.cli.main import main
 from gpuscale.metrics.demand import DemandSettings
-from gpuscale.replay.forecast import series_csv, served_forecast
+from gpuscale.replay.served_forecast import series_csv, served_forecast
 
 ORIGIN = 1_764_806_400.0
 HPA = """apiVersion: autoscaling/v2

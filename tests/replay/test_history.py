@@ -10,7 +10,7 @@ from gpuscale.cli.main import main
 from gpuscale.errors import ConfigError
 from gpuscale.hpa import parse_manifests
 from gpuscale.metrics.catalogue import load_catalogue
-from gpuscale.replay.history import history_from_samples, parse_history_csv, promql_for, replay_history
+from gpuscale.replay.metric_history import history_from_samples, parse_history_csv, promql_for, replay_history
 
 HPA = """apiVersion: autoscaling/v2
 kind: HorizontalPodAutoscaler

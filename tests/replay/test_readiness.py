@@ -18,7 +18,7 @@ from gpuscale.cli.main import main
 from gpuscale.hpa import Readiness, parse_manifests
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.replay.serving import ServingProfile
-from gpuscale.replay.simulate import ReplaySettings, replay
+from gpuscale.replay.trace_replay import ReplaySettings, replay
 from gpuscale.replay.traces import Trace
 
 CPU_HPA = """apiVersion: autoscaling/v2
@@ -115,8 +115,8 @@ def test_history_mode_refuses_a_resource_metric(tmp_path, capsys):
 
 def test_event_reasons_name_a_utilization_in_percent_and_survive_no_proposals():
     from gpuscale.hpa import Decision
-    from gpuscale.hpa.controller import Proposal
-    from gpuscale.replay.simulate import _why
+    from gpuscale.hpa.autoscaler import Proposal
+    from gpuscale.replay.trace_replay import _why
 
     hpa = parse_manifests(CPU_HPA, source="hpa.yaml")[0]
     assert _why(Decision(0.0, 2, 4, (Proposal("cpu", 4, 80),), "ReadyForNewScale"), hpa) == "cpu=80%→4"

@@ -14,7 +14,7 @@ from gpuscale.hpa import parse_manifests
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.replay.serving import ServingModel, ServingProfile
 from gpuscale.replay.signals import check_metrics
-from gpuscale.replay.simulate import ReplaySettings, replay
+from gpuscale.replay.trace_replay import ReplaySettings, replay
 from gpuscale.replay.traces import Trace, read_trace
 
 TRACES = Path(__file__).parents[1] / "fixtures" / "traces"

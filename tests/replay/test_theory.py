@@ -19,7 +19,7 @@ from gpuscale.hpa import parse_manifests
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.replay.distributions import parse_distribution
 from gpuscale.replay.general import ServiceProfile
-from gpuscale.replay.simulate import ReplaySettings, replay
+from gpuscale.replay.trace_replay import ReplaySettings, replay
 from gpuscale.replay.traces import Trace
 
 HPA = """apiVersion: autoscaling/v2

@@ -7,6 +7,7 @@ import pytest
 
 from gpuscale.metrics.history import clean
 from gpuscale.report.build import build_report
+from gpuscale.report.formatters import formatter
 from gpuscale.report.policy import load_report_policy
 from gpuscale.report.summary import build_summary_report
 from tests.report.histories import H100, add_pod, constant, history
@@ -117,3 +118,19 @@ def test_xid_ecc_and_throttling_become_incidents_and_a_counter_reset_does_not(po
     assert by_kind["xid"].first_seen == h.start + 30 * 60
     assert by_kind["ecc-dbe"].count == 3  # +2, then +1 after the reset
     assert by_kind["throttle"].count == 10 and by_kind["throttle"].value == "hw_thermal"
+
+
+def test_markdown_and_html_show_the_same_idle_nodes_table(policy):
+    h = history(hours=10)
+    add_pod(h, pod="held", gpus=8, node="node-z", values=constant(gpu_util_percent=0, sm_active=0.0))
+    report = build_report(h, policy=policy, generated_at=0)
+    (node,) = report.idle_nodes
+    # past a thousand GPU-hours both say it with a thousands separator (html once printed 1234.5)
+    report = report.model_copy(update={"idle_nodes": [node.model_copy(update={"idle_hours": 1234.5})]})
+    cells = ["node-z", node.pool, "8", "100%", "0.0%", "1,234.5"]
+    markdown = formatter("markdown")(report)
+    page = formatter("html")(report)
+    assert "| Node | Pool | GPUs | Allocated | Active | Idle GPU-h | Idle cost |" in markdown
+    assert "| " + " | ".join(cells) + " | " in markdown
+    assert "<th>Node</th><th>Pool</th><th>GPUs</th><th>Allocated</th><th>Active</th><th>Idle GPU-h</th>" in page
+    assert "".join(f"<td>{c}</td>" for c in cells) in page

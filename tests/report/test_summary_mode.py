@@ -1,5 +1,5 @@
 """Summary mode's combination, checked against raw mode on the same history without a TSDB: the per-series,
-per-chunk summaries are computed here with numpy (what the PromQL of sources/summary.py returns), then both
+per-chunk summaries are computed here with numpy (what the PromQL of sources/summary_fetch.py returns), then both
 reports are compared — the figures docs/report.md calls exact are equal, the percentiles bound raw mode's from
 above (to a histogram bucket), and the recommendations that rest on exact figures agree."""
 
@@ -12,7 +12,7 @@ from gpuscale.metrics.history import History, PodPeaks, SeriesSummary, SummaryHi
 from gpuscale.report.build import build_report
 from gpuscale.report.policy import load_report_policy
 from gpuscale.report.summary import build_summary_report
-from gpuscale.sources.summary import SUMMARY_FIELDS
+from gpuscale.sources.summary_fetch import SUMMARY_FIELDS
 from tests.report.histories import add_pod, history
 
 CHUNK_STEPS = 60  # one-hour chunks of 1-minute steps

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from gpuscale.errors import SourceUnavailable
 from gpuscale.metrics.history import PodRef
-from gpuscale.sources.history import FetchOptions, RangeClient, fetch_history
+from gpuscale.sources.history_fetch import FetchOptions, RangeClient, fetch_history
 
 STEP = 60.0
 START = 1_780_000_000.0 // 3600 * 3600
@@ -154,7 +154,7 @@ async def test_the_progress_bar_goes_to_stderr_and_leaves_stdout_to_the_report(a
 
 def test_the_workload_pod_is_the_exported_one_and_the_exporter_is_no_workload():
     from gpuscale.metrics.history import History
-    from gpuscale.sources.history import _Decoder
+    from gpuscale.sources.history_fetch import _Decoder
 
     h = History(start=START, step_seconds=STEP, steps=10)
     decoder = _Decoder(h, FetchOptions())
@@ -178,7 +178,7 @@ def test_the_workload_pod_is_the_exported_one_and_the_exporter_is_no_workload():
 
 async def test_owners_go_up_to_the_deployment_and_the_cronjob():
     from gpuscale.metrics.history import History, Owner
-    from gpuscale.sources.history import _identity
+    from gpuscale.sources.history_fetch import _identity
 
     answers = {
         "kube_pod_owner": [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuscale.sources.history import _points, _series
+from gpuscale.sources.history_fetch import _points, _series
 
 
 @pytest.mark.parametrize(

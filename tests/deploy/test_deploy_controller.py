@@ -34,9 +34,9 @@ from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS
 from gpuscale.sim.exporters import ManualClock
 from gpuscale.sim.kubeapi import AccessRule
 from tests.controller.harness import NAMESPACE, start_harness
-from tests.test_deploy import KUBECTL, KUBERNETES_VERSIONS
+from tests.deploy.test_deploy import KUBECTL, KUBERNETES_VERSIONS
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "controller"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "controller"
 COMPONENTS = ("drain", "safe-to-evict", "act", "dry-run", "embedded-scrape")
 VARIANTS = ("", *COMPONENTS, "+".join(c for c in COMPONENTS if c != "dry-run"), "+".join(COMPONENTS))
 SA = "system:serviceaccount:gpuscale:gpuscale-controller"

@@ -19,9 +19,9 @@ from typing import Protocol
 
 from gpuscale.hpa.replicas import (
     NoMetrics,
-    PodInfo,
     Readiness,
     ResourceSample,
+    SelectedPod,
     Tolerances,
     average_value_replicas,
     pods_metric_replicas,
@@ -42,11 +42,11 @@ __all__ = [
     "Autoscaler",
     "Decision",
     "MetricUnavailable",
-    "PodInfo",
     "Proposal",
     "Readiness",
     "Readings",
     "ResourceSample",
+    "SelectedPod",
 ]
 
 
@@ -122,7 +122,7 @@ class Autoscaler:
         now: float,
         *,
         spec_replicas: int,
-        pods: Sequence[PodInfo],
+        pods: Sequence[SelectedPod],
         readings: Readings,
         status_replicas: int | None = None,
     ) -> Decision:
@@ -173,7 +173,7 @@ class Autoscaler:
         now: float,
         current: int,
         status_replicas: int,
-        pods: Sequence[PodInfo],
+        pods: Sequence[SelectedPod],
         readings: Readings,
     ) -> Proposal:
         name = spec.metric_name

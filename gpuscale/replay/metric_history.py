@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscale.errors import ConfigError
-from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, MetricUnavailable, PodInfo, ResourceSample
+from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, MetricUnavailable, ResourceSample, SelectedPod
 from gpuscale.hpa.spec import CrossVersionObjectReference, HorizontalPodAutoscaler, MetricIdentifier
 from gpuscale.metrics.catalogue import MetricDefinition, Term
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
@@ -249,9 +249,9 @@ def replay_history(
         observed = len(history.pods_at(t))
         readings = _Readings(history, t, observed, replicas, conserve)
         if conserve:
-            pods = [PodInfo(f"replica-{i}") for i in range(replicas)]
+            pods = [SelectedPod(f"replica-{i}") for i in range(replicas)]
         else:
-            pods = [PodInfo(p) for p in sorted(history.pods_at(t))]
+            pods = [SelectedPod(p) for p in sorted(history.pods_at(t))]
         d = auto.reconcile(t, spec_replicas=replicas, pods=pods, readings=readings)
         if d.rescale:
             why = "; ".join(

@@ -52,6 +52,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from gpuscale.backoff import doubling_delay
 from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.metrics.attribution import Target, attribute
 from gpuscale.metrics.history import FIELD_ALIASES, FIELDS, History, Owner, PodRef, clean, pool_of
@@ -158,7 +159,7 @@ class RangeClient:
         last = ""
         for attempt in range(o.retries + 1):
             if attempt:
-                await self._sleep(o.backoff_seconds * 2 ** (attempt - 1))
+                await self._sleep(doubling_delay(attempt - 1, initial_seconds=o.backoff_seconds))
             self.queries += 1
             try:
                 # NB: POST form data (no URL length limit) where the API allows it; label values are GET only.

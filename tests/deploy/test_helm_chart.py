@@ -31,10 +31,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from gpuscale.settings import ControllerSettings, add_arguments, from_arguments
+from tests.deploy.test_deploy import DEPLOY, _kustomize, _settings, validation_problems
 from tests.helm import CHART, NAMESPACE, RELEASE, run_helm, template
-from tests.test_deploy import DEPLOY, _kustomize, _settings, validation_problems
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 HELM_LABELS = {
     "app.kubernetes.io/managed-by": "Helm",
@@ -263,7 +263,7 @@ def test_helm_lint_strict(helm, work, values):
     assert done.returncode == 0 and "0 chart(s) failed" in done.stdout, done.stdout + done.stderr
 
 
-# The EQUIVALENTS render what deploy/ renders, which tests/test_deploy.py validates; these render what only the
+# The EQUIVALENTS render what deploy/ renders, which tests/deploy/test_deploy.py validates; these render what only the
 # chart does (generated TLS Secrets, VictoriaMetrics, policy files, placement, monitoring with another TLS mode).
 VARIANTS_TO_VALIDATE = {
     "default": {},

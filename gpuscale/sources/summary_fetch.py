@@ -1,7 +1,7 @@
 """``--mode summary``: the TSDB computes per-series summaries, gpuscale combines them (fleets whose raw samples
 do not fit one machine: 10,000 GPUs × 30 days × 1-minute samples is 432 M samples per field).
 
-For every node batch (as in ``sources/history``) and every chunk of ``chunk`` seconds (one range query with
+For every node batch (as in ``sources/history_fetch``) and every chunk of ``chunk`` seconds (one range query with
 ``step = chunk`` covers the whole window), over a subquery at the report's step ``S`` so a summary describes
 exactly the grid samples raw mode would fetch::
 
@@ -42,7 +42,7 @@ from gpuscale.metrics.history import (
     clean,
 )
 from gpuscale.model import format_duration
-from gpuscale.sources.history import FetchOptions, Progress, RangeClient, _identity, _regex_alternatives
+from gpuscale.sources.history_fetch import FetchOptions, Progress, RangeClient, _identity, _regex_alternatives
 
 SUMMARY_FIELDS = ("gpu_util_percent", "sm_active", "tensor_active", "dram_active", "gr_engine_active", "fb_used_mib")
 _STAT_QUERIES = {

@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, Decision, PodInfo, Readiness
+from gpuscale.hpa import SYNC_PERIOD_SECONDS, Autoscaler, Decision, Readiness, SelectedPod
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.replay.budget import check_grid
 from gpuscale.replay.distributions import Distribution, constant
 from gpuscale.replay.general import GeneralServingModel, ServiceProfile
-from gpuscale.replay.history import Series
-from gpuscale.replay.results import Event, Outcome, Sample, summarize
+from gpuscale.replay.metric_history import Series
+from gpuscale.replay.results import Event, Outcome, ReplaySample, summarize
 from gpuscale.replay.serving import ServingModel, ServingProfile
 from gpuscale.replay.signals import AdapterView, CpuProfile
 from gpuscale.replay.traces import Trace
@@ -84,7 +84,7 @@ def replay(
     per_sync = max(1, round(settings.sync_s / step_s))
     duration_s = trace.duration_s  # NB: a property over the arrays: read once, not once per step
     last_step = int((duration_s + settings.max_tail_s) / step_s) + 1
-    timeline: list[Sample] = []
+    timeline: list[ReplaySample] = []
     events: list[Event] = []
     for k in range(last_step + 1):
         now = k * step_s
@@ -94,7 +94,7 @@ def replay(
             # NB: a pod starts when it is created (scheduling is immediate here); its Ready condition is False
             # from then until its model is loaded, and True from ready_at on
             pods = [
-                PodInfo(
+                SelectedPod(
                     r.name,
                     ready=now >= r.ready_at,
                     deleting=r.deleting_since is not None,
@@ -188,11 +188,11 @@ def _why(decision: Decision, hpa: HorizontalPodAutoscaler) -> str:
     return "; ".join(parts)
 
 
-def _sample(now: float, spec: int, model: ServingModel | GeneralServingModel) -> Sample:
+def _sample(now: float, spec: int, model: ServingModel | GeneralServingModel) -> ReplaySample:
     live = [r for r in model.present if r.gone_at is None]
     ready = [r for r in live if r.ready(now)]
     util = [model.gpu_activity(r) for r in ready]
-    return Sample(
+    return ReplaySample(
         t=now,
         desired=spec,
         ready=len(ready),
