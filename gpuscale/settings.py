@@ -171,7 +171,10 @@ class AdapterSettings(_Settings):
 class DemoSettings(_Settings):
     port: int = Field(8443, ge=0, le=65535, description="adapter port on 127.0.0.1 (0 = pick a free port)")
     duration: Seconds = Field(
-        60.0, gt=0, description="how long the autoscaling replay runs (the trace slice is sped up to fit)"
+        300.0,
+        gt=0,
+        description="how long one pass of the autoscaling replay takes (the 30-minute trace slice is sped up to fit; "
+        "it plays again and again until Ctrl-C)",
     )
     refresh_interval: Seconds = Field(1.0, gt=0, description="adapter refresh interval")
     config: str | None = Field(
@@ -182,8 +185,8 @@ class DemoSettings(_Settings):
     )
     keep_running: bool = Field(
         True,
-        description="after the replay, keep the simulated cluster and the adapter serving until Ctrl-C, so the "
-        "printed commands keep working (--no-keep-running: exit once the replay ends)",
+        description="keep the simulated cluster, the adapter and the HPA loop running until Ctrl-C, the trace slice "
+        "replayed again and again, so the printed commands keep working (--no-keep-running: one pass, then exit)",
     )
     log_level: str = Field("warning", description="debug, info, warning or error")
 

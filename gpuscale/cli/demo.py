@@ -5,8 +5,9 @@ Starts the simulated Kubernetes API and exporters (gpuscale.sim), then the real 
 and a table of what the metrics API answers. Then it replays a slice of a real LLM trace, sped up, as the
 Triton Deployment's load, while an HPA loop built on gpuscale.hpa reads the adapter over HTTP as the
 controller does and scales the Deployment through the API's scale subresource (demo_replay.py) and writes
-the HPA object's status, so `kubectl get hpa` shows it; it writes an HTML summary and, unless
---no-keep-running, keeps serving until Ctrl-C so the printed commands keep working.
+the HPA object's status, so `kubectl get hpa` shows it; it writes an HTML summary of the first pass and,
+unless --no-keep-running, replays the slice again and again until Ctrl-C, so the printed commands keep working
+and the HPA keeps scaling with the load.
 """
 
 from __future__ import annotations
@@ -143,12 +144,16 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
     config = settings.config
     if config is None and settings.policies is None:
         config = str(replay.catalogue_file(out_dir, refresh_s=settings.refresh_interval))
-    async with SimCluster(llm=demo_llm_servers()) as cluster:
+    # NB: a scaled-down pod serves on through its grace period (Kubernetes' default 30 s), as a real one does, so
+    # the adapter's scrape round that listed it just before it left the API still gets an answer, not a failure.
+    grace_s = max(30.0, 3 * settings.refresh_interval)
+    async with SimCluster(llm=demo_llm_servers(), termination_grace_s=grace_s) as cluster:
         cluster.api.create(replay.manifest())  # NB: so `kubectl get hpa` shows it; its loop writes the status
         adapter = await start_adapter(
             AdapterSettings(
-                scrape_url=cluster.scrape_urls,
-                discover_exporters=True,  # NB: the pods the HPA adds are found and scraped like any other
+                # NB: every exporter found through the API, as in a cluster, and no fixed --scrape-url: a fixed URL
+                # of a Triton pod the HPA removes would be scraped on, failing (HTTP 404) for the rest of the demo.
+                discover_exporters=True,
                 kubeconfig=cluster.kubeconfig,
                 insecure_port=settings.port,
                 bind_address="127.0.0.1",
@@ -182,25 +187,37 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
                     console.print("[dim]# one raw response:[/]")
                     console.print_json(json.dumps(await resp.json()))
                 console.print(await _table(session, adapter.url, namespaces))
-                summary = await replay.run(
-                    cluster, session=session, adapter_url=adapter.url, console=console, stop=stop
-                )
-                if not stop.is_set():
+
+                async def after_pass(number: int, summary: dict) -> None:
+                    if number > 1:
+                        return  # NB: the summary and its page are the first pass's; later ones only scroll by
                     console.print(await _table(session, adapter.url, namespaces))
-            page = write_html(summary, out_dir / "summary.html")
-            if replay.ready_after:
-                console.print(
-                    f"New pods were counted ready {replay.startup_s:g} trace-seconds after a scale-up (the next HPA "
-                    "sync: the simulated Deployment starts pods at once; real ones load their model first)."
+                    page = write_html(summary, out_dir / "summary.html")
+                    if replay.ready_after:
+                        console.print(
+                            f"New pods were counted ready {replay.startup_s:.0f} s after a scale-up (trace time: the "
+                            "next HPA sync; the simulated Deployment starts pods at once, real ones load their model "
+                            "first).",
+                            highlight=False,
+                        )
+                    console.print(f"HTML summary of the autoscaling replay written to {page}")
+                    if settings.keep_running:
+                        console.print(
+                            "\n[bold]Still serving[/]: the simulated cluster, the adapter and the HPA loop keep "
+                            "running, the trace slice replayed again and again, so every command above keeps working "
+                            "and `kubectl get hpa` follows the load. Ctrl-C to stop.\n",
+                            highlight=False,
+                        )
+
+                await replay.run(
+                    cluster,
+                    session=session,
+                    adapter_url=adapter.url,
+                    console=console,
+                    stop=stop,
+                    passes=None if settings.keep_running else 1,
+                    on_pass=after_pass,
                 )
-            console.print(f"HTML summary of the autoscaling replay written to {page}")
-            if settings.keep_running and not stop.is_set():
-                console.print(
-                    "\n[bold]Still serving[/]: the simulated cluster and the adapter keep running, so every command "
-                    "above keeps working (the HPA loop stopped with the replay). Ctrl-C to stop.",
-                    highlight=False,
-                )
-                await stop.wait()
         finally:
             await adapter.stop()
 

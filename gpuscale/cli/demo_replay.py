@@ -7,6 +7,11 @@ the HPA loop (hpa_loop.py, on gpuscale.hpa) syncs every 15 trace-seconds, its st
 policy periods are in trace time, and the adapter's rate window is shortened to the same 60 trace-seconds
 (a demo catalogue, unless --config/--policies is given). The simulated Deployment controller
 (``SimCluster.follow_scale``) gives the Deployment the pods the HPA asked for.
+
+The slice loops: after its last minute the load runs on into its first again (``RepeatingLoad``, the seam
+interpolated like any two minutes, so a new pass is no load cliff) and the HPA loop keeps syncing with its
+state and clock carried over, as a controller would see a recurring day. A caller asks for a number of
+passes or for passes until ``stop``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -33,7 +39,7 @@ from gpuscale.model import parse_quantity
 from gpuscale.replay.results import SCHEMA, Event, ReplaySample
 from gpuscale.replay.traces import Trace, read_trace
 from gpuscale.sim.cluster import SimCluster
-from gpuscale.sim.load import PiecewiseLinearLoad
+from gpuscale.sim.load import PiecewiseLinearLoad, RepeatingLoad
 
 DATA = files("gpuscale.replay") / "data"
 TRACE_FILE = "azure-conv-15-45min.csv.gz"
@@ -51,9 +57,15 @@ class DemoReplay:
     ready_after: list[float] = field(default_factory=list)
 
     @property
+    def slice_s(self) -> float:
+        """The slice's length in trace seconds: its whole minutes (one pass of the replay)."""
+        return len(self._bins()) * self.bin_s
+
+    @property
     def startup_s(self) -> float:
-        """Median trace-seconds from a scale-up until its pods were counted ready (one sync period if none)."""
-        return float(np.median(self.ready_after)) if self.ready_after else float(SYNC_PERIOD_SECONDS)
+        """Median trace-seconds from a scale-up until its pods were counted ready (one sync period if none),
+        in whole seconds: the fraction is the wall clock's scheduling jitter scaled by the speed-up."""
+        return float(round(np.median(self.ready_after))) if self.ready_after else float(SYNC_PERIOD_SECONDS)
 
     @staticmethod
     def manifest() -> dict[str, Any]:
@@ -64,7 +76,13 @@ class DemoReplay:
     def load(cls, *, phase_s: float) -> DemoReplay:
         trace = read_trace(DATA / TRACE_FILE)
         hpa = parse_manifests((DATA / "demo-hpa.yaml").read_text(encoding="utf-8"), source="demo-hpa.yaml")[0]
-        return cls(trace, hpa, speedup=max(1.0, trace.duration_s / phase_s))
+        replay = cls(trace, hpa, speedup=1.0)
+        replay.speedup = max(1.0, replay.slice_s / phase_s)
+        return replay
+
+    def _bins(self) -> np.ndarray:
+        """Requests per second in each ``bin_s`` of the slice."""
+        return np.bincount((self.trace.arrival_s // self.bin_s).astype(int)) / self.bin_s
 
     def catalogue_file(self, out_dir: Path, *, refresh_s: float) -> Path:
         """The shipped catalogue with its windows and max-age in trace time (at least two refreshes)."""
@@ -76,14 +94,22 @@ class DemoReplay:
         path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         return path
 
-    def load_model(self, *, start_s: float, capacity_rps: float) -> tuple[PiecewiseLinearLoad, float]:
-        """The slice's per-minute rate as a load starting at sim time ``start_s``; and the scale factor."""
-        bins = np.bincount((self.trace.arrival_s // self.bin_s).astype(int)) / self.bin_s
-        factor = MEAN_REPLICAS * capacity_rps / float(bins.mean())
-        points = tuple(
-            (start_s + (i + 0.5) * self.bin_s / self.speedup, float(rate * factor)) for i, rate in enumerate(bins)
+    def load_model(self, *, start_s: float, capacity_rps: float) -> tuple[RepeatingLoad, float]:
+        """The slice's per-minute rate as a load from sim time ``start_s``, looped; and the scale factor.
+
+        Each minute's rate sits at the minute's middle, linear in between; the seam (the last minute running
+        into the first) is interpolated the same way, so every pass joins the next without a step."""
+        rates = self._bins()
+        factor = MEAN_REPLICAS * capacity_rps / float(rates.mean())
+        bins = rates * factor
+        step = self.bin_s / self.speedup
+        seam = float(bins[-1] + bins[0]) / 2
+        points = (
+            (start_s, seam),
+            *((start_s + (i + 0.5) * step, float(rate)) for i, rate in enumerate(bins)),
+            (start_s + len(bins) * step, seam),
         )
-        return PiecewiseLinearLoad(((start_s, points[0][1]), *points)), factor
+        return RepeatingLoad(PiecewiseLinearLoad(points), start_s=start_s, period_s=len(bins) * step), factor
 
     async def run(
         self,
@@ -93,8 +119,11 @@ class DemoReplay:
         adapter_url: str,
         console: Console,
         stop: asyncio.Event,
-    ) -> dict[str, Any]:
-        """Replay the slice; print a line per change and every few trace-minutes; return the summary document."""
+        passes: int | None,
+        on_pass: Callable[[int, dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        """Replay the slice ``passes`` times (``None``: until ``stop``); print a line per change and every few
+        trace-minutes; after each whole pass, await ``on_pass(number, summary document of that pass)``."""
         workload = cluster.exporters.scenario.workload(WORKLOAD)
         sim_now = cluster.exporters.sim.now
         load, factor = self.load_model(
@@ -105,7 +134,8 @@ class DemoReplay:
         console.print(
             f"\n[bold]Autoscaling[/] {WORKLOAD} with the HPA [bold]{self.hpa.name}[/] "
             f"(inference_queue_compute_ratio, target 1) on {len(self.trace)} requests of the Azure LLM conversation "
-            f"trace (30 min, rate ×{factor:.0f}), {self.speedup:.0f}× faster than real time:"
+            f"trace ({self.slice_s / 60:.0f} min, rate ×{factor:.0f}), {self.speedup:.0f}× faster than real time"
+            + (", over and over until Ctrl-C:" if passes is None else ":")
         )
         follower = asyncio.create_task(_follow(cluster, stop))
         timeline: list[ReplaySample] = []
@@ -116,6 +146,7 @@ class DemoReplay:
         started = time.monotonic()
         period = SYNC_PERIOD_SECONDS / self.speedup
         last_print = -1e9
+        done = 0  # whole passes replayed
         try:
             k = 0
             while not stop.is_set():
@@ -126,12 +157,22 @@ class DemoReplay:
                 if stop.is_set():
                     break
                 now = (time.monotonic() - started) * self.speedup  # the controller's clock, in trace seconds
-                if now > self.trace.duration_s:
-                    break
+                if now >= (done + 1) * self.slice_s:
+                    done += 1
+                    await on_pass(done, self.summary(timeline, events, queue_times))
+                    timeline, events, queue_times = [], [], []
+                    if passes is not None and done >= passes:
+                        break
+                    console.print(
+                        f"  [dim]pass {done + 1}: the slice again from its first minute (the load runs on into it; "
+                        "the HPA carries on)[/]",
+                        highlight=False,
+                    )
+                at = now - done * self.slice_s  # where in the slice this sync is
                 try:
                     result = await loop.sync(now)
                 except SourceUnavailable as e:  # NB: the controller logs and retries next sync; so does the demo
-                    console.print(f"  [dim]{int(now // 60):02d}:{int(now % 60):02d}  sync failed: {e}[/]")
+                    console.print(f"  [dim]{_clock(at)}  sync failed: {e}[/]")
                     continue
                 d = result.decision
                 signals = await _signals(loop, session, adapter_url)
@@ -141,7 +182,7 @@ class DemoReplay:
                 if d.desired_replicas > d.current_replicas:
                     waiting.append((now, d.desired_replicas))
                 sample = ReplaySample(
-                    now,
+                    at,
                     d.desired_replicas,
                     ready,
                     len(result.pods),
@@ -157,12 +198,12 @@ class DemoReplay:
                         f"{p.metric}={p.usage_milli / 1000:g}" if p.replicas is not None else p.error
                         for p in d.proposals
                     )
-                    events.append(Event(now, d.current_replicas, d.desired_replicas, d.reason, why))
+                    events.append(Event(at, d.current_replicas, d.desired_replicas, d.reason, why))
                 if d.rescale or now - last_print >= 120:
                     last_print = now
                     console.print(
                         _line(
-                            now,
+                            at,
                             load.rate_at(sim_now - cluster.exporters.sim.start + now / self.speedup),
                             d,
                             ready,
@@ -174,7 +215,6 @@ class DemoReplay:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await follower
-        return self.summary(timeline, events, queue_times)
 
     def summary(self, timeline: list[ReplaySample], events: list[Event], queue_times: list[float]) -> dict[str, Any]:
         period = SYNC_PERIOD_SECONDS
@@ -242,10 +282,15 @@ async def _signals(loop: HpaLoop, session: aiohttp.ClientSession, adapter_url: s
     return out
 
 
-def _line(now: float, rps: float, d: Any, ready: int, s: dict[str, float]) -> str:
+def _clock(at: float) -> str:
+    """Trace seconds as the slice's mm:ss."""
+    return f"{int(at // 60):02d}:{int(at % 60):02d}"
+
+
+def _line(at: float, rps: float, d: Any, ready: int, s: dict[str, float]) -> str:
     change = f"{d.current_replicas} → {d.desired_replicas}" if d.rescale else f"{d.current_replicas}"
     return (
-        f"  {int(now // 60):02d}:{int(now % 60):02d}  load {rps:6.0f} req/s │ replicas {change:<7} (ready {ready}) │ "
+        f"  {_clock(at)}  load {rps:6.0f} req/s │ replicas {change:<7} (ready {ready}) │ "
         f"queue:compute {s['ratio']:5.2f} │ queue {s['queue']:6.0f} │ GPU util {s['util']:5.1f} % │ "
         f"SM active {s['sm']:5.1f} %" + (f"  [{d.reason}]" if d.rescale else "")
     )

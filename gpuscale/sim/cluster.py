@@ -14,13 +14,24 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuscale.model import rfc3339
 from gpuscale.sim.exporters import SimExporters
 from gpuscale.sim.kubeapi import SimKubeApi
 from gpuscale.sim.llm import LlmServer
-from gpuscale.sim.scenario import Scenario, demo_scenario
+from gpuscale.sim.scenario import CREATION_TIMESTAMP, Scenario, demo_scenario
 
 # Objects the scenario owns: anything of these kinds it no longer renders is deleted.
 _OWNED_KINDS = ("Pod", "ReplicaSet", "Deployment", "StatefulSet", "DaemonSet", "Node", "Namespace")
+
+
+def _stamped(value: Any, stamp: str) -> Any:
+    """``value`` with the scenario's placeholder time (``CREATION_TIMESTAMP``) replaced by ``stamp`` wherever it
+    appears (creationTimestamp, startTime, conditions, container states)."""
+    if isinstance(value, dict):
+        return {k: _stamped(v, stamp) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_stamped(v, stamp) for v in value]
+    return stamp if value == CREATION_TIMESTAMP else value
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str, str | None, str]:
@@ -35,12 +46,14 @@ class SimCluster:
         *,
         clock: Callable[[], float] = time.time,
         llm: Mapping[str, LlmServer] | None = None,
+        termination_grace_s: float = 0.0,
     ) -> None:
-        """``llm``: workload (``namespace/name``) → the LLM server (vLLM, SGLang, TGI, NIM) its pods serve."""
+        """``llm``: workload (``namespace/name``) → the LLM server (vLLM, SGLang, TGI, NIM) its pods serve;
+        ``termination_grace_s``: how long a scaled-down pod keeps serving its metrics after it left the API."""
         self.scenario = scenario or demo_scenario()
         self.clock = clock
         self.api = SimKubeApi()
-        self.exporters = SimExporters(llm=llm)
+        self.exporters = SimExporters(llm=llm, termination_grace_s=termination_grace_s)
         self._tmp = tempfile.TemporaryDirectory(prefix="gpuscale-sim-")
         self.kubeconfig = str(Path(self._tmp.name) / "kubeconfig")
         self._applied: set[tuple[str, str, str | None, str]] = set()
@@ -96,6 +109,9 @@ class SimCluster:
         for obj in sorted(objects, key=lambda o: order.get(o["kind"], 2 if o["kind"] != "Pod" else 3)):
             api_version, kind, namespace, name = _key(obj)
             current = self.api.get(api_version, kind, name, namespace=namespace)
+            # NB: an object is as old as it is in this cluster: the scenario's fixed time becomes the time it was
+            # first applied (kubectl's AGE counts from the start, or from the scale-up that added the pod), kept after.
+            obj = _stamped(obj, rfc3339(self.clock()) if current is None else current["metadata"]["creationTimestamp"])
             if current is None:
                 self.api.create(obj)
             else:

@@ -1076,6 +1076,7 @@ class _Endpoint:
     site: web.SockSite
     faults: Faults = field(default_factory=Faults)
     requests: int = 0
+    last_body: str = ""  # NB: what a retiring endpoint serves in its grace period (its pod's state is gone)
 
 
 class ExporterServer:
@@ -1093,6 +1094,7 @@ class ExporterServer:
         self._endpoints: dict[str, _Endpoint] = {}
         self._by_port: dict[int, _Endpoint] = {}
         self._closing = asyncio.Event()
+        self._retiring: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> ExporterServer:
         await self.start()
@@ -1114,6 +1116,9 @@ class ExporterServer:
     async def stop(self) -> None:
         """Stop every endpoint; requests in flight (including hung ones) are released first."""
         self._closing.set()
+        for task in self._retiring:
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
         runner, self._runner = self._runner, None
         self._endpoints.clear()
         self._by_port.clear()
@@ -1147,6 +1152,24 @@ class ExporterServer:
         endpoint = self._endpoint(name)
         del self._endpoints[name]
         self._by_port.pop(endpoint.port, None)
+        await endpoint.site.stop()
+
+    async def retire(self, name: str, *, after_s: float) -> None:
+        """Stop ``name`` as a pod in its termination grace period stops: the name is free at once (a new endpoint
+        may take it), its port serves the last body for ``after_s`` more seconds (a scraper that listed it just
+        before it went finishes its round), then closes."""
+        endpoint = self._endpoint(name)
+        del self._endpoints[name]
+        last = endpoint.last_body
+        endpoint.render = lambda: last
+        task = asyncio.create_task(self._close_later(endpoint, after_s))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _close_later(self, endpoint: _Endpoint, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        if self._by_port.get(endpoint.port) is endpoint:
+            del self._by_port[endpoint.port]
         await endpoint.site.stop()
 
     def _endpoint(self, name: str) -> _Endpoint:
@@ -1201,7 +1224,7 @@ class ExporterServer:
         if faults.body is not None:
             body = faults.body.encode() if isinstance(faults.body, str) else faults.body
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
-        text = endpoint.render()
+        text = endpoint.last_body = endpoint.render()
         if faults.nan:
             text = _nan_values(text, endpoint.nan_literal)
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
@@ -1258,10 +1281,13 @@ class SimExporters:
         label_style: LabelStyle = "default",
         hostname_label: str | None = "Hostname",
         llm: Mapping[str, LlmServer] | None = None,
+        termination_grace_s: float = 0.0,
     ) -> None:
         """``llm``: workload (``namespace/name``) → the LLM server its pods run; each running pod then serves
-        that server's ``/metrics`` (vLLM, SGLang, TGI or NIM format, ``gpuscale.sim.llm``)."""
+        that server's ``/metrics`` (vLLM, SGLang, TGI or NIM format, ``gpuscale.sim.llm``).
+        ``termination_grace_s``: how long a scaled-down pod's endpoint keeps serving (``ExporterServer.retire``)."""
         self._llm_servers = dict(llm or {})
+        self._grace_s = termination_grace_s
         self._llm: LlmFleet | None = None
         self._server = ExporterServer(host=host)
         self._dcgm_style: dict[str, Any] = {
@@ -1385,10 +1411,11 @@ class SimExporters:
             self._llm.advance(self.sim, now)  # NB: the past under the old replicas
         started, stopped = self.sim.set_replicas(workload, replicas, now=now)
         for p in stopped:
-            if _triton_name(p.key) in self._server.names:
-                await self._server.remove(_triton_name(p.key))
-            if _llm_name(p.key) in self._server.names:
-                await self._server.remove(_llm_name(p.key))
+            for name in (_triton_name(p.key), _llm_name(p.key)):
+                if name in self._server.names and self._grace_s:
+                    await self._server.retire(name, after_s=self._grace_s)
+                elif name in self._server.names:
+                    await self._server.remove(name)
         if self._llm is not None:
             self._llm.sync(self.sim)
             for p in started:

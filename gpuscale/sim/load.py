@@ -4,8 +4,9 @@ Three layers, all pure and deterministic (same inputs and seed → same numbers,
 
 1. **Offered load over time.** A ``LoadModel`` answers ``rate_at(t)``: requests per second offered to a
    whole workload at simulated time ``t`` (seconds). ``ConstantLoad`` and ``StepLoad`` are for tests,
-   ``PiecewiseLinearLoad`` replays a trace, ``DiurnalLoad`` is a smooth daily sinusoid plus seeded bursts
-   and jitter for demos. None keeps state, so ``rate_at`` may be called for any ``t`` in any order.
+   ``PiecewiseLinearLoad`` replays a trace (``RepeatingLoad`` loops one), ``DiurnalLoad`` is a smooth daily
+   sinusoid plus seeded bursts and jitter for demos. None keeps state, so ``rate_at`` may be called for any
+   ``t`` in any order.
 
 2. **GPU signals.** ``activity(profile, utilisation)`` says how a workload of a given profile uses the
    engine at a served utilisation (0–1 of its capacity); ``device_signals(hardware, activity)`` turns that
@@ -181,6 +182,25 @@ class PiecewiseLinearLoad:
                     return max(0.0, r1)
                 return max(0.0, r0 + (r1 - r0) * (t - t0) / (t1 - t0))
         return max(0.0, points[-1][1])
+
+
+@dataclass(frozen=True, slots=True)
+class RepeatingLoad:
+    """``inner`` from ``start_s`` for ``period_s`` seconds, then the same period again and again (a trace slice
+    looped, as the demo replays it until Ctrl-C); before ``start_s`` it is ``inner`` unchanged."""
+
+    inner: LoadModel
+    start_s: float
+    period_s: float
+
+    def __post_init__(self) -> None:
+        if not self.period_s > 0:
+            raise ValueError(f"RepeatingLoad period_s must be > 0, got {self.period_s}")
+
+    def rate_at(self, t: float) -> float:
+        if t <= self.start_s:
+            return self.inner.rate_at(t)
+        return self.inner.rate_at(self.start_s + (t - self.start_s) % self.period_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,12 @@ async def _until(proc: asyncio.subprocess.Process, text: str, *, timeout: float)
     return "".join(seen)
 
 
+async def _lines(proc: asyncio.subprocess.Process, into: list[str]) -> None:
+    """Read the demo's output into ``into`` until it ends (so its pipe never fills)."""
+    while line := await proc.stdout.readline():
+        into.append(line.decode())
+
+
 async def test_demo_prints_working_kubectl_commands_and_live_values():
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -116,6 +122,31 @@ async def test_demo_prints_working_kubectl_commands_and_live_values():
         current, target = row[2].split("/")
         assert target == "1" and current != "<unknown>" and parse_quantity(current) >= 0, out
         assert row[3:5] == ["1", "10"] and int(row[5]) >= 1, out
+        # The simulated pods are as old as the demo (kubectl's AGE, from creationTimestamp), not 335d.
+        (get_pods,) = [c for c in _printed(lines) if c.endswith("get pods -A -o wide")]
+        code, out, err = await run(*shlex.split(get_pods))
+        assert code == 0, err
+        header = out.splitlines()[0].split()
+        ages = [line.split()[header.index("AGE")] for line in out.splitlines()[1:]]
+        assert ages and all(re.fullmatch(r"\d+s|[1-9]m\d*s?", a) for a in ages), out  # under 10 minutes
+        # The HPA loop keeps running after the first pass: the slice plays again, and the HPA object kubectl reads
+        # keeps following the load (it froze when the replay ended: 7 replicas at 7m/1, never scaling down).
+        replicas = get_hpa.replace("get hpa -n inference", "get hpa -n inference triton-bert")
+        seen: set[str] = set()
+        more: list[str] = []
+        reader = asyncio.create_task(_lines(proc, more))
+        deadline = time.monotonic() + 40  # NB: > two passes of 12 s
+        while time.monotonic() < deadline and len(seen) < 2:
+            code, out, err = await run(*shlex.split(replicas), "-o", "jsonpath={.status.currentReplicas}")
+            assert code == 0, err
+            seen.add(out)
+            await asyncio.sleep(0.3)
+        reader.cancel()
+        assert len(seen) >= 2, (seen, "".join(more))
+        assert any("pass 2:" in line for line in more), "".join(more)
+        # A normal run logs no warning (a scrape failing, a timeout): stderr is in this output too.
+        everything = "".join(lines) + rest + "".join(more)
+        assert " WARNING " not in everything and "Traceback" not in everything, everything[-3000:]
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:

@@ -34,6 +34,7 @@ from gpuscale.sim.load import (
     ConstantLoad,
     DiurnalLoad,
     PiecewiseLinearLoad,
+    RepeatingLoad,
     StepLoad,
     TritonModel,
     advance_backlog,
@@ -272,6 +273,18 @@ def test_load_models_are_deterministic_and_shaped_as_documented() -> None:
     assert any(diurnal.burst_at(t) > 0 for t in range(0, 600, 2))
     with pytest.raises(ValueError, match="ascending"):
         StepLoad(((10, 1), (5, 2)))
+
+
+def test_repeating_load_plays_its_period_again_and_again() -> None:
+    ramp = PiecewiseLinearLoad(((100, 10), (130, 40), (160, 10)))
+    looped = RepeatingLoad(ramp, start_s=100, period_s=60)
+    assert looped.rate_at(50) == ramp.rate_at(50) == 10  # before the start: the inner load itself
+    for t in (100, 115, 130, 159.5):
+        for n in (1, 2, 7):
+            assert looped.rate_at(t + n * 60) == pytest.approx(ramp.rate_at(t)), (t, n)
+    assert looped.rate_at(190 + 60) == pytest.approx(40)  # the peak of the third pass
+    with pytest.raises(ValueError, match="period_s"):
+        RepeatingLoad(ramp, start_s=0, period_s=0)
 
 
 def test_gpu_signals_follow_load_for_inference_but_not_for_the_util_trap() -> None:
@@ -547,6 +560,23 @@ async def test_set_replicas_starts_and_stops_triton_endpoints(
     _, text = await get(http, url)
     pending = sum(s.value for s in samples(text) if s.name == "nv_inference_pending_request_count")
     assert pending > 0
+
+
+async def test_a_retired_endpoint_serves_its_last_body_through_its_grace_then_closes() -> None:
+    bodies = iter(["# first\nx 1\n", "# second\nx 2\n"])
+    async with ExporterServer() as server, aiohttp.ClientSession() as session:
+        await server.add("pod", lambda: next(bodies))
+        url = server.url("pod")
+        assert await get(session, url) == (200, "# first\nx 1\n")
+        await server.retire("pod", after_s=0.5)
+        assert "pod" not in server.names
+        await server.add("pod", lambda: "# a new pod of the same name\n")  # the name is free at once
+        # a scraper that listed the old URL before the pod went still gets an answer: the last body, not a 404
+        assert await get(session, url) == (200, "# first\nx 1\n")
+        await asyncio.sleep(0.8)
+        with pytest.raises(aiohttp.ClientError):
+            async with aiohttp.ClientSession() as fresh:  # NB: a new connection: the port is closed
+                await get(fresh, url)
 
 
 async def test_exporter_server_stops_promptly_with_hung_requests_and_frees_its_ports() -> None:
