@@ -111,6 +111,20 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from gpuscale.disruption import pdb_selects
 from gpuscale.errors import SelectorError
 from gpuscale.selectors import FieldSelector, LabelSelector, field_value, label_key_problem, label_value_problem
+from gpuscale.sim.api_errors import (
+    NO_RESOURCE,
+    NOT_ALLOWED,
+    ApiStatusError,
+    Cause,
+    bad_request,
+    check_write_options,
+    conflict,
+    continue_expired,
+    delete_answer,
+    invalid,
+    not_found,
+    status_details,
+)
 from gpuscale.sim.disruption_controller import budget_status, can_ignore_budgets, eviction_verdict
 from gpuscale.sim.patches import (
     PATCH_REJECTED,
@@ -131,20 +145,6 @@ from gpuscale.sim.resources import (
     TOKEN_REVIEWS,
     ResourceType,
     resource_for,
-)
-from gpuscale.sim.status import (
-    NO_RESOURCE,
-    NOT_ALLOWED,
-    ApiStatusError,
-    Cause,
-    bad_request,
-    check_write_options,
-    conflict,
-    continue_expired,
-    delete_answer,
-    invalid,
-    not_found,
-    status_details,
 )
 from gpuscale.sim.tables import DEFAULT_TABLE, TABLES, selector_text
 
