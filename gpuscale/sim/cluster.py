@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.sim.exporters import SimExporters
+from gpuscale.sim.exporters.llm import LlmServer
 from gpuscale.sim.kubeapi import SimKubeApi
-from gpuscale.sim.llm import LlmServer
 from gpuscale.sim.scenario import Scenario, demo_scenario
 
 # Objects the scenario owns: anything of these kinds it no longer renders is deleted.
