@@ -12,7 +12,7 @@ Layers, from pure to I/O, one module each:
 - ``simulation.ClusterSim`` — the in-memory simulation of a ``Scenario``: current placements, load models, and
   the cumulative state (energy, throttling time, Triton counters and queue backlogs) integrated over simulated
   time in steps of at most one second. Time is always passed in; nothing here reads a clock.
-- ``server.ExporterServer`` — one aiohttp runner serving any number of endpoints, each on its own 127.0.0.1
+- ``endpoints.ExporterServer`` — one aiohttp runner serving any number of endpoints, each on its own 127.0.0.1
   port at ``/metrics``, rendering on every GET, with per-endpoint fault knobs (``Faults``).
 - ``wiring.SimExporters`` — wires a scenario to an ``ExporterServer``: one dcgm-exporter per node and one
   Triton endpoint per running Triton pod, rendered from the load model at ``clock()``; run-time knobs
@@ -26,7 +26,7 @@ Load models see *seconds since the simulation started* (``clock()`` at ``start``
 
 from gpuscale.sim.exporters.clock import Clock, ManualClock
 from gpuscale.sim.exporters.dcgm import DCGM_FAMILIES, DcgmFamily, LabelStyle, render_dcgm
-from gpuscale.sim.exporters.server import CONTENT_TYPE, ExporterServer, Faults
+from gpuscale.sim.exporters.endpoints import CONTENT_TYPE, ExporterServer, Faults
 from gpuscale.sim.exporters.simulation import ClusterSim
 from gpuscale.sim.exporters.triton import TRITON_FAMILIES, TritonState, render_triton
 from gpuscale.sim.exporters.wiring import SimExporters

@@ -11,8 +11,8 @@ from typing import Any
 
 from gpuscale.sim.exporters.clock import Clock
 from gpuscale.sim.exporters.dcgm import LabelStyle
+from gpuscale.sim.exporters.endpoints import ExporterServer, Faults
 from gpuscale.sim.exporters.llm import LlmFleet, LlmServer, LlmState, with_llm_endpoints
-from gpuscale.sim.exporters.server import ExporterServer, Faults
 from gpuscale.sim.exporters.simulation import ClusterSim
 from gpuscale.sim.load import (
     LoadModel,

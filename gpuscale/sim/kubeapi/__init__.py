@@ -85,20 +85,20 @@ same code as the HTTP handlers (same validation, resourceVersions and watch even
 Two conveniences exist only in-process, for seeding scenarios: ``create``/``apply`` write a given ``status``
 through the status subresource afterwards, and ``create`` keeps a given ``uid``/``creationTimestamp``.
 
-Layout, one concern a module (the server holds one of each collaborator): ``server`` the HTTP front and the
-in-process helpers; ``store`` objects, resourceVersions and the change history; ``writes`` create, update,
-patch, scale, delete and binding; ``validation`` and ``defaults`` what kube-apiserver refuses and fills in;
-``watch`` watch streams (BOOKMARKs, 410 Expired); ``listing`` paged lists and deletecollection; ``eviction``
-pods/eviction and PodDisruptionBudget statuses; ``faults`` the fault plan; ``reviews`` TokenReviews and
-SubjectAccessReviews; ``discovery`` the discovery documents; ``customresources`` what CRDs serve; ``proxy``
-pods/proxy; ``wire`` the served forms, Tables and request bodies.
+Layout, one concern a module (the server holds one of each collaborator): ``apiserver`` the HTTP front and
+the in-process helpers; ``storage`` objects, resourceVersions and the change history; ``writer`` create,
+update, patch, scale, delete and binding; ``validation`` and ``defaults`` what kube-apiserver refuses and fills
+in; ``watch`` watch streams (BOOKMARKs, 410 Expired); ``listing`` paged lists and deletecollection;
+``eviction`` pods/eviction and PodDisruptionBudget statuses; ``faults`` the fault plan; ``reviews`` TokenReviews
+and SubjectAccessReviews; ``discovery_docs`` the discovery documents; ``customresources`` what CRDs serve;
+``proxy`` pods/proxy; ``payloads`` the served forms, Tables and request bodies.
 """
 
 from gpuscale.sim.api_errors import ApiStatusError
+from gpuscale.sim.kubeapi.apiserver import SimKubeApi
 from gpuscale.sim.kubeapi.faults import ServedFault
+from gpuscale.sim.kubeapi.payloads import RecordedRequest
 from gpuscale.sim.kubeapi.reviews import AccessRule, ReviewUser
-from gpuscale.sim.kubeapi.server import SimKubeApi
-from gpuscale.sim.kubeapi.wire import RecordedRequest
 from gpuscale.sim.resources import RESOURCES, ResourceType
 
 __all__ = [

@@ -7,7 +7,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from gpuscale.sim.kubeapi.store import Commit, ObjectStore
+from gpuscale.sim.kubeapi.storage import Commit, ObjectStore
 from gpuscale.sim.resources import (
     GROUPS,
     RESOURCES,

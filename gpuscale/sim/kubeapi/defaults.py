@@ -7,10 +7,10 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuscale.sim.kubeapi.validation import WORKLOAD_KINDS
-from gpuscale.sim.kubeapi.wire import (
+from gpuscale.sim.kubeapi.payloads import (
     timestamp,
 )
+from gpuscale.sim.kubeapi.validation import WORKLOAD_KINDS
 from gpuscale.sim.resources import (
     ResourceType,
 )

@@ -14,13 +14,13 @@ from gpuscale.sim.api_errors import (
     bad_request,
 )
 from gpuscale.sim.disruption_controller import budget_status, can_ignore_budgets, eviction_verdict
-from gpuscale.sim.kubeapi.store import Commit, ObjectStore
-from gpuscale.sim.kubeapi.wire import (
+from gpuscale.sim.kubeapi.payloads import (
     WriteOptions,
     json_response,
     timestamp,
 )
-from gpuscale.sim.kubeapi.writes import ObjectWriter
+from gpuscale.sim.kubeapi.storage import Commit, ObjectStore
+from gpuscale.sim.kubeapi.writer import ObjectWriter
 from gpuscale.sim.resources import (
     BY_KIND,
 )

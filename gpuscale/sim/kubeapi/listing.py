@@ -13,15 +13,15 @@ from gpuscale.sim.api_errors import (
     bad_request,
     continue_expired,
 )
-from gpuscale.sim.kubeapi.store import Filter, ObjectStore, parse_selectors
-from gpuscale.sim.kubeapi.wire import (
+from gpuscale.sim.kubeapi.payloads import (
     WriteOptions,
     json_response,
     table_of,
     to_served,
     wants_table,
 )
-from gpuscale.sim.kubeapi.writes import ObjectWriter
+from gpuscale.sim.kubeapi.storage import Filter, ObjectStore, parse_selectors
+from gpuscale.sim.kubeapi.writer import ObjectWriter
 from gpuscale.sim.resources import (
     ResourceType,
 )

@@ -9,7 +9,7 @@ from gpuscale.sim.api_errors import (
     ApiStatusError,
     not_found,
 )
-from gpuscale.sim.kubeapi.store import ObjectStore
+from gpuscale.sim.kubeapi.storage import ObjectStore
 from gpuscale.sim.resources import (
     BY_PATH,
 )

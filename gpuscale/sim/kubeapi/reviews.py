@@ -20,8 +20,8 @@ from gpuscale.sim.api_errors import (
     bad_request,
     invalid,
 )
-from gpuscale.sim.kubeapi.discovery import review_resource_list
-from gpuscale.sim.kubeapi.wire import (
+from gpuscale.sim.kubeapi.discovery_docs import review_resource_list
+from gpuscale.sim.kubeapi.payloads import (
     json_response,
     read_body,
 )

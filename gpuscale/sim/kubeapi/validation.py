@@ -17,7 +17,7 @@ from gpuscale.sim.api_errors import (
     bad_request,
     invalid,
 )
-from gpuscale.sim.kubeapi.wire import (
+from gpuscale.sim.kubeapi.payloads import (
     EVENT_FIELDS,
     WriteOptions,
 )

@@ -16,14 +16,14 @@ from gpuscale.sim.api_errors import (
     ApiStatusError,
     bad_request,
 )
-from gpuscale.sim.kubeapi.store import Change, Filter, ObjectStore, parse_selectors
-from gpuscale.sim.kubeapi.wire import (
+from gpuscale.sim.kubeapi.payloads import (
     JSON,
     table_of,
     to_served,
     truthy,
     wants_table,
 )
+from gpuscale.sim.kubeapi.storage import Change, Filter, ObjectStore, parse_selectors
 from gpuscale.sim.resources import (
     ResourceType,
 )

@@ -24,9 +24,7 @@ from gpuscale.sim.api_errors import (
     status_details,
 )
 from gpuscale.sim.kubeapi.defaults import apply_defaults, node_not_ready_taint, status_on_create
-from gpuscale.sim.kubeapi.store import Commit, ObjectStore
-from gpuscale.sim.kubeapi.validation import check_body, check_fields, validate
-from gpuscale.sim.kubeapi.wire import (
+from gpuscale.sim.kubeapi.payloads import (
     APPLY_PATCH,
     JSON_PATCH,
     MERGE_PATCH,
@@ -40,6 +38,8 @@ from gpuscale.sim.kubeapi.wire import (
     to_served,
     to_stored,
 )
+from gpuscale.sim.kubeapi.storage import Commit, ObjectStore
+from gpuscale.sim.kubeapi.validation import check_body, check_fields, validate
 from gpuscale.sim.patches import (
     PATCH_REJECTED,
     PatchBodyError,

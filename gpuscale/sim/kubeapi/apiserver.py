@@ -25,7 +25,7 @@ from gpuscale.sim.api_errors import (
     delete_answer,
 )
 from gpuscale.sim.kubeapi.customresources import CustomResources
-from gpuscale.sim.kubeapi.discovery import (
+from gpuscale.sim.kubeapi.discovery_docs import (
     KUBERNETES_VERSION,
     api_versions,
     deletes_collections,
@@ -37,11 +37,7 @@ from gpuscale.sim.kubeapi.discovery import (
 from gpuscale.sim.kubeapi.eviction import evict, keep_budget_statuses
 from gpuscale.sim.kubeapi.faults import FaultPlan, ServedFault, planned_status
 from gpuscale.sim.kubeapi.listing import delete_collection, list_response
-from gpuscale.sim.kubeapi.proxy import proxy_to_pod
-from gpuscale.sim.kubeapi.reviews import Reviews
-from gpuscale.sim.kubeapi.store import ObjectStore, parse_selectors
-from gpuscale.sim.kubeapi.watch import Watches
-from gpuscale.sim.kubeapi.wire import (
+from gpuscale.sim.kubeapi.payloads import (
     APPLY_PATCH,
     JSON_PATCH,
     MERGE_PATCH,
@@ -60,7 +56,11 @@ from gpuscale.sim.kubeapi.wire import (
     wants_table,
     write_options,
 )
-from gpuscale.sim.kubeapi.writes import ObjectWriter
+from gpuscale.sim.kubeapi.proxy import proxy_to_pod
+from gpuscale.sim.kubeapi.reviews import Reviews
+from gpuscale.sim.kubeapi.storage import ObjectStore, parse_selectors
+from gpuscale.sim.kubeapi.watch import Watches
+from gpuscale.sim.kubeapi.writer import ObjectWriter
 from gpuscale.sim.resources import (
     BY_PATH,
     REVIEWS,
@@ -339,7 +339,7 @@ class SimKubeApi:
         finally:
             await self.come_back()
 
-    # -- storage: gpuscale.sim.kubeapi.store; the write path: gpuscale.sim.kubeapi.writes
+    # -- storage: gpuscale.sim.kubeapi.storage; the write path: gpuscale.sim.kubeapi.writer
 
     def _commit(self, rt: ResourceType, kind: str, new: dict[str, Any], prev: dict[str, Any] | None) -> dict[str, Any]:
         """Write (or, for DELETED, remove) an object at a fresh resourceVersion and tell the watchers."""
