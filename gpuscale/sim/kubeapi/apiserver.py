@@ -116,7 +116,8 @@ class SimKubeApi:
         self.watches_dropped = 0
         """How many open watch connections ``drop_watches`` and ``go_away`` cut."""
         self._address: tuple[str, int] | None = None
-        # The policy and fault-plan entry points are the collaborators' own methods.
+        # The review policy (add_token, allow: reviews.Reviews) and the fault plan (fail_next, clear_faults:
+        # faults.FaultPlan) are set through the collaborators' own methods, documented there.
         self.add_token = self._reviews.add_token
         self.allow = self._reviews.allow
         self.fail_next = self._faults.add
