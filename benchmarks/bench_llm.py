@@ -1,6 +1,6 @@
 """LLM serving signals at 1,000 vLLM pods: the cost of a scrape-source refresh and of histogram quantiles.
 
-1,000 vLLM pods (the simulated vLLM 0.11 page of gpuscale.sim.llm: gauges, counters, TTFT and ITL
+1,000 vLLM pods (the simulated vLLM 0.11 page of gpuscale.sim.exporters.llm: gauges, counters, TTFT and ITL
 histograms with 22 and 20 buckets) scraped twice 60 s apart. Measured (CPU time of this process):
 
 * refresh: parse + ingest of the second scrape + build_snapshot of the whole shipped catalogue (three
@@ -19,7 +19,7 @@ import time
 
 
 def pages(pods: int, *, seconds: int) -> list[str]:
-    from gpuscale.sim.llm import LlmServer, LlmState, llm_rates, render_llm
+    from gpuscale.sim.exporters.llm import LlmServer, LlmState, llm_rates, render_llm
     from gpuscale.sim.load import replica_queue
 
     out = []

@@ -30,7 +30,7 @@ from gpuscale.model import format_quantity
 from gpuscale.replay.chart import write_html
 from gpuscale.settings import AdapterSettings, DemoSettings
 from gpuscale.sim.cluster import SimCluster
-from gpuscale.sim.llm import demo_llm_servers
+from gpuscale.sim.exporters.llm import demo_llm_servers
 
 _COLUMNS = [
     ("gpu_utilization", "GPU util %"),

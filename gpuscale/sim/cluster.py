@@ -16,8 +16,8 @@ from typing import Any
 
 from gpuscale.model import rfc3339
 from gpuscale.sim.exporters import SimExporters
+from gpuscale.sim.exporters.llm import LlmServer
 from gpuscale.sim.kubeapi import SimKubeApi
-from gpuscale.sim.llm import LlmServer
 from gpuscale.sim.scenario import CREATION_TIMESTAMP, Scenario, demo_scenario
 
 # Objects the scenario owns: anything of these kinds it no longer renders is deleted.

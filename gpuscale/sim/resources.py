@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuscale.sim.status import ApiStatusError
+from gpuscale.sim.api_errors import ApiStatusError
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,7 @@
 """Every call gpuscale makes to Kubernetes, asserted as kube-apiserver v1.37 answers it — on the real server and
-on gpuscale/sim's SimKubeApi alike (issue 19: the simulated API kept honest).
+on gpuscale/sim's SimKubeApi alike (issue 19: the simulated API kept honest). One suite, run against both
+servers: it also holds every check of the former side-by-side comparison (test_sim_conformance.py), each now
+stated as the answer the real server gives.
 
 Each test is written against the real API server first (the ``control_plane`` fixture) and states what it
 answers; the same test then runs against SimKubeApi, so a difference between the two is a failing test that
@@ -16,7 +18,8 @@ names the call. The calls are those the product sends:
   through PodDisruptionBudgets (201, 429 with a DisruptionBudget cause, 500 for two budgets, 404).
 * controller/leader.py: Lease GET/POST/PUT with the resourceVersion read (409 for the loser).
 * cli/hpa_loop.py: the ``scale`` subresource, GET then PUT of the Scale read.
-* tests/cluster/kubelet.py plays kubelet and scheduler through ``status`` and ``binding``: those too.
+* tests/cluster/kubelet.py plays kubelet and scheduler through ``status`` and ``binding``: those too, and a Node
+  reporting Ready losing its not-ready taint.
 
 gpuscale does not use server-side apply (no ``application/apply-patch+yaml`` anywhere in gpuscale/), so it is
 not covered here. Error answers are compared whole: a metav1.Status (kind, code, reason, message, details).
@@ -248,6 +251,14 @@ def test_a_stale_resource_version_answers_409_conflict(api: Target):
     ]
     assert _failure(api.rest.patch(f"{base}/c", stale_json, "json")) == conflict
     assert api.rest.get(f"{base}/c").body["data"] == {"k": "2"}
+    # A PUT of the object as read goes through; the same PUT again is stale.
+    read = api.rest.post(base, _cm("u", k="1")).expect(201)
+    assert api.rest.put(f"{base}/u", dict(read, data={"k": "2"})).status == 200
+    assert _failure(api.rest.put(f"{base}/u", dict(read, data={"k": "3"}))) == (
+        409,
+        _status(409, "Conflict", CONFLICT.format("u"), {"name": "u", "kind": "configmaps"}),
+    )
+    assert api.rest.get(f"{base}/u").body["data"] == {"k": "2"}
 
 
 def test_json_patch_add_replaces_an_existing_member_and_test_ops_guard_it(api: Target):
@@ -261,6 +272,12 @@ def test_json_patch_add_replaces_an_existing_member_and_test_ops_guard_it(api: T
         f"{base}/d", [{"op": "add", "path": "/metadata/annotations", "value": {"ours": "1"}}], "json"
     )
     assert replaced.status == 200 and replaced.body["metadata"]["annotations"] == {"ours": "1"}
+    # `test` of null fails against a member that is there: the guard before creating a map.
+    create_if_absent = [
+        {"op": "test", "path": "/metadata/annotations", "value": None},
+        {"op": "add", "path": "/metadata/annotations", "value": {}},
+    ]
+    assert _failure(api.rest.patch(f"{base}/d", create_if_absent, "json")) == (422, PATCH_REJECTED)
     # A failed `test` rejects the whole patch: 422 with kube-apiserver's generic message, nothing written.
     guarded = [
         {"op": "test", "path": "/metadata/annotations", "value": {"theirs": "1"}},
@@ -322,6 +339,58 @@ def test_node_taints_and_unschedulable_by_json_patch(api: Target):
     cleared = api.rest.patch(path, ops, "json").expect(200)
     assert "taints" not in cleared["spec"] and "unschedulable" not in cleared["spec"]
     api.rest.delete(path).expect(200)
+
+
+def test_node_taints_appended_by_json_patch_and_replaced_by_strategic_merge(api: Target):
+    """A Node created with taints keeps them beside the not-ready one; ``add`` at ``/spec/taints/-`` appends;
+    a strategic merge patch replaces the taints list whole (it has no merge key); ``unschedulable`` too."""
+    name = f"conf-taints-{uuid.uuid4().hex[:6]}"
+    path = f"/api/v1/nodes/{name}"
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name},
+        "spec": {"taints": [{"key": "theirs", "effect": "NoSchedule"}]},
+    }
+    created = api.rest.post("/api/v1/nodes", node).expect(201)
+    assert [t["key"] for t in created["spec"]["taints"]] == ["theirs", "node.kubernetes.io/not-ready"]
+    ours = {"key": "ours", "effect": "NoSchedule"}
+    api.rest.patch(path, [{"op": "add", "path": "/spec/taints/-", "value": ours}], "json").expect(200)
+    taints = [t["key"] for t in api.rest.get(path).expect(200)["spec"]["taints"]]
+    assert taints == ["theirs", "node.kubernetes.io/not-ready", "ours"]
+    wrong = [{"op": "test", "path": "/spec/taints", "value": []}]
+    assert _failure(api.rest.patch(path, wrong, "json")) == (422, PATCH_REJECTED)
+    only = {"spec": {"taints": [{"key": "only", "effect": "NoExecute"}]}}
+    api.rest.patch(path, only, "strategic").expect(200)
+    assert [t["key"] for t in api.rest.get(path).expect(200)["spec"]["taints"]] == ["only"]
+    cordoned = api.rest.patch(path, {"spec": {"unschedulable": True}}, "strategic").expect(200)
+    assert cordoned["spec"]["unschedulable"] is True
+    api.rest.delete(path).expect(200)
+
+
+def test_a_node_reporting_ready_keeps_only_the_taints_others_put(api: Target):
+    """tests/cluster/kubelet.py's make_node: status Ready, then the not-ready taint gone (removed by a guarded
+    patch — the node lifecycle controller's part, which the real control plane here leaves to the test and
+    SimKubeApi does itself); a taint put afterwards is the only one."""
+    from tests.cluster.kubelet import make_node
+
+    name = f"conf-ready-{uuid.uuid4().hex[:6]}"
+    node = make_node(api.rest, name, gpus=4)
+    assert node["spec"].get("taints") is None
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "4"
+    person = [{"op": "add", "path": "/spec/taints", "value": [{"key": "person", "effect": "NoSchedule"}]}]
+    api.rest.patch(f"/api/v1/nodes/{name}", person, "json").expect(200)
+    assert [t["key"] for t in api.rest.get(f"/api/v1/nodes/{name}").expect(200)["spec"]["taints"]] == ["person"]
+    api.rest.delete(f"/api/v1/nodes/{name}").expect(200)
+
+
+def test_a_pods_status_changes_only_through_its_status_subresource(api: Target):
+    ns = api.namespace()
+    base = f"/api/v1/namespaces/{ns}/pods"
+    api.rest.post(base, _pod("st")).expect(201)
+    running = {"status": {"phase": "Running"}}
+    assert api.rest.patch(f"{base}/st", running).expect(200)["status"]["phase"] == "Pending"
+    assert api.rest.patch(f"{base}/st/status", running).expect(200)["status"]["phase"] == "Running"
 
 
 def test_merge_patch_null_removes_and_strategic_merge_merges_conditions_by_type(api: Target):
@@ -577,6 +646,8 @@ def test_label_and_field_selectors_on_lists(api: Target):
     assert names(fieldSelector="metadata.name=p3") == ["p3"]
     assert names(fieldSelector=f"spec.nodeName={node}") == ["p2"]
     assert names(fieldSelector="spec.nodeName=") == ["p1", "p3"]
+    assert names(fieldSelector="spec.nodeName=elsewhere") == []
+    assert names(labelSelector="app==") == []  # an empty value selects an empty label only
     assert names(fieldSelector=f"spec.nodeName!={node},metadata.name!=p1") == ["p3"]
     assert names("/api/v1/pods", fieldSelector=f"spec.nodeName={node}") == ["p2"]
     unknown = api.rest.get(base, fieldSelector="spec.containers=x")
@@ -610,6 +681,37 @@ def test_events_are_selected_by_source(api: Target):
     assert bumped["count"] == 2
     listed = api.rest.get(base, fieldSelector="source=gpuscale-controller").expect(200)
     assert [e["metadata"]["name"] for e in listed["items"]] == ["ours.1"]
+
+
+def test_an_event_lives_in_its_objects_namespace(api: Target):
+    """A core/v1 Event about a cluster-scoped object (a Node) belongs in "default" — as the controller's actuator
+    writes it — and one about a Pod in the Pod's namespace; elsewhere it is 422 Invalid."""
+    ns = api.namespace()
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": "ev.1", "namespace": ns},
+        "involvedObject": {"kind": "Node", "name": "n1", "apiVersion": "v1"},
+        "reason": "GpuscaleCordoned",
+        "message": "m",
+        "type": "Warning",
+        "source": {"component": "gpuscale-controller"},
+        "count": 1,
+    }
+    elsewhere = api.rest.post(f"/api/v1/namespaces/{ns}/events", event)
+    assert (elsewhere.status, elsewhere.body["reason"]) == (422, "Invalid")
+    assert [c["field"] for c in elsewhere.body["details"]["causes"]] == ["involvedObject.namespace"]
+    event["metadata"] = {"name": f"{ns}.ev", "namespace": "default"}
+    api.rest.post("/api/v1/namespaces/default/events", event).expect(201)
+    again = api.rest.post("/api/v1/namespaces/default/events", event)
+    assert (again.status, again.body["reason"]) == (409, "AlreadyExists")
+    about_a_pod = dict(
+        event, metadata={"name": "ev.2", "namespace": ns}, involvedObject={"kind": "Pod", "name": "p", "namespace": ns}
+    )
+    api.rest.post(f"/api/v1/namespaces/{ns}/events", about_a_pod).expect(201)
+    listed = api.rest.get("/api/v1/namespaces/default/events", fieldSelector=f"metadata.name={ns}.ev").expect(200)
+    assert [e["reason"] for e in listed["items"]] == ["GpuscaleCordoned"]
+    api.rest.delete(f"/api/v1/namespaces/default/events/{ns}.ev").expect(200)
 
 
 # --- the leader's Lease, the HPA loop's scale subresource, the kubelet's binding ------------------------------
@@ -693,6 +795,12 @@ def test_scale_subresource_reads_and_writes_the_replicas(api: Target):
     assert (stale.status, stale.body["reason"]) == (409, "Conflict")
     assert stale.body["details"] == {"name": "s", "group": "apps", "kind": "deployments"}
     assert api.rest.get(f"/apis/apps/v1/namespaces/{ns}/deployments/s").expect(200)["spec"]["replicas"] == 1
+    # A merge patch of the Scale, and a PUT without a resourceVersion, are unconditional.
+    assert api.rest.patch(path, {"spec": {"replicas": 2}}).expect(200)["spec"] == {"replicas": 2}
+    unversioned = {k: v for k, v in scale["metadata"].items() if k != "resourceVersion"}
+    put = api.rest.put(path, {**scale, "metadata": unversioned, "spec": {"replicas": 3}})
+    assert (put.status, put.body["spec"]) == (200, {"replicas": 3})
+    assert api.rest.get(f"/apis/apps/v1/namespaces/{ns}/deployments/s").expect(200)["spec"]["replicas"] == 3
     missing = api.rest.get(f"/apis/apps/v1/namespaces/{ns}/deployments/nope/scale")
     assert _failure(missing) == (
         404,
@@ -859,6 +967,34 @@ def test_evictions_respect_disruption_budgets(api: Target):
         )
         assert not kubelet.errors
     api.rest.delete(f"/api/v1/nodes/{node}").expect(200)
+
+
+def test_an_unready_pod_is_not_evicted_while_its_budget_is_unmet(api: Target):
+    """A Running pod that is not Ready, under a budget it does not meet (minAvailable 1, none healthy): the
+    eviction is refused (unhealthyPodEvictionPolicy IfHealthyBudget lets it go only once the budget is met)."""
+    ns = api.namespace()
+    base = f"/api/v1/namespaces/{ns}/pods"
+    budgets = f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"
+    api.rest.post(base, _pod("ev", app="ev")).expect(201)
+    api.rest.patch(f"{base}/ev/status", {"status": {"phase": "Running"}}).expect(200)
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "one"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "ev"}}},
+    }
+    api.rest.post(budgets, budget).expect(201)
+    _until(
+        "the budget to count the pod",
+        _pdb_settled(api, f"{budgets}/one", currentHealthy=0, desiredHealthy=1, disruptionsAllowed=0, expectedPods=1),
+    )
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "ev"}}
+    blocked = api.rest.post(f"{base}/ev/eviction", eviction)
+    assert (blocked.status, blocked.body["reason"]) == (429, "TooManyRequests")
+    assert blocked.body["details"]["causes"] == [
+        {"reason": "DisruptionBudget", "message": "The disruption budget one needs 1 healthy pods and has 0 currently"}
+    ]
+    assert api.rest.get(f"{base}/ev").status == 200
 
 
 # --- discovery: how sources/kuberest.py finds where a kind is served -------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.histograms import bucket_quantile
 from gpuscale.sim.exporters import ExporterServer, SimExporters
-from gpuscale.sim.llm import LlmServer
+from gpuscale.sim.exporters.llm import LlmServer
 from gpuscale.sim.load import ConstantLoad
 from gpuscale.sim.scenario import Scenario, SimNode, SimWorkload
 from gpuscale.sources.base import TermQuery

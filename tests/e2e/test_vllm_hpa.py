@@ -20,7 +20,7 @@ from gpuscale.hpa import parse_manifests
 from gpuscale.model import parse_quantity
 from gpuscale.settings import AdapterSettings
 from gpuscale.sim.cluster import SimCluster
-from gpuscale.sim.llm import LlmServer
+from gpuscale.sim.exporters.llm import LlmServer
 from gpuscale.sim.load import ConstantLoad
 from gpuscale.sim.scenario import Scenario, SimNode, SimWorkload
 from tests.e2e.test_discovery import wait_for

@@ -16,7 +16,7 @@ from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.model import pod
 from gpuscale.sim.exporters import ManualClock, SimExporters
-from gpuscale.sim.llm import LlmServer, LlmState, llm_rates, render_llm
+from gpuscale.sim.exporters.llm import LlmServer, LlmState, llm_rates, render_llm
 from gpuscale.sim.load import ConstantLoad, replica_queue
 from gpuscale.sim.scenario import Scenario, SimNode, SimWorkload
 from gpuscale.sources.scrape import ScrapeSource

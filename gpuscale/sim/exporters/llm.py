@@ -1,6 +1,6 @@
 """Simulated LLM servers (vLLM, SGLang, TGI, NIM for LLMs): their state under load and their ``/metrics`` text.
 
-Layers, from pure to stateful (the HTTP side is ``SimExporters(llm=...)`` in ``exporters.py``):
+Layers, from pure to stateful (the HTTP side is ``SimExporters(llm=...)`` in ``gpuscale.sim.exporters.wiring``):
 
 - ``LlmServer`` — what one workload's pods run: the exposition ``format``, the served model, the batch
   limit (``max_num_seqs``), the KV-cache size in tokens, mean prompt/output lengths and base latencies.
@@ -30,7 +30,7 @@ from gpuscale.sim.load import QueueState, advance_backlog, replica_queue
 from gpuscale.sim.scenario import Placement, PodKey
 
 if TYPE_CHECKING:
-    from gpuscale.sim.exporters import ClusterSim
+    from gpuscale.sim.exporters.simulation import ClusterSim
 
 LlmFormat = Literal["vllm", "sglang", "tgi", "nim"]
 FORMATS: tuple[LlmFormat, ...] = ("vllm", "sglang", "tgi", "nim")
