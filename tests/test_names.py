@@ -19,13 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpuscale"
 
 ALLOWED = {
-    # In flight in other branches of issue 33 (item 2: the refresh scope is renamed so "demand" means only the
-    # forecast's rate; the adapter's Status answers and the simulated cluster's status writes are renamed apart).
+    # In flight in another branch of issue 33 (item 2: the refresh scope is renamed so "demand" means only the
+    # forecast's rate).
     "module refresh_scope",
-    "module status",
-    # metrics/diagnosis.py's GpuSignals (what diagnosis reads) and sim/load.py's (what a simulated exporter
-    # reports); sim/ is being split into packages in another branch, so the sim one is renamed after it lands.
-    "class GpuSignals",
 }
 
 

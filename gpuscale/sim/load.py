@@ -10,7 +10,7 @@ Three layers, all pure and deterministic (same inputs and seed → same numbers,
 
 2. **GPU signals.** ``activity(profile, utilisation)`` says how a workload of a given profile uses the
    engine at a served utilisation (0–1 of its capacity); ``device_signals(hardware, activity)`` turns that
-   into the values dcgm-exporter reports (``GpuSignals``); ``gpu_signals(profile, offered_rps=…, replicas=…,
+   into the values dcgm-exporter reports (``SimGpuGauges``); ``gpu_signals(profile, offered_rps=…, replicas=…,
    capacity_rps=…)`` does both from an offered rate. Units follow ``reference/gpu-metrics.md``: ``*_pct``
    are percent (GPU_UTIL), PROF fields are ratios 0–1, framebuffer is MiB, power W, clocks MHz, PCIe/NVLink
    B/s, energy mJ, violations ns.
@@ -56,7 +56,6 @@ __all__ = [
     "ConstantLoad",
     "DiurnalLoad",
     "GpuModel",
-    "GpuSignals",
     "InstanceLoad",
     "InstanceSignals",
     "LoadModel",
@@ -64,6 +63,7 @@ __all__ = [
     "PiecewiseLinearLoad",
     "Profile",
     "QueueState",
+    "SimGpuGauges",
     "StepLoad",
     "TritonModel",
     "activity",
@@ -435,7 +435,7 @@ class InstanceSignals:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuSignals:
+class SimGpuGauges:
     """Everything dcgm-exporter reports for one GPU at one instant.
 
     Gauges come from ``device_signals``; the cumulative fields (``total_energy_mj``, ``*_violation_ns``,
@@ -501,7 +501,7 @@ def device_signals(
     *,
     variation: float = 0.0,
     instances: Mapping[int, InstanceLoad] | None = None,
-) -> GpuSignals:
+) -> SimGpuGauges:
     """Device-level values for one GPU running ``act`` (or, with ``instances``, one MIG-enabled GPU).
 
     For a MIG GPU the device's power, temperature and clocks come from the slice-weighted sum of the
@@ -552,7 +552,7 @@ def device_signals(
         mask |= CLOCK_EVENT_SW_POWER_CAP
     idle_clock = busy <= 0.0 and not instances
     fb_used = min(fb_used, hardware.fb_usable_mib)
-    return GpuSignals(
+    return SimGpuGauges(
         gpu_util_pct=0 if instances else round(100 * _clip(busy)),
         mem_copy_util_pct=0 if instances else round(100 * _clip(act.mem_copy)),
         sm_clock_mhz=hardware.idle_sm_clock_mhz if idle_clock else hardware.max_sm_clock_mhz,
@@ -594,7 +594,7 @@ def gpu_signals(
     capacity_rps: float,
     hardware: GpuModel = H100_SXM,
     variation: float = 0.0,
-) -> GpuSignals:
+) -> SimGpuGauges:
     """Signals of one GPU of a workload whose ``replicas`` share ``offered_rps`` equally.
 
     ``capacity_rps`` is what one replica serves at saturation; above it the GPU stays saturated (the excess

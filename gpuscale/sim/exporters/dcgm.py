@@ -12,8 +12,8 @@ from typing import Any, Literal, NamedTuple
 
 from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
 from gpuscale.sim.load import (
-    GpuSignals,
     InstanceSignals,
+    SimGpuGauges,
 )
 from gpuscale.sim.scenario import (
     ContainerRef,
@@ -73,17 +73,17 @@ class DcgmFamily:
     name: str
     type: str
     help: str
-    value: Callable[[GpuSignals, InstanceSignals | None], float] | None
+    value: Callable[[SimGpuGauges, InstanceSignals | None], float] | None
     double: bool = False
     mig: MigMode = "device"
     kind: Literal["plain", "xid", "xid_count", "clock_events"] = "plain"
 
 
-def _dev(attr: str) -> Callable[[GpuSignals, InstanceSignals | None], float]:
+def _dev(attr: str) -> Callable[[SimGpuGauges, InstanceSignals | None], float]:
     return lambda s, _i: getattr(s, attr)
 
 
-def _inst(attr: str, device_attr: str | None = None) -> Callable[[GpuSignals, InstanceSignals | None], float]:
+def _inst(attr: str, device_attr: str | None = None) -> Callable[[SimGpuGauges, InstanceSignals | None], float]:
     device_attr = device_attr or attr
     return lambda s, i: getattr(i, attr) if i is not None else getattr(s, device_attr)
 
@@ -276,7 +276,7 @@ DCGM_FAMILIES: tuple[DcgmFamily, ...] = (
 )
 
 
-def _family_series(family: DcgmFamily, signals: GpuSignals, instance: InstanceSignals | None) -> list[_Series]:
+def _family_series(family: DcgmFamily, signals: SimGpuGauges, instance: InstanceSignals | None) -> list[_Series]:
     if family.kind == "xid_count":
         if not signals.xid_window:
             return [_Series((("window_size_in_ms", WINDOW_SIZE_MS),), (), 0)]
@@ -328,7 +328,7 @@ def _pod_for(pods_by_gpu: Mapping[Any, Any], gpu: int, instance: int | None) -> 
 
 def render_dcgm(
     node: SimNode,
-    signals_by_gpu: Mapping[int, GpuSignals],
+    signals_by_gpu: Mapping[int, SimGpuGauges],
     *,
     pods_by_gpu: Mapping[Any, ContainerRef | tuple[str, str, str]],
     version: str = "4.4",
@@ -350,7 +350,7 @@ def render_dcgm(
     pod_attr = ("container_name", "pod_namespace", "pod_name") if old_names else ("container", "namespace", "pod")
     with_pod_uid = _version_tuple(version) < (4, 5, 3)
 
-    entities: list[tuple[str, dict[str, str], GpuSignals, bool, InstanceSignals | None]] = []
+    entities: list[tuple[str, dict[str, str], SimGpuGauges, bool, InstanceSignals | None]] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
         signals = signals_by_gpu.get(gpu.index)
         if signals is None:

@@ -14,10 +14,10 @@ from gpuscale.sim.exporters.dcgm import LabelStyle, render_dcgm
 from gpuscale.sim.exporters.triton import TritonState, render_triton
 from gpuscale.sim.load import (
     Activity,
-    GpuSignals,
     InstanceLoad,
     LoadModel,
     QueueState,
+    SimGpuGauges,
     activity,
     advance_backlog,
     device_signals,
@@ -43,11 +43,11 @@ class _GpuCounters:
     thermal_violation_ns: float = 0.0
 
 
-_GPU_SIGNAL_FIELDS = frozenset(f.name for f in dataclasses.fields(GpuSignals))
+_GPU_SIGNAL_FIELDS = frozenset(f.name for f in dataclasses.fields(SimGpuGauges))
 
 
 class _Instant(NamedTuple):
-    signals: dict[str, dict[int, GpuSignals]]  # node → GPU index → gauges (no cumulative values)
+    signals: dict[str, dict[int, SimGpuGauges]]  # node → GPU index → gauges (no cumulative values)
     queues: dict[PodKey, QueueState]  # Triton pods only
 
 
@@ -150,11 +150,11 @@ class ClusterSim:
         return started, stopped
 
     def override_gpu(self, node: str, index: int, **fields: Any) -> None:
-        """Force ``GpuSignals`` fields of one GPU (e.g. ``last_xid=79, xid_window=((79, 1),)``)."""
+        """Force ``SimGpuGauges`` fields of one GPU (e.g. ``last_xid=79, xid_window=((79, 1),)``)."""
         unknown = set(fields) - _GPU_SIGNAL_FIELDS
         if unknown:
             raise ValueError(
-                f"unknown GpuSignals fields {sorted(unknown)}; valid: {', '.join(sorted(_GPU_SIGNAL_FIELDS))}"
+                f"unknown SimGpuGauges fields {sorted(unknown)}; valid: {', '.join(sorted(_GPU_SIGNAL_FIELDS))}"
             )
         self.scenario.node(node).gpu(index)
         self._overrides.setdefault((node, index), {}).update(fields)
@@ -211,7 +211,7 @@ class ClusterSim:
                 return self.scenario.workload(p.workload_key)
         raise KeyError(f"no pod {key[0]}/{key[1]}")
 
-    def _signals_of(self, instant: _Instant, gpu_uuid: str) -> GpuSignals:
+    def _signals_of(self, instant: _Instant, gpu_uuid: str) -> SimGpuGauges:
         node, index = self._gpu_by_uuid[gpu_uuid]
         return instant.signals[node][index]
 
@@ -258,9 +258,9 @@ class ClusterSim:
             w, u = pod_util[key]
             return activity(w.profile, u, variation=variation)
 
-        signals: dict[str, dict[int, GpuSignals]] = {}
+        signals: dict[str, dict[int, SimGpuGauges]] = {}
         for node in self.scenario.nodes:
-            by_gpu: dict[int, GpuSignals] = {}
+            by_gpu: dict[int, SimGpuGauges] = {}
             for gpu in node.gpus:
                 v = self._variation(gpu.uuid, t)
                 if gpu.mig:
@@ -282,7 +282,7 @@ class ClusterSim:
 
     # observation -----------------------------------------------------------------------------------
 
-    def _with_counters(self, node: str, index: int, s: GpuSignals) -> GpuSignals:
+    def _with_counters(self, node: str, index: int, s: SimGpuGauges) -> SimGpuGauges:
         c = self._gpu_counters[(node, index)]
         s = dataclasses.replace(
             s,
@@ -293,7 +293,7 @@ class ClusterSim:
         overrides = self._overrides.get((node, index))
         return dataclasses.replace(s, **overrides) if overrides else s
 
-    def gpu_signals(self, node: str, *, now: float) -> dict[int, GpuSignals]:
+    def gpu_signals(self, node: str, *, now: float) -> dict[int, SimGpuGauges]:
         """Every GPU of ``node`` at ``now``: gauges at that instant plus the integrated counters."""
         self.advance(now)
         self.scenario.node(node)

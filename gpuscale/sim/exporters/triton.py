@@ -9,8 +9,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuscale.sim.load import (
-    GpuSignals,
     ModelRates,
+    SimGpuGauges,
     TritonModel,
 )
 
@@ -55,7 +55,7 @@ class TritonState:
     model_level: dict[tuple[str, str], TritonModelLevel] = field(default_factory=dict)
     backlog: float = 0.0
     energy_j: dict[str, float] = field(default_factory=dict)
-    gpus: dict[str, GpuSignals] = field(default_factory=dict)
+    gpus: dict[str, SimGpuGauges] = field(default_factory=dict)
     cpu_utilization: float = 0.0937
     cpu_memory_total_bytes: int = 2199023255552
     cpu_memory_used_bytes: int = 412316860416
