@@ -55,6 +55,31 @@ def gpuscale_command() -> str:
     return shlex.join([sys.executable, "-m", "gpuscale"])
 
 
+async def _until_served(server: str, paths: list[str], *, timeout_s: float = 60.0) -> list[str]:
+    """Wait until every API path the demo prints answers with values, so a command pasted at once works: the
+    adapter finds its exporters through the API as in a cluster, so its first refreshes can come before the
+    first scrape of a pod; and rates need two scrapes. Returns the paths still not served at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(paths)
+    async with aiohttp.ClientSession() as session:
+        while pending and time.monotonic() < deadline:
+            waiting = []
+            for path in pending:
+                async with session.get(server + path) as resp:
+                    body = await resp.json(content_type=None) if resp.status == 200 else None
+                if not isinstance(body, dict) or body.get("items") == []:
+                    waiting.append(path)
+            pending = waiting
+            if pending:
+                await asyncio.sleep(0.2)
+    return pending
+
+
+def _raw_paths(commands: list[tuple[str, str]]) -> list[str]:
+    """The API paths of the printed ``kubectl get --raw`` commands."""
+    return [shlex.split(cmd)[-1] for _, cmd in commands if " get --raw " in cmd]
+
+
 def _commands(server: str, kubeconfig: str, top: str) -> list[tuple[str, str]]:
     raw = f"kubectl --server={server} get --raw"
     base = "/apis/custom.metrics.k8s.io/v1beta2"
@@ -169,15 +194,18 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
             # Rates need two scrapes; wait for the second refresh so the first table is complete.
             while adapter.pipeline.refreshes < 2:
                 await asyncio.sleep(0.1)
+            top = f"{gpuscale_command()} top pods"
+            if settings.policies:
+                top += f" --policies {shlex.quote(str(Path(settings.policies).absolute()))}"
+            commands = _commands(adapter.url, cluster.kubeconfig, top)
+            for path in await _until_served(adapter.url, _raw_paths(commands)):
+                console.print(f"[yellow]not served yet after 60 s (see the adapter's /readyz):[/] {path}")
             console.print(f"[bold]gpuscale adapter[/] serving the metrics APIs on {adapter.url}")
             console.print(
                 f"simulated cluster: {len(cluster.scenario.nodes)} GPU nodes, kubeconfig {cluster.kubeconfig}"
             )
             console.print("Paste these in another terminal to see exactly what the HPA sees:\n")
-            top = f"{gpuscale_command()} top pods"
-            if settings.policies:
-                top += f" --policies {shlex.quote(str(Path(settings.policies).absolute()))}"
-            for what, cmd in _commands(adapter.url, cluster.kubeconfig, top):
+            for what, cmd in commands:
                 console.print(f"  [dim]# {what}[/]\n  {cmd}", soft_wrap=True, highlight=False)
             console.print()
             example = f"{adapter.url}/apis/custom.metrics.k8s.io/v1beta2/namespaces/inference/pods/*/gpu_utilization"

@@ -195,7 +195,8 @@ def render_html(doc: dict[str, Any]) -> str:
                     f"{q['p50']:.2f}",
                     f"{q['p95']:.2f}",
                     f"{q['p99']:.2f}",
-                    f"{r['ttft_s']['p95']:.2f}",
+                    # NB: the demo's live replay measures queue time only; its summary has no TTFT
+                    f"{r['ttft_s']['p95']:.2f}" if "ttft_s" in r else "–",
                     f"{r['slo']['violating_minutes']}/{r['slo']['minutes']}",
                     r["max_replicas"],
                     f"{r['scale_ups']}/{r['scale_downs']}",

@@ -42,3 +42,14 @@ def test_ready_time_is_whole_seconds(replay: DemoReplay) -> None:
     assert replay.startup_s == 15.0
     replay.ready_after = []
     assert replay.startup_s == float(SYNC_PERIOD_SECONDS)
+
+
+def test_the_demo_summary_page_renders_without_a_ttft(replay: DemoReplay, tmp_path) -> None:
+    """The live replay measures queue time only: its page says '–' where simulate's shows TTFT p95."""
+    from gpuscale.replay.chart import write_html
+    from gpuscale.replay.results import Event, ReplaySample
+
+    timeline = [ReplaySample(t, 3, 3, 3, int(t // 10), 3, 60.0, 40.0) for t in (0.0, 15.0, 30.0, 75.0)]
+    summary = replay.summary(timeline, [Event(30.0, 3, 4, "ScaleUp", "queue")], [0.1, 0.2, 0.3, 9.0])
+    page = write_html(summary, tmp_path / "summary.html").read_text(encoding="utf-8")
+    assert "<td>–</td>" in page and f"<td>{replay.hpa.name}</td>" in page
