@@ -196,7 +196,7 @@ def _refresh(port: int, gpus: int, mode: str, cycles: int, results: mp.Queue) ->
         from gpuscale.sources.prometheus import PrometheusSource
 
         catalogue = load_catalogue()
-        source = PrometheusSource(url=f"http://127.0.0.1:{port}", queries=queries(catalogue), timeout_seconds=120)
+        source = PrometheusSource(f"http://127.0.0.1:{port}", queries=queries(catalogue), timeout_seconds=120)
         before = None
         store = MetricsStore()
         forecasts = None

@@ -37,10 +37,10 @@ from gpuscale.policy_files import check_policies_dir
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import AdapterSettings
 from gpuscale.sources.base import MetricsSource, TargetHealth
-from gpuscale.sources.credentials import check_prometheus_files
 from gpuscale.sources.discovery import DiscoveryRules, discover
 from gpuscale.sources.hpas import HpaCache
 from gpuscale.sources.kube import KubeCache, load_api_client
+from gpuscale.sources.promapi import PrometheusClient, check_credentials
 from gpuscale.sources.scrape import ScrapeSource
 from gpuscale.sources.targets import parse_scrape_targets, target_resolver
 
@@ -124,18 +124,13 @@ async def start_adapter(
     catalogue = catalogue or load_catalogue(settings.config, policies=settings.policies)
     started = time.time()
     explicit = parse_scrape_targets(settings.scrape_url)
-    if not explicit and not settings.discover_exporters and not settings.prometheus_url:
+    if not explicit and not settings.discover_exporters and not settings.prometheus.url:
         raise ConfigError(
             "give at least one --scrape-url (an exporter /metrics URL), --discover-exporters or --prometheus-url"
         )
     # NB: every file a flag names is read before anything connects or listens: a bad one ends the start (one line,
     # exit 2) instead of surfacing after --insecure-port already serves, or as a first refresh that never works.
-    check_prometheus_files(
-        token_file=settings.prometheus_token_file,
-        ca_file=settings.prometheus_ca_file,
-        client_cert=settings.prometheus_client_cert,
-        client_key=settings.prometheus_client_key,
-    )
+    check_credentials(settings.prometheus)
     auth_flags = AuthenticationFlags(
         client_ca_file=settings.client_ca_file,
         requestheader_client_ca_file=settings.requestheader_client_ca_file,
@@ -164,7 +159,7 @@ async def start_adapter(
     targets = dict(explicit)
     before_refresh = None
     demand: DemandDriven | None = None
-    if settings.prometheus_url:
+    if settings.prometheus.url:
         source = _prometheus_source(settings, catalogue)
         if settings.demand_driven and api is not None:
             # NB: a forecast an HPA or a request names wants its rate metric in that namespace (refresh_scope.py)
@@ -498,18 +493,15 @@ def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> Prome
     from gpuscale.metrics.aggregation import queries
     from gpuscale.sources.prometheus import PrometheusSource
 
-    assert settings.prometheus_url is not None
-    return PrometheusSource(
-        url=settings.prometheus_url,
-        queries=queries(catalogue),
-        bearer_token_file=settings.prometheus_token_file,
-        ca_file=settings.prometheus_ca_file,
-        client_cert=settings.prometheus_client_cert,
-        client_key=settings.prometheus_client_key,
-        insecure_skip_verify=settings.prometheus_insecure_skip_verify,
+    client = PrometheusClient.connect(
+        settings.prometheus,
         timeout_seconds=_capped("--prometheus-timeout", settings.prometheus_timeout, settings),
         max_body_bytes=settings.prometheus_max_response_size,
         max_body_flag="--prometheus-max-response-size",
+    )
+    return PrometheusSource(
+        client,
+        queries=queries(catalogue),
         max_label_sets=settings.prometheus_max_label_sets,
         max_label_sets_flag="--prometheus-max-label-sets",
         fresh_within_seconds=max(catalogue.max_age(m) for m in catalogue.metrics),

@@ -48,11 +48,11 @@ from gpuscale.pricing import load_prices
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import ControllerSettings
 from gpuscale.sources.base import MetricsSource
-from gpuscale.sources.credentials import check_prometheus_files
 from gpuscale.sources.discovery import DiscoveryRules, discover
 from gpuscale.sources.kube import PodInfo, StaticClusterObjects, load_api_client
 from gpuscale.sources.kuberest import KubeRest
 from gpuscale.sources.objects import ObjectCache, WatchSpec
+from gpuscale.sources.promapi import check_credentials
 from gpuscale.sources.targets import parse_scrape_targets, target_resolver
 
 __all__ = ["RunningController", "start_controller"]
@@ -148,14 +148,13 @@ def _sources(
 ) -> tuple[list[MetricsSource], Attributor, Callable[[], None] | None]:
     """The metric source, the attributor placing its series on nodes, and (with --discover-exporters) the hook
     that points the scrape source at the dcgm-exporter pods the watch cache holds before each refresh."""
-    if settings.prometheus_url:
+    if settings.prometheus.url:
+        from gpuscale.sources.promapi import PrometheusClient
         from gpuscale.sources.prometheus import PrometheusSource
 
         source: MetricsSource = PrometheusSource(
-            settings.prometheus_url,
+            PrometheusClient.connect(settings.prometheus, timeout_seconds=settings.scrape_timeout),
             queries=device_queries(TELEMETRY_SERIES),
-            bearer_token_file=settings.prometheus_token_file,
-            timeout_seconds=settings.scrape_timeout,
             fresh_within_seconds=max(60.0, 3 * settings.interval),
         )
         return [source], Attributor(target_resolver({}, None)), None
@@ -263,7 +262,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
     pools_policy = load_pools_policy(settings.policies)
     prices = load_prices(settings.policies)
     # NB: a bad token file is refused at start-up, not by a first refresh of a controller that then runs blind
-    check_prometheus_files(token_file=settings.prometheus_token_file)
+    check_credentials(settings.prometheus)
     closers: list[Callable[[], Awaitable[object]]] = []
     try:
         api = await load_api_client(settings.kubeconfig)
