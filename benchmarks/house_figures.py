@@ -30,6 +30,12 @@ def _is_settings_class(node: ast.ClassDef) -> bool:
     return False
 
 
+def _is_group_use(stmt: ast.AnnAssign) -> bool:
+    """``prometheus: PrometheusConnection = group(...)``: a command using a settings group, declared once elsewhere."""
+    value = stmt.value
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "group"
+
+
 def settings_fields() -> dict[str, list[str]]:
     """field name → the classes declaring it."""
     out: dict[str, list[str]] = {}
@@ -41,7 +47,7 @@ def settings_fields() -> dict[str, list[str]]:
             if isinstance(node, ast.ClassDef) and _is_settings_class(node):
                 for stmt in node.body:
                     if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                        if "ClassVar" in ast.unparse(stmt.annotation):
+                        if "ClassVar" in ast.unparse(stmt.annotation) or _is_group_use(stmt):
                             continue
                         out.setdefault(stmt.target.id, []).append(f"{rel}:{node.name}")
     return out

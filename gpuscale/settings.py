@@ -46,12 +46,82 @@ class PrometheusConnection(SettingsGroup):
     client_cert: str | None = Field(None, description="client certificate for --prometheus-url")
     client_key: str | None = Field(None, description="client key for --prometheus-url")
     insecure_skip_verify: bool = Field(False, description="do not verify the Prometheus TLS certificate")
+    # NB: a key without its certificate is refused by the client (promapi.py), after the files themselves are checked
 
-    @model_validator(mode="after")
-    def _check(self) -> PrometheusConnection:
-        if self.client_key and not self.client_cert:
-            raise ValueError("prometheus-client-key: needs --prometheus-client-cert")
-        return self
+
+class KubeAccess(SettingsGroup):
+    """How a command reaches the Kubernetes API."""
+
+    kubeconfig: str | None = Field(None, description="kubeconfig (default: the in-cluster service account)")
+
+
+class Logging(SettingsGroup):
+    """What a command logs (to stderr)."""
+
+    log_level: str = Field("info", description="debug, info, warning or error")
+
+
+class PolicyFiles(SettingsGroup):
+    """Where a command's policy files come from (gpuscale/policies/ ships them)."""
+
+    policies: str | None = Field(
+        None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
+    )
+
+
+class CatalogueFiles(PolicyFiles):
+    """The policy files and the metric catalogue, for the commands that read metrics through it."""
+
+    config: str | None = Field(
+        None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"
+    )
+
+
+class HealthActions(SettingsGroup):
+    """Which steps of GPU health remediation the controller may take (``--no-health-taint`` …)."""
+
+    flag_prefix: ClassVar[str] = "health_"
+
+    events: bool = Field(True, description="health: Events on the node")
+    condition: bool = Field(True, description="health: the GpuHealthy node condition")
+    taint: bool = Field(True, description="health: the cluster-autoscaler status taint")
+    cordon: bool = Field(True, description="health: cordon")
+    drain: bool = Field(False, description="health: drain cordoned nodes through the Eviction API")
+
+
+class HintActions(SettingsGroup):
+    """Which autoscaler hints the controller may give."""
+
+    flag_prefix: ClassVar[str] = "hint_"
+
+    scale_down_disabled: bool = Field(
+        True, description="hints: scale-down-disabled on nodes with active multi-GPU gangs or warm inference"
+    )
+    karpenter: bool = Field(True, description="hints: karpenter.sh/do-not-disrupt on Karpenter nodes instead")
+    idle: bool = Field(True, description="hints: Events and a gauge for requested-but-idle GPUs")
+    safe_to_evict: bool = Field(
+        False, description="hints: annotate idle GPU pods cluster-autoscaler.kubernetes.io/safe-to-evict=true"
+    )
+
+
+class AuthenticationFlags(SettingsGroup):
+    """The ``--client-ca-file`` and ``--requestheader-*`` flags of the adapter's HTTPS port (adapter/auth.py). A part
+    left unset comes from the cluster's extension-apiserver-authentication ConfigMap.
+
+    Empty header lists mean the defaults (X-Remote-User, X-Remote-Group, X-Remote-Extra-; no uid header).
+    """
+
+    client_ca_file: str | None = Field(None, description="CA for client certificates (default: from the cluster)")
+    requestheader_client_ca_file: str | None = Field(
+        None, description="CA of the front proxy (default: kube-system/extension-apiserver-authentication)"
+    )
+    requestheader_allowed_names: list[str] = Field(
+        default_factory=list, description="front-proxy client certificate CNs allowed (repeatable; empty = any)"
+    )
+    requestheader_username_headers: list[str] = Field(default_factory=list, description="default X-Remote-User")
+    requestheader_group_headers: list[str] = Field(default_factory=list, description="default X-Remote-Group")
+    requestheader_extra_headers_prefix: list[str] = Field(default_factory=list, description="default X-Remote-Extra-")
+    requestheader_uid_headers: list[str] = Field(default_factory=list, description="headers carrying the user's UID")
 
 
 def group(factory: type[SettingsGroup] | Any, **help_text: str) -> Any:
@@ -85,6 +155,17 @@ class CommandSettings(BaseModel):
                 default = info.get_default(call_default_factory=True)
                 values[name] = {**default.model_dump(exclude_unset=True), **given}
         return values
+
+    def __getattr__(self, name: str) -> Any:
+        # NB: a group's field read by its flag's name (settings.log_level for settings.logging.log_level), as
+        # the commands' code read their flat settings before groups; only reached when normal lookup fails.
+        for group_name, info in type(self).model_fields.items():
+            kind = _group_type(info)
+            if kind is None or not name.startswith(kind.flag_prefix):
+                continue
+            if (field := name.removeprefix(kind.flag_prefix)) in kind.model_fields:
+                return getattr(getattr(self, group_name), field)
+        return super().__getattr__(name)  # type: ignore[misc]
 
 
 class AdapterSettings(CommandSettings):
@@ -127,13 +208,8 @@ class AdapterSettings(CommandSettings):
         description="decode Prometheus answers in a child process, so that no decode holds up HPA requests "
         "(docs/adapter.md); --no-prometheus-decode-process decodes them in a thread of the adapter",
     )
-    kubeconfig: str | None = Field(None, description="kubeconfig for pod labels (default: in-cluster config if any)")
-    config: str | None = Field(
-        None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"
-    )
-    policies: str | None = Field(
-        None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
-    )
+    kube: KubeAccess = group(KubeAccess, kubeconfig="kubeconfig for pod labels (default: in-cluster config if any)")
+    files: CatalogueFiles = group(CatalogueFiles)
     refresh_interval: Seconds = Field(5.0, gt=0, description="how often to scrape and refresh the store")
     scrape_timeout: Seconds = Field(3.0, gt=0, description="per-exporter scrape timeout (at most --refresh-interval)")
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
@@ -165,24 +241,14 @@ class AdapterSettings(CommandSettings):
     tls_reload_interval: Seconds = Field(
         10.0, ge=0, description="how often the serving certificate files are checked for a renewal (0: never)"
     )
-    client_ca_file: str | None = Field(None, description="CA for client certificates (default: from the cluster)")
-    requestheader_client_ca_file: str | None = Field(
-        None, description="CA of the front proxy (default: kube-system/extension-apiserver-authentication)"
-    )
-    requestheader_allowed_names: list[str] = Field(
-        default_factory=list, description="front-proxy client certificate CNs allowed (repeatable; empty = any)"
-    )
-    requestheader_username_headers: list[str] = Field(default_factory=list, description="default X-Remote-User")
-    requestheader_group_headers: list[str] = Field(default_factory=list, description="default X-Remote-Group")
-    requestheader_extra_headers_prefix: list[str] = Field(default_factory=list, description="default X-Remote-Extra-")
-    requestheader_uid_headers: list[str] = Field(default_factory=list, description="headers carrying the user's UID")
+    authentication: AuthenticationFlags = group(AuthenticationFlags)
     allow_anonymous: bool = Field(
         False,
         description="serve unauthenticated requests as system:anonymous (still authorized by SubjectAccessReview)",
     )
     authn_cache_ttl: Seconds = Field(10.0, ge=0, description="how long TokenReview answers are cached")
     authz_cache_ttl: Seconds = Field(10.0, ge=0, description="how long SubjectAccessReview answers are cached")
-    log_level: str = Field("info", description="debug, info, warning or error")
+    logging: Logging = group(Logging)
     # --- forecasts (docs/forecast.md) ---
     forecast: bool = Field(
         True, description="serve forecast_* metrics per Deployment/StatefulSet (needs the Kubernetes API)"
@@ -236,23 +302,18 @@ class DemoSettings(CommandSettings):
         60.0, gt=0, description="how long the autoscaling replay runs (the trace slice is sped up to fit)"
     )
     refresh_interval: Seconds = Field(1.0, gt=0, description="adapter refresh interval")
-    config: str | None = Field(
-        None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"
-    )
-    policies: str | None = Field(
-        None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
-    )
+    files: CatalogueFiles = group(CatalogueFiles)
     keep_running: bool = Field(
         True,
         description="after the replay, keep the simulated cluster and the adapter serving until Ctrl-C, so the "
         "printed commands keep working (--no-keep-running: exit once the replay ends)",
     )
-    log_level: str = Field("warning", description="debug, info, warning or error")
+    logging: Logging = group(lambda: Logging(log_level="warning"))
 
 
 class ControllerSettings(CommandSettings):
     # --- where it reads from ---
-    kubeconfig: str | None = Field(None, description="kubeconfig (default: the in-cluster service account)")
+    kube: KubeAccess = group(KubeAccess)
     scrape_url: list[str] = Field(
         default_factory=list, description="dcgm-exporter /metrics URL to scrape (repeatable; the node from its labels)"
     )
@@ -264,8 +325,9 @@ class ControllerSettings(CommandSettings):
         PrometheusConnection, url="read DCGM series from this Prometheus-compatible server"
     )
     scrape_timeout: Seconds = Field(5.0, gt=0, description="timeout of one exporter scrape or Prometheus query")
-    policies: str | None = Field(
-        None, description="directory whose health.yaml, diagnosis.yaml, remediation.yaml override the shipped ones"
+    files: PolicyFiles = group(
+        PolicyFiles,
+        policies="directory whose health.yaml, diagnosis.yaml, remediation.yaml override the shipped ones",
     )
     # --- how it runs ---
     namespace: str = Field("gpuscale", description="namespace of the Lease and of the breaker's state ConfigMap")
@@ -279,24 +341,13 @@ class ControllerSettings(CommandSettings):
     dry_run: bool = Field(False, description="validate every write on the server (dryRun=All) and change nothing")
     port: int = Field(8080, ge=0, le=65535, description="port of /healthz, /readyz and /metrics (0 = any free port)")
     bind_address: str = Field("0.0.0.0", description="address that port listens on")
-    log_level: str = Field("info", description="debug, info, warning or error")
+    logging: Logging = group(Logging)
     # --- health remediation (each step switchable) ---
     health: bool = Field(True, description="GPU health remediation")
-    health_events: bool = Field(True, description="health: Events on the node")
-    health_condition: bool = Field(True, description="health: the GpuHealthy node condition")
-    health_taint: bool = Field(True, description="health: the cluster-autoscaler status taint")
-    health_cordon: bool = Field(True, description="health: cordon")
-    health_drain: bool = Field(False, description="health: drain cordoned nodes through the Eviction API")
+    health_actions: HealthActions = group(HealthActions)
     # --- autoscaler hints ---
     hints: bool = Field(True, description="autoscaler hints from telemetry")
-    hint_scale_down_disabled: bool = Field(
-        True, description="hints: scale-down-disabled on nodes with active multi-GPU gangs or warm inference"
-    )
-    hint_karpenter: bool = Field(True, description="hints: karpenter.sh/do-not-disrupt on Karpenter nodes instead")
-    hint_idle: bool = Field(True, description="hints: Events and a gauge for requested-but-idle GPUs")
-    hint_safe_to_evict: bool = Field(
-        False, description="hints: annotate idle GPU pods cluster-autoscaler.kubernetes.io/safe-to-evict=true"
-    )
+    hint_actions: HintActions = group(HintActions)
     # --- gang-aware capacity (policies/pools.yaml; each also needs its `enabled` there) ---
     gangs: bool = Field(True, description="ProvisioningRequests for pending gangs, NVLink-domain warnings")
     expander: bool = Field(True, description="the cluster-autoscaler priority-expander ConfigMap from pool ranking")
@@ -375,9 +426,16 @@ def from_arguments(model: type[BaseModel], args: argparse.Namespace) -> Any:
 
 __all__ = [
     "AdapterSettings",
+    "AuthenticationFlags",
+    "CatalogueFiles",
     "CommandSettings",
     "ControllerSettings",
     "DemoSettings",
+    "HealthActions",
+    "HintActions",
+    "KubeAccess",
+    "Logging",
+    "PolicyFiles",
     "PrometheusConnection",
     "Seconds",
     "SettingsGroup",

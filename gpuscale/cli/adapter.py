@@ -17,7 +17,7 @@ from aiohttp.typedefs import Middleware
 from gpuscale.adapter.answers import AnswerCache
 from gpuscale.adapter.app import make_app
 from gpuscale.adapter.asked_for import asked_for_middleware
-from gpuscale.adapter.auth import AuthenticationFlags, DelegatedAuth
+from gpuscale.adapter.auth import DelegatedAuth, flag_parts
 from gpuscale.adapter.discovery import Discovery
 from gpuscale.adapter.forecasts import METRICS as FORECAST_METRICS
 from gpuscale.adapter.forecasts import ForecastCollector, WorkloadForecasts
@@ -158,7 +158,6 @@ class _Checked:
 
     catalogue: Catalogue
     explicit: dict[str, ObjectRef | None]
-    auth_flags: AuthenticationFlags
     server_tls: ServerTLS | None
 
 
@@ -254,43 +253,34 @@ async def start_adapter(
 def check_start(settings: AdapterSettings, catalogue: Catalogue | None) -> _Checked:
     """Every file a flag names, read before anything connects or listens: a bad one ends the start (one line, exit 2)
     instead of surfacing after --insecure-port already serves, or as a first refresh that never works."""
-    if settings.policies:
-        check_policies_dir(settings.policies)
-    catalogue = catalogue or load_catalogue(settings.config, policies=settings.policies)
+    if settings.files.policies:
+        check_policies_dir(settings.files.policies)
+    catalogue = catalogue or load_catalogue(settings.files.config, policies=settings.files.policies)
     explicit = parse_scrape_targets(settings.scrape_url)
     if not explicit and not settings.discover_exporters and not settings.prometheus.url:
         raise ConfigError(
             "give at least one --scrape-url (an exporter /metrics URL), --discover-exporters or --prometheus-url"
         )
     check_credentials(settings.prometheus)
-    auth_flags = AuthenticationFlags(
-        client_ca_file=settings.client_ca_file,
-        requestheader_client_ca_file=settings.requestheader_client_ca_file,
-        requestheader_allowed_names=settings.requestheader_allowed_names,
-        requestheader_username_headers=settings.requestheader_username_headers,
-        requestheader_uid_headers=settings.requestheader_uid_headers,
-        requestheader_group_headers=settings.requestheader_group_headers,
-        requestheader_extra_headers_prefix=settings.requestheader_extra_headers_prefix,
-    )
     server_tls: ServerTLS | None = None
     if settings.https_port is not None:
-        auth_flags.load()
+        flag_parts(settings.authentication)
         files = serving_cert_files(
             cert_file=settings.tls_cert_file, key_file=settings.tls_private_key_file, cert_dir=settings.cert_dir
         )
         server_tls = ServerTLS(files.cert_file, files.key_file)
-    return _Checked(catalogue, explicit, auth_flags, server_tls)
+    return _Checked(catalogue, explicit, server_tls)
 
 
 async def make_cluster(
     settings: AdapterSettings, resources: contextlib.AsyncExitStack
 ) -> tuple[ApiClient | None, KubeCache | None]:
     """The Kubernetes API client and its watch cache, with a kubeconfig or in a cluster (else neither)."""
-    if settings.kubeconfig is None and not _in_cluster():
+    if settings.kube.kubeconfig is None and not _in_cluster():
         if settings.discover_exporters:
             raise ConfigError("--discover-exporters needs the Kubernetes API: give --kubeconfig or run in a cluster")
         return None, None
-    api = await load_api_client(settings.kubeconfig)
+    api = await load_api_client(settings.kube.kubeconfig)
     resources.push_async_callback(api.close)
     cluster = KubeCache(api)
     await cluster.start()
@@ -424,7 +414,7 @@ async def make_servers(
     assert checked.server_tls is not None
     auth = DelegatedAuth(
         api,
-        flags=checked.auth_flags,
+        flags=settings.authentication,
         authn_cache_ttl_seconds=settings.authn_cache_ttl,
         authz_cache_ttl_seconds=settings.authz_cache_ttl,
         allow_anonymous=settings.allow_anonymous,

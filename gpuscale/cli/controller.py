@@ -23,8 +23,8 @@ from gpuscale.controller.capacity import ExpanderPlanner, GangCapacityPlanner
 from gpuscale.controller.drain import DrainPolicy
 from gpuscale.controller.expander import unmeasured_pools
 from gpuscale.controller.gangs import GANG_KINDS
-from gpuscale.controller.health import HELD_BACK, RECORD, HealthActions, HealthPlanner
-from gpuscale.controller.hints import HintActions, HintsPlanner, idle_gpus, load_hints_policy
+from gpuscale.controller.health import HELD_BACK, RECORD, HealthPlanner
+from gpuscale.controller.hints import HintsPlanner, idle_gpus, load_hints_policy
 from gpuscale.controller.leader import LeaseElector
 from gpuscale.controller.loop import Controller
 from gpuscale.controller.metrics import ControllerMetrics
@@ -75,7 +75,7 @@ def watch_specs(
         WatchSpec("v1", "Pod"),
         WatchSpec("v1", "ConfigMap", namespace=settings.namespace, field_selector=f"metadata.name={STATE_CONFIGMAP}"),
     ]
-    if settings.health and settings.health_drain:
+    if settings.health and settings.health_actions.drain:
         specs.append(WatchSpec("policy/v1", "PodDisruptionBudget"))
     # NB: only this controller's own Events (what planners check to say a thing once).
     specs.append(WatchSpec("v1", "Event", field_selector=f"source={COMPONENT}"))
@@ -254,18 +254,19 @@ def _expander_evidence(metrics: ControllerMetrics, policy: PoolsPolicy, prices, 
 
 
 async def start_controller(settings: ControllerSettings) -> RunningController:
-    if settings.policies:
-        check_policies_dir(settings.policies)
-    diagnosis = load_policy(settings.policies)
-    remediation = load_remediation_policy(settings.policies)
-    hints_policy = load_hints_policy(settings.policies)
-    pools_policy = load_pools_policy(settings.policies)
-    prices = load_prices(settings.policies)
+    policies = settings.files.policies
+    if policies:
+        check_policies_dir(policies)
+    diagnosis = load_policy(policies)
+    remediation = load_remediation_policy(policies)
+    hints_policy = load_hints_policy(policies)
+    pools_policy = load_pools_policy(policies)
+    prices = load_prices(policies)
     # NB: a bad token file is refused at start-up, not by a first refresh of a controller that then runs blind
     check_credentials(settings.prometheus)
     closers: list[Callable[[], Awaitable[object]]] = []
     try:
-        api = await load_api_client(settings.kubeconfig)
+        api = await load_api_client(settings.kube.kubeconfig)
         closers.append(api.close)
         rest = KubeRest(api)
         identity = _identity(settings)
@@ -295,17 +296,10 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         planners: list[Planner] = []
         health: HealthPlanner | None = None
         if settings.health:
-            actions = HealthActions(
-                events=settings.health_events,
-                condition=settings.health_condition,
-                taint=settings.health_taint,
-                cordon=settings.health_cordon,
-                drain=settings.health_drain,
-            )
             health = HealthPlanner(
                 remediation,
                 diagnosis,
-                actions,
+                settings.health_actions,
                 DrainPolicy(),
                 identity=COMPONENT,
                 state_namespace=settings.namespace,
@@ -313,14 +307,8 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
             )
             planners.append(health)
         if settings.hints:
-            hint_actions = HintActions(
-                scale_down_disabled=settings.hint_scale_down_disabled,
-                karpenter=settings.hint_karpenter,
-                idle=settings.hint_idle,
-                safe_to_evict=settings.hint_safe_to_evict,
-            )
             being_replaced = health.remediates if health is not None else None
-            planners.append(HintsPlanner(hints_policy, hint_actions, being_replaced=being_replaced))
+            planners.append(HintsPlanner(hints_policy, settings.hint_actions, being_replaced=being_replaced))
         if settings.gangs and pools_policy.gangs.enabled:
             planners.append(GangCapacityPlanner(pools_policy, prices=prices))
         observers = [_observer(metrics, hints_policy.idle.for_seconds, remediation.pool_labels)]

@@ -27,7 +27,7 @@ from gpuscale.config import Instant, Seconds
 from gpuscale.errors import ConfigError
 from gpuscale.model import format_duration
 from gpuscale.policy_files import check_policies_dir
-from gpuscale.settings import CommandSettings, PrometheusConnection, add_arguments, group
+from gpuscale.settings import CommandSettings, KubeAccess, PolicyFiles, PrometheusConnection, add_arguments, group
 
 __all__ = ["ReportSettings", "add_report_arguments", "run_report"]
 
@@ -61,11 +61,12 @@ class ReportSettings(CommandSettings):
         None,
         description="write report.md, report.json and report.html here, plus copies named by the window's end",
     )
-    policies: str | None = Field(
-        None, description="directory whose rightsizing.yaml, gpus.yaml, prices.yaml, diagnosis.yaml override shipped"
+    files: PolicyFiles = group(
+        PolicyFiles,
+        policies="directory whose rightsizing.yaml, gpus.yaml, prices.yaml, diagnosis.yaml override shipped",
     )
-    kubeconfig: str | None = Field(
-        None, description="owners of pods kube-state-metrics does not describe, from the Kubernetes API"
+    kube: KubeAccess = group(
+        KubeAccess, kubeconfig="owners of pods kube-state-metrics does not describe, from the Kubernetes API"
     )
     in_cluster: bool = Field(False, description="use the pod's service account for the Kubernetes API")
     configmap: str | None = Field(
@@ -175,7 +176,7 @@ async def _kubernetes(settings: ReportSettings, history: Any, report_texts: dict
     """Owners from the Kubernetes API (before the report) or the ConfigMap write (after it)."""
     from gpuscale.sources.kube import load_api_client
 
-    api = await load_api_client(settings.kubeconfig)
+    api = await load_api_client(settings.kube.kubeconfig)
     try:
         if report_texts is None:
             from gpuscale.sources.owners import owners_from_kubernetes
@@ -225,22 +226,22 @@ def run_report(settings: ReportSettings) -> None:
     from gpuscale.report.policy import load_report_policy
     from gpuscale.sources.history_file import export_history, load_history
 
-    if settings.policies:
-        check_policies_dir(settings.policies)
-    policy = load_report_policy(settings.policies)
+    if settings.files.policies:
+        check_policies_dir(settings.files.policies)
+    policy = load_report_policy(settings.files.policies)
     render = formatter(settings.output)
     now = time.time()
-    if settings.kubeconfig:
+    if settings.kube.kubeconfig:
         from gpuscale.sources.kube import check_kubeconfig
 
-        check_kubeconfig(settings.kubeconfig)  # NB: refused now, not once the fetch is done
+        check_kubeconfig(settings.kube.kubeconfig)  # NB: refused now, not once the fetch is done
     if settings.from_file:
         history = load_history(settings.from_file, memory_budget_bytes=settings.memory_budget)
     else:
         history = asyncio.run(_fetch(settings, now=now, policy=policy))
         if settings.export:
             export_history(history, settings.export)
-    if settings.kubeconfig or settings.in_cluster:
+    if settings.kube.kubeconfig or settings.in_cluster:
         asyncio.run(_kubernetes(settings, history, None))
     if settings.mode == "summary":
         from gpuscale.report.summary import build_summary_report

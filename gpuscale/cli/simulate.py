@@ -46,7 +46,7 @@ from gpuscale.replay.serving import ServingProfile
 from gpuscale.replay.signals import CpuProfile, check_metrics
 from gpuscale.replay.simulate import ReplaySettings, check_budget, replay
 from gpuscale.replay.traces import MAX_ROWS, Trace, read_trace
-from gpuscale.settings import CommandSettings, PrometheusConnection, group
+from gpuscale.settings import CatalogueFiles, CommandSettings, Logging, PrometheusConnection, group
 from gpuscale.sources.promapi import PrometheusClient, TooManySamples
 
 _PROFILE = ServingProfile()
@@ -125,9 +125,12 @@ class SimulateSettings(CommandSettings):
     cpu_loading: float = Field(_CPU.loading_cores, ge=0, description="cpu a replica uses while loading its model")
     cpu_idle: float = Field(_CPU.idle_cores, ge=0, description="cpu a ready replica uses with its GPU idle")
     cpu_busy: float = Field(_CPU.busy_cores, ge=0, description="cpu a ready replica uses with its GPU busy")
-    config: str | None = Field(None, description="metric catalogue YAML (default: the shipped one)")
-    policies: str | None = Field(None, description="directory whose metrics.yaml overrides the shipped one")
-    log_level: str = Field("warning", description="debug, info, warning or error")
+    files: CatalogueFiles = group(
+        CatalogueFiles,
+        config="metric catalogue YAML (default: the shipped one)",
+        policies="directory whose metrics.yaml overrides the shipped one",
+    )
+    logging: Logging = group(lambda: Logging(log_level="warning"))
 
     @model_validator(mode="after")
     def _check(self) -> SimulateSettings:
@@ -206,9 +209,10 @@ def load_hpas(paths: list[str]) -> list[tuple[str, HorizontalPodAutoscaler]]:
 
 def run_simulate(settings: SimulateSettings) -> dict:
     """The whole report as the JSON document (schema ``gpuscale.simulate/v2``)."""
-    if settings.policies:
-        check_policies_dir(settings.policies)
-    catalogue = load_catalogue(settings.config, policies=settings.policies)
+    files = settings.files
+    if files.policies:
+        check_policies_dir(files.policies)
+    catalogue = load_catalogue(files.config, policies=files.policies)
     hpas = load_hpas(settings.hpa)
     if settings.trace is None:
         return run_history(settings, hpas, catalogue)

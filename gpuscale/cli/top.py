@@ -67,7 +67,15 @@ from gpuscale.model import parse_quantity
 from gpuscale.pipeline import cyclic_gc_paused
 from gpuscale.policy_files import check_policies_dir
 from gpuscale.selectors import LabelSelector
-from gpuscale.settings import CommandSettings, PrometheusConnection, add_arguments, group
+from gpuscale.settings import (
+    CatalogueFiles,
+    CommandSettings,
+    KubeAccess,
+    Logging,
+    PrometheusConnection,
+    add_arguments,
+    group,
+)
 from gpuscale.sources.base import MetricsSource, SeriesValue, TargetHealth, TermQuery
 
 if TYPE_CHECKING:
@@ -132,7 +140,7 @@ class TopOptions(CommandSettings):
         description="read pods and nodes from a running gpuscale adapter's custom metrics API "
         "(e.g. through 'kubectl proxy': http://127.0.0.1:8001); no per-GPU view",
     )
-    kubeconfig: str | None = Field(None, description="kubeconfig: pod → node, pod and node labels, namespace checks")
+    kube: KubeAccess = group(KubeAccess, kubeconfig="kubeconfig: pod → node, pod and node labels, namespace checks")
     scrape_timeout: Seconds = Field(3.0, gt=0, description="timeout of one scrape or API request")
     rate_interval: Seconds = Field(
         1.0,
@@ -141,15 +149,14 @@ class TopOptions(CommandSettings):
         "request rates and the queue:compute ratio have a value (0 = one scrape)",
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
-    config: str | None = Field(
-        None,
-        description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped); validated with "
+    files: CatalogueFiles = group(
+        CatalogueFiles,
+        config="metric catalogue YAML (default: metrics.yaml of --policies, else shipped); validated with "
         "--adapter-url too, where the adapter's own catalogue names the metrics",
     )
-    policies: str | None = Field(
-        None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
+    logging: Logging = group(
+        lambda: Logging(log_level="error"), log_level="debug, info, warning or error (logs go to stderr)"
     )
-    log_level: str = Field("error", description="debug, info, warning or error (logs go to stderr)")
 
 
 class TopSettings(TopOptions):

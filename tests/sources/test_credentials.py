@@ -50,7 +50,6 @@ def test_each_refusal_names_the_file_and_the_flag(tmp_path, argument: str, conte
     else:
         path.write_bytes(content)
     with pytest.raises(ConfigError) as info:
-        # NB: unvalidated, so a key may come without its certificate: the file itself is what is checked
-        check_credentials(PrometheusConnection.model_construct(**{argument: str(path)}))
+        check_credentials(PrometheusConnection(**{argument: str(path)}))
     assert str(info.value).startswith(says.format(path=path)), str(info.value)
     assert "\n" not in str(info.value)
