@@ -4,11 +4,13 @@ Each field's name becomes ``--field-name``; its description is the help text; li
 (``--scrape-url A --scrape-url B``); durations accept "5s", "1m30s" or seconds. Settings are passed as
 arguments to whatever needs them — never through a global.
 
-A concept several commands share (the Prometheus connection, …) is one ``SettingsGroup``, declared once and
-composed into each command's settings as a field; its fields' flags are the group's ``flag_prefix`` plus the
-field name (``PrometheusConnection.token_file`` is ``--prometheus-token-file`` in every command). A command is
-built from the flat flag names (``AdapterSettings(prometheus_url=…)``, or the parsed command line) and the
-group is handed whole to what needs it (``settings.prometheus``).
+A concept several commands share (the Prometheus connection, Kubernetes access, logging, policy files; the
+controller's health and hint actions and the adapter's authentication flags) is one ``SettingsGroup``, declared
+once and composed into each command's settings as a field (``group(...)``, which may give the command its own
+defaults or help text); its fields' flags are the group's ``flag_prefix`` plus the field name
+(``PrometheusConnection.token_file`` is ``--prometheus-token-file`` in every command). A command is built from the
+flat flag names (``AdapterSettings(prometheus_url=…)``, or the parsed command line), and the group is handed whole
+to what needs it (``settings.prometheus``); a group's field also reads by its flag name (``settings.log_level``).
 """
 
 from __future__ import annotations

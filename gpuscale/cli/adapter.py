@@ -179,7 +179,7 @@ async def start_adapter(
     settings: AdapterSettings, *, catalogue: Catalogue | None = None, port_flags: dict[str, str] | None = None
 ) -> RunningAdapter:
     """Start serving, in named steps (``check_start``, ``make_cluster``, ``make_source``, ``make_scope``,
-    ``make_forecasts``, the pipeline, ``make_servers``). Each step enters what it takes on one exit stack, so a
+    ``make_forecasts``, ``make_pipeline``, ``make_servers``). Each step enters what it takes on one exit stack, so a
     failure at any step releases what the earlier ones took. ``port_flags`` names the flags a caller set the ports
     with, for a port already in use."""
     flags = {"insecure": "--insecure-port", "secure": "--secure-port", **(port_flags or {})}
@@ -201,18 +201,7 @@ async def start_adapter(
         )
         # NB: one answer cache for both ports' apps, its bodies for recent queries built by each refresh (answers.py)
         answers = AnswerCache(count=selfmetrics.count_answer)
-        pipeline = Pipeline(
-            catalogue,
-            made.source,
-            store,
-            Attributor(target_resolver(made.targets, cluster)),
-            interval_seconds=settings.refresh_interval,
-            on_refresh=_on_refresh(scoped, selfmetrics),
-            before_refresh=scoped.before_refresh if scoped is not None else made.before_refresh,
-            prepare=lambda snapshot: _both(
-                answers.prepare(provider, snapshot), forecasts.prepare(snapshot) if forecasts is not None else None
-            ),
-        )
+        pipeline = make_pipeline(settings, catalogue, store, made, cluster, scoped, selfmetrics, provider, answers)
         ready = _readiness_of(store, cluster, made.source, catalogue, scoped, started=started)
         discovery = Discovery(
             catalogue,
@@ -248,6 +237,34 @@ async def start_adapter(
             urls=servers.urls,
             listening=servers.listening,
         )
+
+
+def make_pipeline(
+    settings: AdapterSettings,
+    catalogue: Catalogue,
+    store: MetricsStore,
+    made: _Source,
+    cluster: KubeCache | None,
+    scoped: ScopedRefresh | None,
+    selfmetrics: AdapterMetrics,
+    provider: MetricsProvider,
+    answers: AnswerCache,
+) -> Pipeline:
+    """The refresh loop: source → store every interval; each snapshot goes live with its prepared answers and
+    forecasts at once, and a scoped refresh learns what the next one fetches."""
+    forecasts = provider.forecasts
+    return Pipeline(
+        catalogue,
+        made.source,
+        store,
+        Attributor(target_resolver(made.targets, cluster)),
+        interval_seconds=settings.refresh_interval,
+        on_refresh=_on_refresh(scoped, selfmetrics),
+        before_refresh=scoped.before_refresh if scoped is not None else made.before_refresh,
+        prepare=lambda snapshot: _both(
+            answers.prepare(provider, snapshot), forecasts.prepare(snapshot) if forecasts is not None else None
+        ),
+    )
 
 
 def check_start(settings: AdapterSettings, catalogue: Catalogue | None) -> _Checked:
