@@ -20,7 +20,7 @@ pipeline's prepare hook, as in the adapter):
 
 * **fc-everywhere** — the peer, as before: the rate fetched in every namespace and every workload forecast;
 * **fc-demand** — now: the rate fetched, and workloads forecast, only in the namespaces whose HPAs name a
-  forecast (``Demand(derived=…)``, ``Demand.fetching``).
+  forecast (``RefreshScope(derived=…)``, ``RefreshScope.fetching``).
 
 The Prometheus is a fake in another child process that answers an instant query with the JSON a real
 Prometheus returns for these series, honouring the namespace matchers the demand-driven PromQL carries (its own
@@ -189,21 +189,21 @@ def _refresh(port: int, gpus: int, mode: str, cycles: int, results: mp.Queue) ->
         from gpuscale.metrics.attribution import Attributor, Target
         from gpuscale.metrics.catalogue import load_catalogue
         from gpuscale.metrics.demand import DemandBook, DemandSettings
-        from gpuscale.metrics.refresh_scope import Demand, references
+        from gpuscale.metrics.refresh_scope import RefreshScope, references
         from gpuscale.metrics.store import MetricsStore
         from gpuscale.metrics.workload_demand import WorkloadDemand
         from gpuscale.pipeline import Pipeline
         from gpuscale.sources.prometheus import PrometheusSource
 
         catalogue = load_catalogue()
-        source = PrometheusSource(url=f"http://127.0.0.1:{port}", queries=queries(catalogue), timeout_seconds=120)
+        source = PrometheusSource(f"http://127.0.0.1:{port}", queries=queries(catalogue), timeout_seconds=120)
         before = None
         store = MetricsStore()
         forecasts = None
         if mode != "full":
             rate = "inference_requests_per_second"
             derived = dict.fromkeys(FORECAST_METRICS, rate) if mode == "fc-demand" else {}
-            demand = Demand(catalogue, derived=derived)
+            demand = RefreshScope(catalogue, derived=derived)
             # NB: as the adapter did before: the rate referenced in every namespace, whatever the HPAs name
             always = [(rate, None)] if mode == "fc-everywhere" else []
             referenced = {s for h in hpas(forecasts=mode.startswith("fc")) for s in references(h)} | set(always)

@@ -186,7 +186,7 @@ async def bench_prometheus(port: int, cycles: int) -> None:
     from gpuscale.sources.prometheus import PrometheusSource
 
     catalogue = load_catalogue()
-    source = PrometheusSource(url=f"http://127.0.0.1:{port}", queries=queries(catalogue), timeout_seconds=60)
+    source = PrometheusSource(f"http://127.0.0.1:{port}", queries=queries(catalogue), timeout_seconds=60)
     store = MetricsStore()
     pipeline = Pipeline(catalogue, source, store, Attributor(Target))
     cpu = []

@@ -39,7 +39,8 @@ import numpy as np
 from gpuscale.report.build import build_report
 from gpuscale.report.policy import load_report_policy
 from gpuscale.report.summary import build_summary_report
-from gpuscale.sources.history_fetch import FetchOptions, RangeClient, fetch_history
+from gpuscale.sources.history_fetch import FetchOptions, fetch_history
+from gpuscale.sources.promapi import PrometheusClient
 from gpuscale.sources.summary_fetch import fetch_summaries
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -139,7 +140,7 @@ async def load(url: str, gen) -> float:
 async def run_mode(url: str, mode: str, *, start: float, end: float, step: float, chunk: float, policy):
     options = FetchOptions(series_batch=50, timeout_seconds=600)
     async with aiohttp.ClientSession() as session:
-        client = RangeClient(url, session=session, options=options)
+        client = PrometheusClient(url, session=session, **options.client_limits())
         w0, c0 = time.monotonic(), time.process_time()
         if mode == "summary":
             idle = policy.diagnosis.diagnosis.idle

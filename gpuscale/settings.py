@@ -3,14 +3,24 @@
 Each field's name becomes ``--field-name``; its description is the help text; list fields repeat
 (``--scrape-url A --scrape-url B``); durations accept "5s", "1m30s" or seconds. Settings are passed as
 arguments to whatever needs them — never through a global.
+
+A concept several commands share (the Prometheus connection, Kubernetes access, logging, policy files; the
+controller's health and hint actions and the adapter's authentication flags) is one ``SettingsGroup``, declared
+once and composed into each command's settings as a field (``group(...)``, which may give the command its own
+defaults or help text); its fields' flags are the group's ``flag_prefix`` plus the field name
+(``PrometheusConnection.token_file`` is ``--prometheus-token-file`` in every command). A command is built from the
+flat flag names (``AdapterSettings(prometheus_url=…)``, or the parsed command line), and the group is handed whole
+to what needs it (``settings.prometheus``); a group's field also reads by its flag name (``settings.log_level``).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, get_args, get_origin
+from collections.abc import Iterator
+from typing import Any, ClassVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 from gpuscale.config import HttpUrl, Seconds, is_duration
 from gpuscale.errors import ConfigError
@@ -18,11 +28,149 @@ from gpuscale.metrics.forecast import MODELS
 from gpuscale.model import format_duration
 
 
-class _Settings(BaseModel):
+class SettingsGroup(BaseModel):
+    """Settings several commands share, composed into each as one field (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    flag_prefix: ClassVar[str] = ""
+    """What a field's flag starts with: ``prometheus_`` makes ``url`` the flag ``--prometheus-url``."""
+
+
+class PrometheusConnection(SettingsGroup):
+    """Where a Prometheus-compatible server is and how to reach it: one room for every command that reads one
+    (sources/promapi.py builds the client from it). Files are read again whenever they change."""
+
+    flag_prefix: ClassVar[str] = "prometheus_"
+
+    url: HttpUrl | None = Field(None, description="read from this Prometheus-compatible server")
+    token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
+    ca_file: str | None = Field(None, description="CA bundle to verify --prometheus-url")
+    client_cert: str | None = Field(None, description="client certificate for --prometheus-url")
+    client_key: str | None = Field(None, description="client key for --prometheus-url")
+    insecure_skip_verify: bool = Field(False, description="do not verify the Prometheus TLS certificate")
+    # NB: a key without its certificate is refused by the client (promapi.py), after the files themselves are checked
+
+
+class KubeAccess(SettingsGroup):
+    """How a command reaches the Kubernetes API."""
+
+    kubeconfig: str | None = Field(None, description="kubeconfig (default: the in-cluster service account)")
+
+
+class Logging(SettingsGroup):
+    """What a command logs (to stderr)."""
+
+    log_level: str = Field("info", description="debug, info, warning or error")
+
+
+class PolicyFiles(SettingsGroup):
+    """Where a command's policy files come from (gpuscale/policies/ ships them)."""
+
+    policies: str | None = Field(
+        None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
+    )
+
+
+class CatalogueFiles(PolicyFiles):
+    """The policy files and the metric catalogue, for the commands that read metrics through it."""
+
+    config: str | None = Field(
+        None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"
+    )
+
+
+class HealthActions(SettingsGroup):
+    """Which steps of GPU health remediation the controller may take (``--no-health-taint`` …)."""
+
+    flag_prefix: ClassVar[str] = "health_"
+
+    events: bool = Field(True, description="health: Events on the node")
+    condition: bool = Field(True, description="health: the GpuHealthy node condition")
+    taint: bool = Field(True, description="health: the cluster-autoscaler status taint")
+    cordon: bool = Field(True, description="health: cordon")
+    drain: bool = Field(False, description="health: drain cordoned nodes through the Eviction API")
+
+
+class HintActions(SettingsGroup):
+    """Which autoscaler hints the controller may give."""
+
+    flag_prefix: ClassVar[str] = "hint_"
+
+    scale_down_disabled: bool = Field(
+        True, description="hints: scale-down-disabled on nodes with active multi-GPU gangs or warm inference"
+    )
+    karpenter: bool = Field(True, description="hints: karpenter.sh/do-not-disrupt on Karpenter nodes instead")
+    idle: bool = Field(True, description="hints: Events and a gauge for requested-but-idle GPUs")
+    safe_to_evict: bool = Field(
+        False, description="hints: annotate idle GPU pods cluster-autoscaler.kubernetes.io/safe-to-evict=true"
+    )
+
+
+class AuthenticationFlags(SettingsGroup):
+    """The ``--client-ca-file`` and ``--requestheader-*`` flags of the adapter's HTTPS port (adapter/auth.py). A part
+    left unset comes from the cluster's extension-apiserver-authentication ConfigMap.
+
+    Empty header lists mean the defaults (X-Remote-User, X-Remote-Group, X-Remote-Extra-; no uid header).
+    """
+
+    client_ca_file: str | None = Field(None, description="CA for client certificates (default: from the cluster)")
+    requestheader_client_ca_file: str | None = Field(
+        None, description="CA of the front proxy (default: kube-system/extension-apiserver-authentication)"
+    )
+    requestheader_allowed_names: list[str] = Field(
+        default_factory=list, description="front-proxy client certificate CNs allowed (repeatable; empty = any)"
+    )
+    requestheader_username_headers: list[str] = Field(default_factory=list, description="default X-Remote-User")
+    requestheader_group_headers: list[str] = Field(default_factory=list, description="default X-Remote-Group")
+    requestheader_extra_headers_prefix: list[str] = Field(default_factory=list, description="default X-Remote-Extra-")
+    requestheader_uid_headers: list[str] = Field(default_factory=list, description="headers carrying the user's UID")
+
+
+def group(factory: type[SettingsGroup] | Any, **help_text: str) -> Any:
+    """A group field of a command: ``factory`` makes its default (a group class, or a function giving the command's
+    own defaults); ``help_text`` replaces a field's help where this command reads it its own way."""
+    return Field(default_factory=factory, json_schema_extra={"help": help_text} if help_text else None)
+
+
+def _group_type(info: FieldInfo) -> type[SettingsGroup] | None:
+    kind = info.annotation
+    return kind if isinstance(kind, type) and issubclass(kind, SettingsGroup) else None
+
+
+class CommandSettings(BaseModel):
+    """A command's settings: its own fields and its groups, built from flat flag names (module docstring)."""
+
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _into_groups(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            return values
+        values = dict(values)
+        for name, info in cls.model_fields.items():
+            kind = _group_type(info)
+            if kind is None or name in values:
+                continue
+            given = {f: values.pop(kind.flag_prefix + f) for f in kind.model_fields if kind.flag_prefix + f in values}
+            if given:
+                default = info.get_default(call_default_factory=True)
+                values[name] = {**default.model_dump(exclude_unset=True), **given}
+        return values
 
-class AdapterSettings(_Settings):
+    def __getattr__(self, name: str) -> Any:
+        # NB: a group's field read by its flag's name (settings.log_level for settings.logging.log_level), as
+        # the commands' code read their flat settings before groups; only reached when normal lookup fails.
+        for group_name, info in type(self).model_fields.items():
+            kind = _group_type(info)
+            if kind is None or not name.startswith(kind.flag_prefix):
+                continue
+            if (field := name.removeprefix(kind.flag_prefix)) in kind.model_fields:
+                return getattr(getattr(self, group_name), field)
+        return super().__getattr__(name)  # type: ignore[misc]
+
+
+class AdapterSettings(CommandSettings):
     # --- where metrics come from ---
     scrape_url: list[str] = Field(
         default_factory=list,
@@ -37,12 +185,9 @@ class AdapterSettings(_Settings):
         "gpuscale.io/scrape=triton",
         description="label selector of inference pods to scrape (pods annotated gpuscale.io/scrape=true are too)",
     )
-    prometheus_url: HttpUrl | None = Field(None, description="read from this Prometheus-compatible server instead")
-    prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
-    prometheus_ca_file: str | None = Field(None, description="CA bundle to verify --prometheus-url")
-    prometheus_client_cert: str | None = Field(None, description="client certificate for --prometheus-url")
-    prometheus_client_key: str | None = Field(None, description="client key for --prometheus-url")
-    prometheus_insecure_skip_verify: bool = Field(False, description="do not verify the Prometheus TLS certificate")
+    prometheus: PrometheusConnection = group(
+        PrometheusConnection, url="read from this Prometheus-compatible server instead"
+    )
     prometheus_timeout: Seconds = Field(
         10.0,
         gt=0,
@@ -65,13 +210,8 @@ class AdapterSettings(_Settings):
         description="decode Prometheus answers in a child process, so that no decode holds up HPA requests "
         "(docs/adapter.md); --no-prometheus-decode-process decodes them in a thread of the adapter",
     )
-    kubeconfig: str | None = Field(None, description="kubeconfig for pod labels (default: in-cluster config if any)")
-    config: str | None = Field(
-        None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"
-    )
-    policies: str | None = Field(
-        None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
-    )
+    kube: KubeAccess = group(KubeAccess, kubeconfig="kubeconfig for pod labels (default: in-cluster config if any)")
+    files: CatalogueFiles = group(CatalogueFiles)
     refresh_interval: Seconds = Field(5.0, gt=0, description="how often to scrape and refresh the store")
     scrape_timeout: Seconds = Field(3.0, gt=0, description="per-exporter scrape timeout (at most --refresh-interval)")
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
@@ -103,24 +243,14 @@ class AdapterSettings(_Settings):
     tls_reload_interval: Seconds = Field(
         10.0, ge=0, description="how often the serving certificate files are checked for a renewal (0: never)"
     )
-    client_ca_file: str | None = Field(None, description="CA for client certificates (default: from the cluster)")
-    requestheader_client_ca_file: str | None = Field(
-        None, description="CA of the front proxy (default: kube-system/extension-apiserver-authentication)"
-    )
-    requestheader_allowed_names: list[str] = Field(
-        default_factory=list, description="front-proxy client certificate CNs allowed (repeatable; empty = any)"
-    )
-    requestheader_username_headers: list[str] = Field(default_factory=list, description="default X-Remote-User")
-    requestheader_group_headers: list[str] = Field(default_factory=list, description="default X-Remote-Group")
-    requestheader_extra_headers_prefix: list[str] = Field(default_factory=list, description="default X-Remote-Extra-")
-    requestheader_uid_headers: list[str] = Field(default_factory=list, description="headers carrying the user's UID")
+    authentication: AuthenticationFlags = group(AuthenticationFlags)
     allow_anonymous: bool = Field(
         False,
         description="serve unauthenticated requests as system:anonymous (still authorized by SubjectAccessReview)",
     )
     authn_cache_ttl: Seconds = Field(10.0, ge=0, description="how long TokenReview answers are cached")
     authz_cache_ttl: Seconds = Field(10.0, ge=0, description="how long SubjectAccessReview answers are cached")
-    log_level: str = Field("info", description="debug, info, warning or error")
+    logging: Logging = group(Logging)
     # --- forecasts (docs/forecast.md) ---
     forecast: bool = Field(
         True, description="serve forecast_* metrics per Deployment/StatefulSet (needs the Kubernetes API)"
@@ -153,7 +283,7 @@ class AdapterSettings(_Settings):
         unknown = self._apis - {"custom", "external"}
         if unknown or not self._apis:
             raise ValueError(f"apis: expected custom, external or custom,external, got {self.apis!r}")
-        if self.prometheus_url and (self.scrape_url or self.discover_exporters):
+        if self.prometheus.url and (self.scrape_url or self.discover_exporters):
             raise ValueError("prometheus-url: give either --prometheus-url or scrape targets, not both")
         if bool(self.tls_cert_file) != bool(self.tls_private_key_file):
             raise ValueError("tls-cert-file: give both --tls-cert-file and --tls-private-key-file")
@@ -168,7 +298,7 @@ class AdapterSettings(_Settings):
         return None if self.insecure_port is not None else 6443
 
 
-class DemoSettings(_Settings):
+class DemoSettings(CommandSettings):
     port: int = Field(8443, ge=0, le=65535, description="adapter port on 127.0.0.1 (0 = pick a free port)")
     duration: Seconds = Field(
         300.0,
@@ -177,23 +307,18 @@ class DemoSettings(_Settings):
         "it plays again and again until Ctrl-C)",
     )
     refresh_interval: Seconds = Field(1.0, gt=0, description="adapter refresh interval")
-    config: str | None = Field(
-        None, description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped)"
-    )
-    policies: str | None = Field(
-        None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
-    )
+    files: CatalogueFiles = group(CatalogueFiles)
     keep_running: bool = Field(
         True,
         description="keep the simulated cluster, the adapter and the HPA loop running until Ctrl-C, the trace slice "
         "replayed again and again, so the printed commands keep working (--no-keep-running: one pass, then exit)",
     )
-    log_level: str = Field("warning", description="debug, info, warning or error")
+    logging: Logging = group(lambda: Logging(log_level="warning"))
 
 
-class ControllerSettings(_Settings):
+class ControllerSettings(CommandSettings):
     # --- where it reads from ---
-    kubeconfig: str | None = Field(None, description="kubeconfig (default: the in-cluster service account)")
+    kube: KubeAccess = group(KubeAccess)
     scrape_url: list[str] = Field(
         default_factory=list, description="dcgm-exporter /metrics URL to scrape (repeatable; the node from its labels)"
     )
@@ -201,11 +326,13 @@ class ControllerSettings(_Settings):
         False, description="scrape the dcgm-exporter pods found through the Kubernetes API (their node: the pod's)"
     )
     dcgm_exporter_selector: str = Field("app=nvidia-dcgm-exporter", description="label selector of dcgm-exporter pods")
-    prometheus_url: HttpUrl | None = Field(None, description="read DCGM series from this Prometheus-compatible server")
-    prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
+    prometheus: PrometheusConnection = group(
+        PrometheusConnection, url="read DCGM series from this Prometheus-compatible server"
+    )
     scrape_timeout: Seconds = Field(5.0, gt=0, description="timeout of one exporter scrape or Prometheus query")
-    policies: str | None = Field(
-        None, description="directory whose health.yaml, diagnosis.yaml, remediation.yaml override the shipped ones"
+    files: PolicyFiles = group(
+        PolicyFiles,
+        policies="directory whose health.yaml, diagnosis.yaml, remediation.yaml override the shipped ones",
     )
     # --- how it runs ---
     namespace: str = Field("gpuscale", description="namespace of the Lease and of the breaker's state ConfigMap")
@@ -219,88 +346,107 @@ class ControllerSettings(_Settings):
     dry_run: bool = Field(False, description="validate every write on the server (dryRun=All) and change nothing")
     port: int = Field(8080, ge=0, le=65535, description="port of /healthz, /readyz and /metrics (0 = any free port)")
     bind_address: str = Field("0.0.0.0", description="address that port listens on")
-    log_level: str = Field("info", description="debug, info, warning or error")
+    logging: Logging = group(Logging)
     # --- health remediation (each step switchable) ---
     health: bool = Field(True, description="GPU health remediation")
-    health_events: bool = Field(True, description="health: Events on the node")
-    health_condition: bool = Field(True, description="health: the GpuHealthy node condition")
-    health_taint: bool = Field(True, description="health: the cluster-autoscaler status taint")
-    health_cordon: bool = Field(True, description="health: cordon")
-    health_drain: bool = Field(False, description="health: drain cordoned nodes through the Eviction API")
+    health_actions: HealthActions = group(HealthActions)
     # --- autoscaler hints ---
     hints: bool = Field(True, description="autoscaler hints from telemetry")
-    hint_scale_down_disabled: bool = Field(
-        True, description="hints: scale-down-disabled on nodes with active multi-GPU gangs or warm inference"
-    )
-    hint_karpenter: bool = Field(True, description="hints: karpenter.sh/do-not-disrupt on Karpenter nodes instead")
-    hint_idle: bool = Field(True, description="hints: Events and a gauge for requested-but-idle GPUs")
-    hint_safe_to_evict: bool = Field(
-        False, description="hints: annotate idle GPU pods cluster-autoscaler.kubernetes.io/safe-to-evict=true"
-    )
+    hint_actions: HintActions = group(HintActions)
     # --- gang-aware capacity (policies/pools.yaml; each also needs its `enabled` there) ---
     gangs: bool = Field(True, description="ProvisioningRequests for pending gangs, NVLink-domain warnings")
     expander: bool = Field(True, description="the cluster-autoscaler priority-expander ConfigMap from pool ranking")
 
     @model_validator(mode="after")
     def _check(self) -> ControllerSettings:
-        if self.prometheus_url and (self.scrape_url or self.discover_exporters):
+        if self.prometheus.url and (self.scrape_url or self.discover_exporters):
             raise ValueError("prometheus-url: give either --prometheus-url or scrape targets, not both")
-        if not self.prometheus_url and not self.scrape_url and not self.discover_exporters:
+        if not self.prometheus.url and not self.scrape_url and not self.discover_exporters:
             raise ValueError("scrape-url: give --scrape-url (repeatable), --discover-exporters or --prometheus-url")
         if not self.retry_period < self.renew_deadline < self.lease_duration:
             raise ValueError("renew-deadline: needs --retry-period < --renew-deadline < --lease-duration")
         return self
 
 
+def flag_fields(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo, Any, str]]:
+    """Each flag of ``model``: (its dest, the field, its default, its help), groups' fields in their place."""
+    for name, info in model.model_fields.items():
+        kind = _group_type(info)
+        if kind is None:
+            default = None if info.is_required() else info.get_default(call_default_factory=True)
+            yield name, info, default, info.description or ""
+            continue
+        defaults = info.get_default(call_default_factory=True)
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        help_text: dict[str, str] = extra.get("help") or {}  # type: ignore[assignment]
+        for field_name, field in kind.model_fields.items():
+            described = help_text.get(field_name, field.description or "")
+            yield kind.flag_prefix + field_name, field, getattr(defaults, field_name), described
+
+
 def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    for name, field in model.model_fields.items():
+    for name, field, default, described in flag_fields(model):
         flag = "--" + name.replace("_", "-")
         origin = get_origin(field.annotation)
-        default = None if field.is_required() else field.get_default(call_default_factory=True)
         if default not in (None, [], "") and is_duration(field):
             default = format_duration(default)
         shown = f" (default: {default})" if default not in (None, [], "") else ""
         if field.annotation is bool and name.startswith("no_") and default is False:
             # NB: BooleanOptionalAction would also offer --no-no-progress
-            parser.add_argument(flag, dest=name, action="store_true", default=None, help=field.description or "")
+            parser.add_argument(flag, dest=name, action="store_true", default=None, help=described)
         elif field.annotation is bool:
-            parser.add_argument(
-                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=field.description or ""
-            )
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=described)
         elif origin is list:
-            parser.add_argument(flag, dest=name, action="append", default=None, help=(field.description or "") + shown)
+            parser.add_argument(flag, dest=name, action="append", default=None, help=described + shown)
         else:
-            parser.add_argument(flag, dest=name, default=None, help=(field.description or "") + shown)
+            parser.add_argument(flag, dest=name, default=None, help=described + shown)
 
 
-def _argument(model: type[BaseModel], name: str) -> str:
+def _argument(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     """How the user wrote a field: its flag, or a positional's metavar (``VIEW``, not ``--view``)."""
-    field = model.model_fields.get(name)
+    field = model.model_fields.get(str(loc[0]))
+    kind = _group_type(field) if field is not None else None
+    if kind is not None and len(loc) > 1:
+        return "--" + (kind.flag_prefix + str(loc[1])).replace("_", "-")
     extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
-    return str(extra.get("metavar") or "--" + name.replace("_", "-"))
+    return str(extra.get("metavar") or "--" + str(loc[0]).replace("_", "-"))
 
 
-def from_arguments(model: type[_Settings], args: argparse.Namespace) -> Any:
-    values = {k: v for k, v in vars(args).items() if k in model.model_fields and v is not None}
+def from_arguments(model: type[BaseModel], args: argparse.Namespace) -> Any:
+    names = {name for name, *_ in flag_fields(model)}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     try:
         return model.model_validate(values)
     except ValidationError as e:
         problems = []
         for err in e.errors():
             msg = err["msg"].removeprefix("Value error, ")
-            if err["loc"]:
-                problems.append(f"{_argument(model, str(err['loc'][0]))}: {msg}")
-            else:  # a cross-field rule; its message starts with the flag it is about
+            field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+            if err["loc"] and not (len(err["loc"]) == 1 and field is not None and _group_type(field)):
+                problems.append(f"{_argument(model, err['loc'])}: {msg}")
+            else:  # a cross-field rule (of the command or of a group); its message starts with the flag it is about
                 problems.append(f"--{msg}")
         raise ConfigError("; ".join(problems)) from None
 
 
 __all__ = [
     "AdapterSettings",
+    "AuthenticationFlags",
+    "CatalogueFiles",
+    "CommandSettings",
     "ControllerSettings",
     "DemoSettings",
+    "HealthActions",
+    "HintActions",
+    "KubeAccess",
+    "Logging",
+    "PolicyFiles",
+    "PrometheusConnection",
     "Seconds",
+    "SettingsGroup",
     "add_arguments",
+    "flag_fields",
     "from_arguments",
     "get_args",
+    "group",
 ]

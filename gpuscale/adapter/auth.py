@@ -64,6 +64,7 @@ from multidict import MultiMapping
 from gpuscale.adapter.status import status_response
 from gpuscale.adapter.tls import CABundle, CertificateRejected, ServerTLS, peer_certificates
 from gpuscale.errors import ConfigError, GpuscaleError, SourceUnavailable
+from gpuscale.settings import AuthenticationFlags  # NB: the settings group, handed whole by cli/adapter.py
 from gpuscale.sources.configmaps import ConfigMapWatch
 from gpuscale.sources.kube import WatchExpired, read_json
 
@@ -87,6 +88,7 @@ __all__ = [
     "Unauthenticated",
     "UserInfo",
     "config_from_configmap",
+    "flag_parts",
     "forbidden_message",
     "make_auth_middleware",
     "request_attributes",
@@ -345,35 +347,20 @@ def config_from_configmap(data: Mapping[str, str] | None) -> AuthenticationConfi
     return AuthenticationConfig(client_ca, request_header)
 
 
-@dataclass(frozen=True)
-class AuthenticationFlags:
-    """The ``--client-ca-file`` and ``--requestheader-*`` flags. A part left unset comes from the ConfigMap.
-
-    Empty header lists mean the defaults (X-Remote-User, X-Remote-Group, X-Remote-Extra-; no uid header).
-    """
-
-    client_ca_file: str | None = None
-    requestheader_client_ca_file: str | None = None
-    requestheader_allowed_names: Sequence[str] = ()
-    requestheader_username_headers: Sequence[str] = ()
-    requestheader_uid_headers: Sequence[str] = ()
-    requestheader_group_headers: Sequence[str] = ()
-    requestheader_extra_headers_prefix: Sequence[str] = ()
-
-    def load(self) -> tuple[CABundle | None, RequestHeaderConfig | None]:
-        """(client CA, requestheader config) from the files; None for a part the cluster must supply."""
-        client_ca = CABundle.from_file(self.client_ca_file, flag="--client-ca-file") if self.client_ca_file else None
-        request_header = None
-        if self.requestheader_client_ca_file:
-            request_header = RequestHeaderConfig(
-                ca=CABundle.from_file(self.requestheader_client_ca_file, flag="--requestheader-client-ca-file"),
-                allowed_names=tuple(self.requestheader_allowed_names),
-                username_headers=tuple(self.requestheader_username_headers) or DEFAULT_USERNAME_HEADERS,
-                uid_headers=tuple(self.requestheader_uid_headers),
-                group_headers=tuple(self.requestheader_group_headers) or DEFAULT_GROUP_HEADERS,
-                extra_headers_prefixes=tuple(self.requestheader_extra_headers_prefix) or DEFAULT_EXTRA_HEADERS_PREFIXES,
-            )
-        return client_ca, request_header
+def flag_parts(flags: AuthenticationFlags) -> tuple[CABundle | None, RequestHeaderConfig | None]:
+    """(client CA, requestheader config) from the flags' files; None for a part the cluster must supply."""
+    client_ca = CABundle.from_file(flags.client_ca_file, flag="--client-ca-file") if flags.client_ca_file else None
+    request_header = None
+    if flags.requestheader_client_ca_file:
+        request_header = RequestHeaderConfig(
+            ca=CABundle.from_file(flags.requestheader_client_ca_file, flag="--requestheader-client-ca-file"),
+            allowed_names=tuple(flags.requestheader_allowed_names),
+            username_headers=tuple(flags.requestheader_username_headers) or DEFAULT_USERNAME_HEADERS,
+            uid_headers=tuple(flags.requestheader_uid_headers),
+            group_headers=tuple(flags.requestheader_group_headers) or DEFAULT_GROUP_HEADERS,
+            extra_headers_prefixes=tuple(flags.requestheader_extra_headers_prefix) or DEFAULT_EXTRA_HEADERS_PREFIXES,
+        )
+    return client_ca, request_header
 
 
 class AuthenticationConfigWatcher:
@@ -396,7 +383,7 @@ class AuthenticationConfigWatcher:
         watch_timeout_seconds: int = 300,
         backoff_max_seconds: float = 30.0,
     ) -> None:
-        self._fixed_client_ca, self._fixed_request_header = (flags or AuthenticationFlags()).load()
+        self._fixed_client_ca, self._fixed_request_header = flag_parts(flags or AuthenticationFlags())
         self._namespace, self._name = namespace, name
         needs_cluster = api_client is not None and (self._fixed_client_ca is None or self._fixed_request_header is None)
         self._watch = (

@@ -7,20 +7,21 @@ import contextlib
 import errno
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gpuscale.adapter.answers import AnswerCache
 from gpuscale.adapter.app import make_app
-from gpuscale.adapter.auth import AuthenticationFlags, DelegatedAuth
+from gpuscale.adapter.asked_for import asked_for_middleware
+from gpuscale.adapter.auth import DelegatedAuth, flag_parts
 from gpuscale.adapter.discovery import Discovery
 from gpuscale.adapter.forecasts import METRICS as FORECAST_METRICS
 from gpuscale.adapter.forecasts import ForecastCollector, WorkloadForecasts
 from gpuscale.adapter.provider import MetricsProvider
-from gpuscale.adapter.refresh_scope import demand_middleware
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.adapter.tls import ServerTLS, serving_cert_files
 from gpuscale.adapter.transport import AdapterRunner, RejectionLog
@@ -28,23 +29,25 @@ from gpuscale.errors import ConfigError, one_line
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue, load_catalogue
 from gpuscale.metrics.demand import DemandBook, DemandSettings
-from gpuscale.metrics.refresh_scope import Demand
+from gpuscale.metrics.refresh_scope import RefreshScope
 from gpuscale.metrics.store import MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import WorkloadDemand
-from gpuscale.model import format_duration
+from gpuscale.model import ObjectRef, format_duration
 from gpuscale.pipeline import Pipeline
 from gpuscale.policy_files import check_policies_dir
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import AdapterSettings
 from gpuscale.sources.base import MetricsSource, TargetHealth
-from gpuscale.sources.credentials import check_prometheus_files
 from gpuscale.sources.exporter_discovery import DiscoveryRules, discover
 from gpuscale.sources.hpas import HpaCache
 from gpuscale.sources.kube import KubeCache, load_api_client
+from gpuscale.sources.promapi import PrometheusClient, check_credentials
 from gpuscale.sources.scrape import ScrapeSource
 from gpuscale.sources.targets import parse_scrape_targets, target_resolver
 
 if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
     from gpuscale.sources.prometheus import PrometheusSource
 
 log = logging.getLogger(__name__)
@@ -52,58 +55,56 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunningAdapter:
+    """A started adapter. ``stop`` releases what the start took (tasks, servers, authentication, source, HPA and
+    watch caches, the API client) in the reverse order, from the one exit stack each step entered them on."""
+
     settings: AdapterSettings
     catalogue: Catalogue
     store: MetricsStore
     pipeline: Pipeline
     source: MetricsSource
     cluster: KubeCache | None
-    api_client: object | None
-    runners: list[web.AppRunner]
     url: str
+    resources: contextlib.AsyncExitStack
     auth: DelegatedAuth | None = None
-    demand: DemandDriven | None = None
+    scoped_refresh: ScopedRefresh | None = None
     urls: list[str] = field(default_factory=list)
     listening: list[str] = field(default_factory=list)  # what was really bound, for the log
-    tasks: list[asyncio.Task] = field(default_factory=list)
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for runner in self.runners:
-            await runner.cleanup()
-        if self.auth is not None:
-            await self.auth.stop()
-        await self.source.close()
-        if self.demand is not None:
-            await self.demand.hpas.stop()
-        if self.cluster is not None:
-            await self.cluster.stop()
-        if self.api_client is not None:
-            await self.api_client.close()  # type: ignore[attr-defined]
+        await self.resources.aclose()
 
 
 @dataclass
-class DemandDriven:
-    """Demand-driven refresh wired up (metrics/refresh_scope.py): the HPA cache says what is referenced, the
-    Prometheus source fetches only that, requests for anything else wait for one refresh that fetches it."""
+class ScopedRefresh:
+    """The refresh narrowed to what is used (``--demand-driven``, metrics/refresh_scope.py): the HPA cache says what
+    is referenced, the Prometheus source fetches only that, a request for anything else waits for one refresh that
+    fetches it (adapter/asked_for.py)."""
 
-    demand: Demand
+    scope: RefreshScope
     hpas: HpaCache
     source: PrometheusSource
 
     def before_refresh(self) -> None:
         now = time.time()
         if self.hpas.synced:
-            self.demand.set_referenced(self.hpas.references(), now=now)
-            self.source.set_scope(self.demand.begin(now=now))
+            self.scope.set_referenced(self.hpas.references(), now=now)
+            self.source.set_scope(self.scope.begin(now=now))
         else:
             # NB: no HPA list yet (starting, or list/watch refused): fetch everything rather than less than asked.
             self.source.set_scope(None)
-            self.demand.begin_all()
+            self.scope.begin_all()
+
+    def middleware(self, cluster: KubeCache | None, refresh: Callable[[], Awaitable[None]]) -> Middleware:
+        """Notes each metric request's scope; one not fetched yet waits for ``refresh``."""
+
+        def note(metric: str, namespace: str | None) -> bool:
+            known = cluster is None or not cluster.synced or namespace is None or namespace in cluster.namespaces()
+            if not known:
+                return True  # NB: the provider answers 404; a namespace that does not exist never joins a query
+            return self.scope.note_request(metric, namespace, now=time.time())
+
+        return asked_for_middleware(note, refresh)
 
     def note(self) -> str:
         """A /readyz note while the HPA list cannot be read ('' when it can)."""
@@ -114,148 +115,380 @@ class DemandDriven:
         return f"HorizontalPodAutoscaler list/watch failing, {what} ({one_line(failing[0].error or 'no answer', 120)})"
 
 
+# --- the interval rules ---------------------------------------------------------------------------------------
+
+
+def retry_after_seconds(settings: AdapterSettings) -> int:
+    """What a 503 tells the HPA controller to wait before asking again: one refresh, at least a second."""
+    return max(1, round(settings.refresh_interval))
+
+
+def asked_for_wait_seconds(settings: AdapterSettings) -> float:
+    """How long a request for a scope not fetched yet waits: one refresh (whose reads are bounded by the interval,
+    ``read_timeout``) that may have just begun, then the one that fetches it, plus its build."""
+    return 2 * settings.refresh_interval + 5
+
+
+def scrape_history_seconds(settings: AdapterSettings, catalogue: Catalogue) -> float:
+    """How far back the scrape source keeps samples: the catalogue's longest rate window plus two refreshes, so a
+    window is always full when the refresh that reads it runs late."""
+    return catalogue.longest_window + 2 * settings.refresh_interval
+
+
+def read_timeout(flag: str, timeout: float, settings: AdapterSettings) -> float:
+    """A read may not outlast the refresh it belongs to; say so when a timeout the user gave is cut."""
+    interval = settings.refresh_interval
+    if timeout > interval and flag.removeprefix("--").replace("-", "_") in settings.model_fields_set:
+        log.warning(
+            "%s %s is longer than --refresh-interval %s: reads time out after %s",
+            flag,
+            format_duration(timeout),
+            format_duration(interval),
+            format_duration(interval),
+        )
+    return min(timeout, interval)
+
+
+# --- the composition --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Checked:
+    """What the start reads from files and flags before it connects or listens anywhere."""
+
+    catalogue: Catalogue
+    explicit: dict[str, ObjectRef | None]
+    server_tls: ServerTLS | None
+
+
+@dataclass
+class _Source:
+    source: MetricsSource
+    targets: dict[str, ObjectRef | None]  # the url → pod map the attributor reads (rediscovery updates it)
+    before_refresh: Callable[[], None] | None
+
+
+@dataclass
+class _Servers:
+    urls: list[str]
+    listening: list[str]
+    auth: DelegatedAuth | None
+
+
 async def start_adapter(
     settings: AdapterSettings, *, catalogue: Catalogue | None = None, port_flags: dict[str, str] | None = None
 ) -> RunningAdapter:
-    """Start serving. ``port_flags`` names the flags a caller set the ports with, for a port already in use."""
+    """Start serving, in named steps (``check_start``, ``make_cluster``, ``make_source``, ``make_scope``,
+    ``make_forecasts``, ``make_pipeline``, ``make_servers``). Each step enters what it takes on one exit stack, so a
+    failure at any step releases what the earlier ones took. ``port_flags`` names the flags a caller set the ports
+    with, for a port already in use."""
     flags = {"insecure": "--insecure-port", "secure": "--secure-port", **(port_flags or {})}
-    if settings.policies:
-        check_policies_dir(settings.policies)
-    catalogue = catalogue or load_catalogue(settings.config, policies=settings.policies)
+    checked = check_start(settings, catalogue)
+    catalogue = checked.catalogue
     started = time.time()
-    explicit = parse_scrape_targets(settings.scrape_url)
-    if not explicit and not settings.discover_exporters and not settings.prometheus_url:
-        raise ConfigError(
-            "give at least one --scrape-url (an exporter /metrics URL), --discover-exporters or --prometheus-url"
+    async with contextlib.AsyncExitStack() as resources:
+        api, cluster = await make_cluster(settings, resources)
+        made = make_source(settings, checked, cluster)
+        resources.push_async_callback(made.source.close)
+        scoped = await make_scope(settings, catalogue, api, cluster, made.source, resources)
+        store = MetricsStore()
+        # NB: the watch cache reports per kind like a source per target: an API outage shows on /metrics.
+        reporters: list = [made.source, *([cluster] if cluster else []), *([scoped.hpas] if scoped else [])]
+        selfmetrics = AdapterMetrics(lambda: reporters)
+        forecasts = make_forecasts(settings, catalogue, store, cluster, scoped, selfmetrics)
+        provider = MetricsProvider(
+            catalogue, store, cluster, retry_after_seconds=retry_after_seconds(settings), forecasts=forecasts
         )
-    # NB: every file a flag names is read before anything connects or listens: a bad one ends the start (one line,
-    # exit 2) instead of surfacing after --insecure-port already serves, or as a first refresh that never works.
-    check_prometheus_files(
-        token_file=settings.prometheus_token_file,
-        ca_file=settings.prometheus_ca_file,
-        client_cert=settings.prometheus_client_cert,
-        client_key=settings.prometheus_client_key,
-    )
-    auth_flags = AuthenticationFlags(
-        client_ca_file=settings.client_ca_file,
-        requestheader_client_ca_file=settings.requestheader_client_ca_file,
-        requestheader_allowed_names=settings.requestheader_allowed_names,
-        requestheader_username_headers=settings.requestheader_username_headers,
-        requestheader_uid_headers=settings.requestheader_uid_headers,
-        requestheader_group_headers=settings.requestheader_group_headers,
-        requestheader_extra_headers_prefix=settings.requestheader_extra_headers_prefix,
-    )
-    server_tls: ServerTLS | None = None
-    if settings.https_port is not None:
-        auth_flags.load()
-        files = serving_cert_files(
-            cert_file=settings.tls_cert_file, key_file=settings.tls_private_key_file, cert_dir=settings.cert_dir
+        # NB: one answer cache for both ports' apps, its bodies for recent queries built by each refresh (answers.py)
+        answers = AnswerCache(count=selfmetrics.count_answer)
+        pipeline = make_pipeline(settings, catalogue, store, made, cluster, scoped, selfmetrics, provider, answers)
+        ready = _readiness_of(store, cluster, made.source, catalogue, scoped, started=started)
+        discovery = Discovery(
+            catalogue,
+            serve_custom=settings.serve_custom,
+            serve_external=settings.serve_external,
+            forecasts=tuple(FORECAST_METRICS) if forecasts is not None else (),
         )
-        server_tls = ServerTLS(files.cert_file, files.key_file)
-    cluster: KubeCache | None = None
-    api = None
-    if settings.kubeconfig is not None or _in_cluster():
-        api = await load_api_client(settings.kubeconfig)
-        cluster = KubeCache(api)
-        await cluster.start()
-    elif settings.discover_exporters:
-        raise ConfigError("--discover-exporters needs the Kubernetes API: give --kubeconfig or run in a cluster")
-    store = MetricsStore()
-    targets = dict(explicit)
-    before_refresh = None
-    demand: DemandDriven | None = None
-    if settings.prometheus_url:
-        source = _prometheus_source(settings, catalogue)
-        if settings.demand_driven and api is not None:
-            # NB: a forecast an HPA or a request names wants its rate metric in that namespace (refresh_scope.py)
-            derived = (
-                dict.fromkeys(FORECAST_METRICS, settings.forecast_rate_metric)
-                if _forecasting(settings, cluster) and catalogue.get(settings.forecast_rate_metric) is not None
-                else {}  # NB: an unknown rate metric is refused below, naming the flag
-            )
-            demand = DemandDriven(
-                Demand(catalogue, keep_warm_seconds=settings.keep_warm, derived=derived), HpaCache(api), source
-            )
-            await demand.hpas.start()
-            before_refresh = demand.before_refresh
-    else:
-        scrape = ScrapeSource(
-            explicit,
-            series=catalogue.series_names,
-            windowed_series=catalogue.windowed_series,
-            history_seconds=catalogue.longest_window + 2 * settings.refresh_interval,
-            timeout_seconds=_capped("--scrape-timeout", settings.scrape_timeout, settings),
-            max_body_bytes=settings.max_body_bytes,
-            publish_early=True,
-            off_loop=True,
+        wait = asked_for_wait_seconds(settings)
+        middlewares = (
+            [] if scoped is None else [scoped.middleware(cluster, lambda: pipeline.refresh_soon(timeout=wait))]
         )
-        source = scrape
-        if settings.discover_exporters:
-            assert cluster is not None
-            rules = DiscoveryRules(
-                LabelSelector.parse(settings.dcgm_exporter_selector), LabelSelector.parse(settings.triton_selector)
+
+        def app(*first: Middleware) -> web.Application:
+            return make_app(
+                provider, discovery, selfmetrics, ready=ready, middlewares=[*first, *middlewares], answers=answers
             )
 
-            def rediscover() -> None:
-                found = discover(cluster, rules) if cluster.synced else {}
-                targets.clear()
-                targets.update(explicit)
-                targets.update({url: owner for url, owner in found.items() if url not in explicit})
-                scrape.set_targets(targets)
+        servers = await make_servers(settings, checked, api, app, selfmetrics, resources, flags=flags)
+        _run(resources, pipeline.run(), name="refresh")
+        if checked.server_tls is not None and settings.tls_reload_interval > 0:
+            _run(resources, _reload_serving_cert(checked.server_tls, settings.tls_reload_interval), name="serving-cert")
+        return RunningAdapter(
+            settings,
+            catalogue,
+            store,
+            pipeline,
+            made.source,
+            cluster,
+            servers.urls[0],
+            resources.pop_all(),
+            auth=servers.auth,
+            scoped_refresh=scoped,
+            urls=servers.urls,
+            listening=servers.listening,
+        )
 
-            before_refresh = rediscover
-    # NB: the watch cache reports per kind like a source per target: an API outage shows on /metrics.
-    reporters: list = [source, *([cluster] if cluster is not None else []), *([demand.hpas] if demand else [])]
-    selfmetrics = AdapterMetrics(lambda: reporters)
-    forecasts = _forecasts(
-        settings,
-        catalogue,
-        store,
-        cluster,
-        rate_namespaces=(lambda: demand.demand.fetching(settings.forecast_rate_metric)) if demand else lambda: None,
-    )
-    if forecasts is not None:
-        selfmetrics.registry.register(ForecastCollector(forecasts))
-        forecasts.count_dropped = selfmetrics.count_dropped
 
-    def on_refresh(snapshot: Snapshot, seconds: float) -> None:
-        if demand is not None:
-            demand.demand.completed()
-        selfmetrics.observe_refresh(snapshot, seconds)
-
-    provider = MetricsProvider(
+def make_pipeline(
+    settings: AdapterSettings,
+    catalogue: Catalogue,
+    store: MetricsStore,
+    made: _Source,
+    cluster: KubeCache | None,
+    scoped: ScopedRefresh | None,
+    selfmetrics: AdapterMetrics,
+    provider: MetricsProvider,
+    answers: AnswerCache,
+) -> Pipeline:
+    """The refresh loop: source → store every interval; each snapshot goes live with its prepared answers and
+    forecasts at once, and a scoped refresh learns what the next one fetches."""
+    forecasts = provider.forecasts
+    return Pipeline(
         catalogue,
+        made.source,
         store,
-        cluster,
-        retry_after_seconds=max(1, round(settings.refresh_interval)),
-        forecasts=forecasts,
-    )
-    # NB: one answer cache for both ports' apps, its bodies for recent queries built by each refresh (answers.py)
-    answers = AnswerCache(count=selfmetrics.count_answer)
-    pipeline = Pipeline(
-        catalogue,
-        source,
-        store,
-        Attributor(target_resolver(targets, cluster)),
+        Attributor(target_resolver(made.targets, cluster)),
         interval_seconds=settings.refresh_interval,
-        on_refresh=on_refresh,
-        before_refresh=before_refresh,
+        on_refresh=_on_refresh(scoped, selfmetrics),
+        before_refresh=scoped.before_refresh if scoped is not None else made.before_refresh,
         prepare=lambda snapshot: _both(
             answers.prepare(provider, snapshot), forecasts.prepare(snapshot) if forecasts is not None else None
         ),
     )
-    middlewares: list = []
-    if demand is not None:
-        # NB: a request waits at most one refresh (whose reads are bounded by the interval) plus its build.
-        wait = 2 * settings.refresh_interval + 5
 
-        def note(metric: str, namespace: str | None) -> bool:
-            known = cluster is None or not cluster.synced or namespace is None or namespace in cluster.namespaces()
-            if not known:
-                return True  # NB: the provider answers 404; a namespace that does not exist never joins a query
-            return demand.demand.note_request(metric, namespace, now=time.time())
 
-        middlewares.append(demand_middleware(note, lambda: pipeline.refresh_soon(timeout=wait)))
+def check_start(settings: AdapterSettings, catalogue: Catalogue | None) -> _Checked:
+    """Every file a flag names, read before anything connects or listens: a bad one ends the start (one line, exit 2)
+    instead of surfacing after --insecure-port already serves, or as a first refresh that never works."""
+    if settings.files.policies:
+        check_policies_dir(settings.files.policies)
+    catalogue = catalogue or load_catalogue(settings.files.config, policies=settings.files.policies)
+    explicit = parse_scrape_targets(settings.scrape_url)
+    if not explicit and not settings.discover_exporters and not settings.prometheus.url:
+        raise ConfigError(
+            "give at least one --scrape-url (an exporter /metrics URL), --discover-exporters or --prometheus-url"
+        )
+    check_credentials(settings.prometheus)
+    server_tls: ServerTLS | None = None
+    if settings.https_port is not None:
+        flag_parts(settings.authentication)
+        files = serving_cert_files(
+            cert_file=settings.tls_cert_file, key_file=settings.tls_private_key_file, cert_dir=settings.cert_dir
+        )
+        server_tls = ServerTLS(files.cert_file, files.key_file)
+    return _Checked(catalogue, explicit, server_tls)
+
+
+async def make_cluster(
+    settings: AdapterSettings, resources: contextlib.AsyncExitStack
+) -> tuple[ApiClient | None, KubeCache | None]:
+    """The Kubernetes API client and its watch cache, with a kubeconfig or in a cluster (else neither)."""
+    if settings.kube.kubeconfig is None and not _in_cluster():
+        if settings.discover_exporters:
+            raise ConfigError("--discover-exporters needs the Kubernetes API: give --kubeconfig or run in a cluster")
+        return None, None
+    api = await load_api_client(settings.kube.kubeconfig)
+    resources.push_async_callback(api.close)
+    cluster = KubeCache(api)
+    await cluster.start()
+    resources.push_async_callback(cluster.stop)
+    return api, cluster
+
+
+def make_source(settings: AdapterSettings, checked: _Checked, cluster: KubeCache | None) -> _Source:
+    """Prometheus (``--prometheus-url``), or the exporters scraped (``--scrape-url``, and with
+    ``--discover-exporters`` the pods the watch cache finds, looked up again before each refresh)."""
+    explicit, catalogue = checked.explicit, checked.catalogue
+    targets = dict(explicit)
+    if settings.prometheus.url:
+        return _Source(_prometheus_source(settings, catalogue), targets, None)
+    scrape = ScrapeSource(
+        explicit,
+        series=catalogue.series_names,
+        windowed_series=catalogue.windowed_series,
+        history_seconds=scrape_history_seconds(settings, catalogue),
+        timeout_seconds=read_timeout("--scrape-timeout", settings.scrape_timeout, settings),
+        max_body_bytes=settings.max_body_bytes,
+        publish_early=True,
+        off_loop=True,
+    )
+    if not settings.discover_exporters:
+        return _Source(scrape, targets, None)
+    assert cluster is not None  # NB: make_cluster refuses --discover-exporters without the API
+    rules = DiscoveryRules(
+        LabelSelector.parse(settings.dcgm_exporter_selector), LabelSelector.parse(settings.triton_selector)
+    )
+
+    def rediscover() -> None:
+        found = discover(cluster, rules) if cluster.synced else {}
+        targets.clear()
+        targets.update(explicit)
+        targets.update({url: owner for url, owner in found.items() if url not in explicit})
+        scrape.set_targets(targets)
+
+    return _Source(scrape, targets, rediscover)
+
+
+async def make_scope(
+    settings: AdapterSettings,
+    catalogue: Catalogue,
+    api: ApiClient | None,
+    cluster: KubeCache | None,
+    source: MetricsSource,
+    resources: contextlib.AsyncExitStack,
+) -> ScopedRefresh | None:
+    """The refresh narrowed to what HPAs reference and requests ask for (``--demand-driven``): only with
+    --prometheus-url, whose queries can name namespaces, and the Kubernetes API, which lists the HPAs."""
+    if not settings.prometheus.url or not settings.demand_driven or api is None:
+        return None
+    # NB: a forecast an HPA or a request names wants its rate metric in that namespace (refresh_scope.py)
+    derived = (
+        dict.fromkeys(FORECAST_METRICS, settings.forecast_rate_metric)
+        if _forecasting(settings, cluster) and catalogue.get(settings.forecast_rate_metric) is not None
+        else {}  # NB: an unknown rate metric is refused by make_forecasts, naming the flag
+    )
+    scope = RefreshScope(catalogue, keep_warm_seconds=settings.keep_warm, derived=derived)
+    scoped = ScopedRefresh(scope, HpaCache(api), cast("PrometheusSource", source))  # NB: --prometheus-url
+    await scoped.hpas.start()
+    resources.push_async_callback(scoped.hpas.stop)
+    return scoped
+
+
+def make_forecasts(
+    settings: AdapterSettings,
+    catalogue: Catalogue,
+    store: MetricsStore,
+    cluster: KubeCache | None,
+    scoped: ScopedRefresh | None,
+    selfmetrics: AdapterMetrics,
+) -> WorkloadForecasts | None:
+    """The forecast_* metrics (docs/forecast.md): they need the workloads (the Kubernetes API) and the request-rate
+    metric in the catalogue; with a scoped refresh the rate is read only where a forecast is wanted."""
+    if not _forecasting(settings, cluster):
+        return None
+    assert cluster is not None
+    metric = catalogue.get(settings.forecast_rate_metric)
+    if metric is None:
+        raise ConfigError(
+            f"--forecast-rate-metric: {settings.forecast_rate_metric!r} is not in the metric catalogue "
+            "(or turn forecasts off with --no-forecast)"
+        )
+    rate = DemandSettings(model=settings.forecast_model, min_history_s=settings.forecast_min_history)
+    forecasts = WorkloadForecasts(
+        WorkloadDemand(
+            DemandBook(rate),
+            store,
+            cluster,
+            rate_metric=metric.name,
+            default_startup_s=settings.forecast_default_startup,
+            # NB: a forecast is as old as its last step; the rate metric's own max-age plus one step
+            max_age_s=catalogue.max_age(metric) + rate.step_s,
+        ),
+        rate_namespaces=(lambda: scoped.scope.fetching(metric.name)) if scoped is not None else lambda: None,
+    )
+    selfmetrics.registry.register(ForecastCollector(forecasts))
+    forecasts.count_dropped = selfmetrics.count_dropped
+    return forecasts
+
+
+async def make_servers(
+    settings: AdapterSettings,
+    checked: _Checked,
+    api: ApiClient | None,
+    app: Callable[..., web.Application],
+    selfmetrics: AdapterMetrics,
+    resources: contextlib.AsyncExitStack,
+    *,
+    flags: dict[str, str],
+) -> _Servers:
+    """The plain-HTTP port (``--insecure-port``: local use, no authentication) and the HTTPS port with delegated
+    authentication (TokenReview, SubjectAccessReview, the front proxy's client certificates)."""
+    servers = _Servers([], [], None)
+    rejections = RejectionLog(count=lambda reason: selfmetrics.rejected_requests.labels(reason).inc())
+    if settings.insecure_port is not None:
+        address, port = settings.insecure_bind_address, settings.insecure_port
+        site = await _serve(AdapterRunner(app(), rejections=rejections, access_log=None), address, port, resources)
+        await _listen(site, flags["insecure"], address, port)
+        servers.urls.append(f"http://{_host(address)}:{_bound_port(site)}")
+        servers.listening.append(f"http://{_bound_address(site)} (plain HTTP, no authentication)")
+    if settings.https_port is None:
+        return servers
+    if api is None:
+        raise ConfigError(
+            "--secure-port: delegated authentication needs the Kubernetes API; give --kubeconfig, run in a "
+            "cluster, or serve --insecure-port alone"
+        )
+    assert checked.server_tls is not None
+    auth = DelegatedAuth(
+        api,
+        flags=settings.authentication,
+        authn_cache_ttl_seconds=settings.authn_cache_ttl,
+        authz_cache_ttl_seconds=settings.authz_cache_ttl,
+        allow_anonymous=settings.allow_anonymous,
+    )
+    servers.auth = auth
+    resources.push_async_callback(auth.stop)
+    await auth.start(sync_timeout=30.0)  # SourceUnavailable if the ConfigMap cannot be read
+    auth.serve_tls(checked.server_tls)
+    runner = AdapterRunner(app(auth.middleware()), rejections=rejections, access_log=None)
+    address, port = settings.bind_address, settings.https_port
+    site = await _serve(runner, address, port, resources, ssl_context=checked.server_tls.context)
+    await _listen(site, flags["secure"], address, port)
+    servers.urls.append(f"https://{_host(address)}:{_bound_port(site)}")
+    servers.listening.append(f"https://{_bound_address(site)} (delegated authentication)")
+    return servers
+
+
+async def _serve(
+    runner: web.AppRunner, address: str, port: int, resources: contextlib.AsyncExitStack, **site_options: Any
+) -> web.TCPSite:
+    """The runner set up (and cleaned up with the rest) and its site, not yet listening."""
+    await runner.setup()
+    resources.push_async_callback(runner.cleanup)
+    return web.TCPSite(runner, address, port, **site_options)
+
+
+def _run(resources: contextlib.AsyncExitStack, work: Coroutine[Any, Any, None], *, name: str) -> None:
+    """``work`` as a task, cancelled (and awaited) first when the adapter stops."""
+    task = asyncio.create_task(work, name=name)
+
+    async def cancel() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    resources.push_async_callback(cancel)
+
+
+def _on_refresh(scoped: ScopedRefresh | None, selfmetrics: AdapterMetrics) -> Callable[[Snapshot, float], None]:
+    def on_refresh(snapshot: Snapshot, seconds: float) -> None:
+        if scoped is not None:
+            scoped.scope.completed()
+        selfmetrics.observe_refresh(snapshot, seconds)
+
+    return on_refresh
+
+
+def _readiness_of(
+    store: MetricsStore,
+    cluster: KubeCache | None,
+    source: MetricsSource,
+    catalogue: Catalogue,
+    scoped: ScopedRefresh | None,
+    *,
+    started: float,
+) -> Callable[[], tuple[bool, str]]:
+    """/readyz of this adapter: ``readiness`` of its store, cache, source and scope, now."""
     max_age = catalogue.defaults.max_age
 
     def ready() -> tuple[bool, str]:
@@ -267,101 +500,10 @@ async def start_adapter(
             max_age=max_age,
             started=started,
             now=time.time(),
-            notes=[n for n in [demand.note() if demand is not None else ""] if n],
+            notes=[n for n in [scoped.note() if scoped is not None else ""] if n],
         )
 
-    discovery = Discovery(
-        catalogue,
-        serve_custom=settings.serve_custom,
-        serve_external=settings.serve_external,
-        forecasts=tuple(FORECAST_METRICS) if forecasts is not None else (),
-    )
-    runners: list[web.AppRunner] = []
-    urls: list[str] = []
-    listening: list[str] = []
-    rejections = RejectionLog(count=lambda reason: selfmetrics.rejected_requests.labels(reason).inc())
-    auth: DelegatedAuth | None = None
-    try:
-        if settings.insecure_port is not None:
-            # NB: plain HTTP is for local use: its own app, without authentication.
-            plain = AdapterRunner(
-                make_app(provider, discovery, selfmetrics, ready=ready, middlewares=middlewares, answers=answers),
-                rejections=rejections,
-                access_log=None,
-            )
-            await plain.setup()
-            runners.append(plain)
-            site = web.TCPSite(plain, settings.insecure_bind_address, settings.insecure_port)
-            await _listen(site, flags["insecure"], settings.insecure_bind_address, settings.insecure_port)
-            urls.append(f"http://{_host(settings.insecure_bind_address)}:{_bound_port(site)}")
-            listening.append(f"http://{_bound_address(site)} (plain HTTP, no authentication)")
-        if settings.https_port is not None:
-            if api is None:
-                raise ConfigError(
-                    "--secure-port: delegated authentication needs the Kubernetes API; give --kubeconfig, run in a "
-                    "cluster, or serve --insecure-port alone"
-                )
-            assert server_tls is not None
-            auth = DelegatedAuth(
-                api,
-                flags=auth_flags,
-                authn_cache_ttl_seconds=settings.authn_cache_ttl,
-                authz_cache_ttl_seconds=settings.authz_cache_ttl,
-                allow_anonymous=settings.allow_anonymous,
-            )
-            await auth.start(sync_timeout=30.0)  # SourceUnavailable if the ConfigMap cannot be read
-            auth.serve_tls(server_tls)
-            secure = AdapterRunner(
-                make_app(
-                    provider,
-                    discovery,
-                    selfmetrics,
-                    ready=ready,
-                    middlewares=[auth.middleware(), *middlewares],
-                    answers=answers,
-                ),
-                rejections=rejections,
-                access_log=None,
-            )
-            await secure.setup()
-            runners.append(secure)
-            site = web.TCPSite(secure, settings.bind_address, settings.https_port, ssl_context=server_tls.context)
-            await _listen(site, flags["secure"], settings.bind_address, settings.https_port)
-            urls.append(f"https://{_host(settings.bind_address)}:{_bound_port(site)}")
-            listening.append(f"https://{_bound_address(site)} (delegated authentication)")
-    except BaseException:
-        for runner in runners:
-            await runner.cleanup()
-        if auth is not None:
-            await auth.stop()
-        await source.close()
-        if demand is not None:
-            await demand.hpas.stop()
-        if cluster is not None:
-            await cluster.stop()
-        if api is not None:
-            await api.close()
-        raise
-    running = RunningAdapter(
-        settings,
-        catalogue,
-        store,
-        pipeline,
-        source,
-        cluster,
-        api,
-        runners,
-        urls[0],
-        auth=auth,
-        demand=demand,
-        urls=urls,
-        listening=listening,
-    )
-    running.tasks.append(asyncio.create_task(pipeline.run(), name="refresh"))
-    if server_tls is not None and settings.tls_reload_interval > 0:
-        task = _reload_serving_cert(server_tls, settings.tls_reload_interval)
-        running.tasks.append(asyncio.create_task(task, name="serving-cert"))
-    return running
+    return ready
 
 
 def readiness(
@@ -457,79 +599,29 @@ def _both(first: Callable[[], None], second: Callable[[], None] | None) -> Calla
 
 
 def _forecasting(settings: AdapterSettings, cluster: KubeCache | None) -> bool:
-    """Forecast metrics need the workloads (the Kubernetes API)."""
+    """Forecast metrics are served when asked for and the workloads can be read (the Kubernetes API)."""
     return settings.forecast and cluster is not None
-
-
-def _forecasts(
-    settings: AdapterSettings,
-    catalogue: Catalogue,
-    store: MetricsStore,
-    cluster: KubeCache | None,
-    *,
-    rate_namespaces: Callable[[], frozenset[str] | None],
-) -> WorkloadForecasts | None:
-    """Forecast metrics need the workloads and a demand metric in the catalogue."""
-    if not _forecasting(settings, cluster):
-        return None
-    assert cluster is not None
-    metric = catalogue.get(settings.forecast_rate_metric)
-    if metric is None:
-        raise ConfigError(
-            f"--forecast-rate-metric: {settings.forecast_rate_metric!r} is not in the metric catalogue "
-            "(or turn forecasts off with --no-forecast)"
-        )
-    demand = DemandSettings(model=settings.forecast_model, min_history_s=settings.forecast_min_history)
-    return WorkloadForecasts(
-        WorkloadDemand(
-            DemandBook(demand),
-            store,
-            cluster,
-            rate_metric=metric.name,
-            default_startup_s=settings.forecast_default_startup,
-            # NB: a forecast is as old as its last step; the rate metric's own max-age plus one step
-            max_age_s=catalogue.max_age(metric) + demand.step_s,
-        ),
-        rate_namespaces=rate_namespaces,
-    )
 
 
 def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> PrometheusSource:
     from gpuscale.metrics.aggregation import queries
     from gpuscale.sources.prometheus import PrometheusSource
 
-    assert settings.prometheus_url is not None
-    return PrometheusSource(
-        url=settings.prometheus_url,
-        queries=queries(catalogue),
-        bearer_token_file=settings.prometheus_token_file,
-        ca_file=settings.prometheus_ca_file,
-        client_cert=settings.prometheus_client_cert,
-        client_key=settings.prometheus_client_key,
-        insecure_skip_verify=settings.prometheus_insecure_skip_verify,
-        timeout_seconds=_capped("--prometheus-timeout", settings.prometheus_timeout, settings),
+    client = PrometheusClient.connect(
+        settings.prometheus,
+        timeout_seconds=read_timeout("--prometheus-timeout", settings.prometheus_timeout, settings),
         max_body_bytes=settings.prometheus_max_response_size,
         max_body_flag="--prometheus-max-response-size",
+    )
+    return PrometheusSource(
+        client,
+        queries=queries(catalogue),
         max_label_sets=settings.prometheus_max_label_sets,
         max_label_sets_flag="--prometheus-max-label-sets",
         fresh_within_seconds=max(catalogue.max_age(m) for m in catalogue.metrics),
         decode_in="process" if settings.prometheus_decode_process else "thread",
         off_loop=True,
     )
-
-
-def _capped(flag: str, timeout: float, settings: AdapterSettings) -> float:
-    """A read may not outlast the refresh it belongs to; say so when a timeout the user gave is cut."""
-    interval = settings.refresh_interval
-    if timeout > interval and flag.removeprefix("--").replace("-", "_") in settings.model_fields_set:
-        log.warning(
-            "%s %s is longer than --refresh-interval %s: reads time out after %s",
-            flag,
-            format_duration(timeout),
-            format_duration(interval),
-            format_duration(interval),
-        )
-    return min(timeout, interval)
 
 
 def _in_cluster() -> bool:

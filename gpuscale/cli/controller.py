@@ -23,8 +23,8 @@ from gpuscale.controller.capacity import ExpanderPlanner, GangCapacityPlanner
 from gpuscale.controller.drain import DrainPolicy
 from gpuscale.controller.expander import unmeasured_pools
 from gpuscale.controller.gangs import GANG_KINDS
-from gpuscale.controller.health import HELD_BACK, RECORD, HealthActions, HealthPlanner
-from gpuscale.controller.hints import HintActions, HintsPlanner, idle_gpus, load_hints_policy
+from gpuscale.controller.health import HELD_BACK, RECORD, HealthPlanner
+from gpuscale.controller.hints import HintsPlanner, idle_gpus, load_hints_policy
 from gpuscale.controller.leader import LeaseElector
 from gpuscale.controller.loop import Controller
 from gpuscale.controller.metrics import ControllerMetrics
@@ -48,11 +48,11 @@ from gpuscale.pricing import load_prices
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import ControllerSettings
 from gpuscale.sources.base import MetricsSource
-from gpuscale.sources.credentials import check_prometheus_files
 from gpuscale.sources.exporter_discovery import DiscoveryRules, discover
 from gpuscale.sources.kube import PodInfo, StaticClusterObjects, load_api_client
 from gpuscale.sources.kuberest import KubeRest
 from gpuscale.sources.objects import ObjectCache, WatchSpec
+from gpuscale.sources.promapi import check_credentials
 from gpuscale.sources.targets import parse_scrape_targets, target_resolver
 
 __all__ = ["RunningController", "start_controller"]
@@ -75,7 +75,7 @@ def watch_specs(
         WatchSpec("v1", "Pod"),
         WatchSpec("v1", "ConfigMap", namespace=settings.namespace, field_selector=f"metadata.name={STATE_CONFIGMAP}"),
     ]
-    if settings.health and settings.health_drain:
+    if settings.health and settings.health_actions.drain:
         specs.append(WatchSpec("policy/v1", "PodDisruptionBudget"))
     # NB: only this controller's own Events (what planners check to say a thing once).
     specs.append(WatchSpec("v1", "Event", field_selector=f"source={COMPONENT}"))
@@ -148,14 +148,13 @@ def _sources(
 ) -> tuple[list[MetricsSource], Attributor, Callable[[], None] | None]:
     """The metric source, the attributor placing its series on nodes, and (with --discover-exporters) the hook
     that points the scrape source at the dcgm-exporter pods the watch cache holds before each refresh."""
-    if settings.prometheus_url:
+    if settings.prometheus.url:
+        from gpuscale.sources.promapi import PrometheusClient
         from gpuscale.sources.prometheus import PrometheusSource
 
         source: MetricsSource = PrometheusSource(
-            settings.prometheus_url,
+            PrometheusClient.connect(settings.prometheus, timeout_seconds=settings.scrape_timeout),
             queries=device_queries(TELEMETRY_SERIES),
-            bearer_token_file=settings.prometheus_token_file,
-            timeout_seconds=settings.scrape_timeout,
             fresh_within_seconds=max(60.0, 3 * settings.interval),
         )
         return [source], Attributor(target_resolver({}, None)), None
@@ -255,18 +254,19 @@ def _expander_evidence(metrics: ControllerMetrics, policy: PoolsPolicy, prices, 
 
 
 async def start_controller(settings: ControllerSettings) -> RunningController:
-    if settings.policies:
-        check_policies_dir(settings.policies)
-    diagnosis = load_policy(settings.policies)
-    remediation = load_remediation_policy(settings.policies)
-    hints_policy = load_hints_policy(settings.policies)
-    pools_policy = load_pools_policy(settings.policies)
-    prices = load_prices(settings.policies)
+    policies = settings.files.policies
+    if policies:
+        check_policies_dir(policies)
+    diagnosis = load_policy(policies)
+    remediation = load_remediation_policy(policies)
+    hints_policy = load_hints_policy(policies)
+    pools_policy = load_pools_policy(policies)
+    prices = load_prices(policies)
     # NB: a bad token file is refused at start-up, not by a first refresh of a controller that then runs blind
-    check_prometheus_files(token_file=settings.prometheus_token_file)
+    check_credentials(settings.prometheus)
     closers: list[Callable[[], Awaitable[object]]] = []
     try:
-        api = await load_api_client(settings.kubeconfig)
+        api = await load_api_client(settings.kube.kubeconfig)
         closers.append(api.close)
         rest = KubeRest(api)
         identity = _identity(settings)
@@ -296,17 +296,10 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         planners: list[Planner] = []
         health: HealthPlanner | None = None
         if settings.health:
-            actions = HealthActions(
-                events=settings.health_events,
-                condition=settings.health_condition,
-                taint=settings.health_taint,
-                cordon=settings.health_cordon,
-                drain=settings.health_drain,
-            )
             health = HealthPlanner(
                 remediation,
                 diagnosis,
-                actions,
+                settings.health_actions,
                 DrainPolicy(),
                 identity=COMPONENT,
                 state_namespace=settings.namespace,
@@ -314,14 +307,8 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
             )
             planners.append(health)
         if settings.hints:
-            hint_actions = HintActions(
-                scale_down_disabled=settings.hint_scale_down_disabled,
-                karpenter=settings.hint_karpenter,
-                idle=settings.hint_idle,
-                safe_to_evict=settings.hint_safe_to_evict,
-            )
             being_replaced = health.remediates if health is not None else None
-            planners.append(HintsPlanner(hints_policy, hint_actions, being_replaced=being_replaced))
+            planners.append(HintsPlanner(hints_policy, settings.hint_actions, being_replaced=being_replaced))
         if settings.gangs and pools_policy.gangs.enabled:
             planners.append(GangCapacityPlanner(pools_policy, prices=prices))
         observers = [_observer(metrics, hints_policy.idle.for_seconds, remediation.pool_labels)]

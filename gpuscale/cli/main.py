@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuscale import __version__
@@ -23,10 +24,27 @@ if TYPE_CHECKING:
     from gpuscale.settings import AdapterSettings
 
 
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its one-line help, what adds its flags and what runs it from the parsed flags (both import
+    the subcommand's settings only when called, so ``gpuscale --help`` loads none)."""
+
+    help: str
+    add_flags: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], None]
+
+
 def _adapter_flags(parser: argparse.ArgumentParser) -> None:
     from gpuscale.settings import AdapterSettings, add_arguments
 
     add_arguments(parser, AdapterSettings)
+
+
+def _adapter(args: argparse.Namespace) -> None:
+    from gpuscale.settings import AdapterSettings, from_arguments
+
+    settings = from_arguments(AdapterSettings, args)
+    _serve(settings.logging.log_level, lambda stop: _run_adapter(settings, stop))
 
 
 def _demo_flags(parser: argparse.ArgumentParser) -> None:
@@ -35,10 +53,26 @@ def _demo_flags(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser, DemoSettings)
 
 
+def _demo(args: argparse.Namespace) -> None:
+    from gpuscale.cli.demo import run_demo
+    from gpuscale.settings import DemoSettings, from_arguments
+
+    settings = from_arguments(DemoSettings, args)
+    _serve(settings.logging.log_level, lambda stop: run_demo(settings, stop))
+
+
 def _top_flags(parser: argparse.ArgumentParser) -> None:
     from gpuscale.cli.top import add_top_arguments
 
     add_top_arguments(parser)
+
+
+def _top(args: argparse.Namespace) -> None:
+    from gpuscale.cli.top import TopSettings, run_top
+    from gpuscale.settings import from_arguments
+
+    settings = from_arguments(TopSettings, args)
+    _serve(settings.logging.log_level, lambda stop: run_top(settings, stop))
 
 
 def _controller_flags(parser: argparse.ArgumentParser) -> None:
@@ -47,10 +81,25 @@ def _controller_flags(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser, ControllerSettings)
 
 
+def _controller(args: argparse.Namespace) -> None:
+    from gpuscale.cli.controller import run_controller
+    from gpuscale.settings import ControllerSettings, from_arguments
+
+    settings = from_arguments(ControllerSettings, args)
+    _serve(settings.logging.log_level, lambda stop: run_controller(settings, stop))
+
+
 def _report_flags(parser: argparse.ArgumentParser) -> None:
     from gpuscale.cli.report import add_report_arguments
 
     add_report_arguments(parser)
+
+
+def _report(args: argparse.Namespace) -> None:
+    from gpuscale.cli.report import ReportSettings, run_report
+    from gpuscale.settings import from_arguments
+
+    run_report(from_arguments(ReportSettings, args))
 
 
 def _simulate_flags(parser: argparse.ArgumentParser) -> None:
@@ -60,18 +109,27 @@ def _simulate_flags(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser, SimulateSettings)
 
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "adapter": ("serve custom.metrics.k8s.io / external.metrics.k8s.io", _adapter_flags),
-    "demo": ("start a simulated GPU cluster and the adapter, show what the HPA sees", _demo_flags),
-    "top": ("kubectl top for GPUs: nodes, pods or gpus, and what each GPU really does", _top_flags),
-    "controller": (
+def _simulate(args: argparse.Namespace) -> None:
+    from gpuscale.cli.simulate import SimulateSettings, main_simulate
+    from gpuscale.settings import from_arguments
+
+    main_simulate(from_arguments(SimulateSettings, args))
+
+
+COMMANDS: dict[str, Command] = {
+    "adapter": Command("serve custom.metrics.k8s.io / external.metrics.k8s.io", _adapter_flags, _adapter),
+    "demo": Command("start a simulated GPU cluster and the adapter, show what the HPA sees", _demo_flags, _demo),
+    "top": Command("kubectl top for GPUs: nodes, pods or gpus, and what each GPU really does", _top_flags, _top),
+    "controller": Command(
         "GPU health remediation and autoscaler hints from DCGM telemetry (writes to the cluster)",
         _controller_flags,
+        _controller,
     ),
-    "report": ("right-sizing and idle GPU cost from utilization history", _report_flags),
-    "simulate": ("replay a request trace through HPA manifests: cost, queue time, SLO", _simulate_flags),
+    "report": Command("right-sizing and idle GPU cost from utilization history", _report_flags, _report),
+    "simulate": Command(
+        "replay a request trace through HPA manifests: cost, queue time, SLO", _simulate_flags, _simulate
+    ),
 }
-"""Each subcommand: its one-line help and what adds its flags (importing its settings only then)."""
 
 
 def _parser(
@@ -85,10 +143,10 @@ def _parser(
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = {}
-    for name, (text, add_flags) in COMMANDS.items():
-        commands[name] = sub.add_parser(name, help=text)
+    for name, command in COMMANDS.items():
+        commands[name] = sub.add_parser(name, help=command.help)
         if flags_of is None or name in flags_of:
-            add_flags(commands[name])
+            command.add_flags(commands[name])
     return parser, commands
 
 
@@ -149,38 +207,7 @@ def _serve(log_level: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> 
 def main(argv: list[str] | None = None, *, prog: str = "gpuscale") -> int:
     args = _parse(argv, prog)
     try:
-        from gpuscale.settings import from_arguments
-
-        if args.command == "adapter":
-            from gpuscale.settings import AdapterSettings
-
-            settings = from_arguments(AdapterSettings, args)
-            _serve(settings.log_level, lambda stop: _run_adapter(settings, stop))
-        elif args.command == "demo":
-            from gpuscale.cli.demo import run_demo
-            from gpuscale.settings import DemoSettings
-
-            demo_settings = from_arguments(DemoSettings, args)
-            _serve(demo_settings.log_level, lambda stop: run_demo(demo_settings, stop))
-        elif args.command == "simulate":
-            from gpuscale.cli.simulate import SimulateSettings, main_simulate
-
-            main_simulate(from_arguments(SimulateSettings, args))
-        elif args.command == "controller":
-            from gpuscale.cli.controller import run_controller
-            from gpuscale.settings import ControllerSettings
-
-            controller_settings = from_arguments(ControllerSettings, args)
-            _serve(controller_settings.log_level, lambda stop: run_controller(controller_settings, stop))
-        elif args.command == "top":
-            from gpuscale.cli.top import TopSettings, run_top
-
-            top_settings = from_arguments(TopSettings, args)
-            _serve(top_settings.log_level, lambda stop: run_top(top_settings, stop))
-        elif args.command == "report":
-            from gpuscale.cli.report import ReportSettings, run_report
-
-            run_report(from_arguments(ReportSettings, args))
+        COMMANDS[args.command].run(args)
     except GpuscaleError as e:
         print(f"{prog} {args.command}: {e}", file=sys.stderr)
         return 2

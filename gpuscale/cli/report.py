@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from gpuscale.config import HttpUrl, Instant, Seconds
+from gpuscale.config import Instant, Seconds
 from gpuscale.errors import ConfigError
 from gpuscale.model import format_duration
 from gpuscale.policy_files import check_policies_dir
-from gpuscale.settings import add_arguments
+from gpuscale.settings import CommandSettings, KubeAccess, PolicyFiles, PrometheusConnection, add_arguments, group
 
 __all__ = ["ReportSettings", "add_report_arguments", "run_report"]
 
@@ -39,12 +39,10 @@ MIN_STEP_SECONDS = 1.0
 _LATEST_END = 1e10  # epoch seconds (year 2286): a later --end is a typo, and no date a report can print
 
 
-class ReportSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    prometheus_url: HttpUrl | None = Field(None, description="Prometheus-compatible server holding the DCGM history")
-    prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
-    prometheus_ca_file: str | None = Field(None, description="CA bundle that verifies --prometheus-url")
+class ReportSettings(CommandSettings):
+    prometheus: PrometheusConnection = group(
+        PrometheusConnection, url="Prometheus-compatible server holding the DCGM history"
+    )
     from_file: str | None = Field(None, description="(--from) make the report from a file written by --export")
     export: str | None = Field(None, description="also write the fetched history to this file (.npz, documented)")
     mode: str = Field("raw", description="raw (fetch samples) or summary (the TSDB summarises per series and chunk)")
@@ -63,11 +61,12 @@ class ReportSettings(BaseModel):
         None,
         description="write report.md, report.json and report.html here, plus copies named by the window's end",
     )
-    policies: str | None = Field(
-        None, description="directory whose rightsizing.yaml, gpus.yaml, prices.yaml, diagnosis.yaml override shipped"
+    files: PolicyFiles = group(
+        PolicyFiles,
+        policies="directory whose rightsizing.yaml, gpus.yaml, prices.yaml, diagnosis.yaml override shipped",
     )
-    kubeconfig: str | None = Field(
-        None, description="owners of pods kube-state-metrics does not describe, from the Kubernetes API"
+    kube: KubeAccess = group(
+        KubeAccess, kubeconfig="owners of pods kube-state-metrics does not describe, from the Kubernetes API"
     )
     in_cluster: bool = Field(False, description="use the pod's service account for the Kubernetes API")
     configmap: str | None = Field(
@@ -90,7 +89,7 @@ class ReportSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ReportSettings:
-        if bool(self.prometheus_url) == bool(self.from_file):
+        if bool(self.prometheus.url) == bool(self.from_file):
             raise ValueError("prometheus-url: give --prometheus-url URL or --from FILE (one of them)")
         if self.export and self.from_file:
             raise ValueError("export: --export writes a fetched history; with --from there is nothing to fetch")
@@ -123,20 +122,9 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) -> Any:
-    import aiohttp
+    from gpuscale.sources.history_fetch import FetchOptions, fetch_history
+    from gpuscale.sources.promapi import PrometheusClient
 
-    from gpuscale.sources.credentials import read_token, verifying_context
-    from gpuscale.sources.history_fetch import FetchOptions, RangeClient, fetch_history
-
-    assert settings.prometheus_url is not None
-    # NB: read once, within files.py's limits (a FIFO, /dev/zero or 100 MB token is refused naming the flag)
-    token_file = settings.prometheus_token_file
-    token = read_token(token_file, flag="--prometheus-token-file") if token_file is not None else None
-    tls = (
-        verifying_context(settings.prometheus_ca_file, flag="--prometheus-ca-file")
-        if settings.prometheus_ca_file or settings.prometheus_url.startswith("https")
-        else None
-    )
     options = FetchOptions(
         timeout_seconds=settings.timeout,
         retries=settings.retries,
@@ -147,14 +135,10 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
         scrape_interval=settings.scrape_interval,
     )
     end = settings.end if settings.end is not None else now
-    async with aiohttp.ClientSession() as session:
-        client = RangeClient(
-            settings.prometheus_url,
-            session=session,
-            options=options,
-            headers={"Authorization": f"Bearer {token}"} if token else None,
-            ssl_context=tls,
-        )
+    # NB: credential files are read here, within files.py's limits: a FIFO, /dev/zero or 100 MB token is refused
+    # naming the flag before any query; a token rotated during a long fetch is read again.
+    client = PrometheusClient.connect(settings.prometheus, **options.client_limits())
+    try:
         if settings.mode == "summary":
             from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
             from gpuscale.sources.summary_fetch import fetch_summaries
@@ -181,6 +165,8 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
             options=options,
             progress=False if settings.no_progress else None,
         )
+    finally:
+        await client.close()
 
 
 _CONFIGMAP_LIMIT = 1024 * 1024  # a ConfigMap holds at most 1 MiB
@@ -190,7 +176,7 @@ async def _kubernetes(settings: ReportSettings, history: Any, report_texts: dict
     """Owners from the Kubernetes API (before the report) or the ConfigMap write (after it)."""
     from gpuscale.sources.kube import load_api_client
 
-    api = await load_api_client(settings.kubeconfig)
+    api = await load_api_client(settings.kube.kubeconfig)
     try:
         if report_texts is None:
             from gpuscale.sources.owners import owners_from_kubernetes
@@ -240,22 +226,22 @@ def run_report(settings: ReportSettings) -> None:
     from gpuscale.report.policy import load_report_policy
     from gpuscale.sources.history_file import export_history, load_history
 
-    if settings.policies:
-        check_policies_dir(settings.policies)
-    policy = load_report_policy(settings.policies)
+    if settings.files.policies:
+        check_policies_dir(settings.files.policies)
+    policy = load_report_policy(settings.files.policies)
     render = formatter(settings.output)
     now = time.time()
-    if settings.kubeconfig:
+    if settings.kube.kubeconfig:
         from gpuscale.sources.kube import check_kubeconfig
 
-        check_kubeconfig(settings.kubeconfig)  # NB: refused now, not once the fetch is done
+        check_kubeconfig(settings.kube.kubeconfig)  # NB: refused now, not once the fetch is done
     if settings.from_file:
         history = load_history(settings.from_file, memory_budget_bytes=settings.memory_budget)
     else:
         history = asyncio.run(_fetch(settings, now=now, policy=policy))
         if settings.export:
             export_history(history, settings.export)
-    if settings.kubeconfig or settings.in_cluster:
+    if settings.kube.kubeconfig or settings.in_cluster:
         asyncio.run(_kubernetes(settings, history, None))
     if settings.mode == "summary":
         from gpuscale.report.summary import build_summary_report

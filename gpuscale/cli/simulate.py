@@ -15,13 +15,12 @@ import sys
 import time
 from typing import Literal
 
-import aiohttp
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from gpuscale.config import HttpUrl, Seconds, parse_instant
+from gpuscale.config import Seconds, parse_instant
 from gpuscale.errors import ConfigError, SourceUnavailable
 from gpuscale.files import CONFIG_LIMIT_BYTES, DATA_LIMIT_BYTES, read_text
 from gpuscale.hpa import SYNC_PERIOD_SECONDS, Readiness, parse_manifests
@@ -47,12 +46,14 @@ from gpuscale.replay.serving import ServingProfile
 from gpuscale.replay.signals import CpuProfile, check_metrics
 from gpuscale.replay.trace_replay import ReplaySettings, check_budget, replay
 from gpuscale.replay.traces import MAX_ROWS, Trace, read_trace
+from gpuscale.settings import CatalogueFiles, CommandSettings, Logging, PrometheusConnection, group
+from gpuscale.sources.promapi import PrometheusClient, TooManySamples
 
 _PROFILE = ServingProfile()
 _CPU = CpuProfile()
 
 
-class SimulateSettings(BaseModel):
+class SimulateSettings(CommandSettings):
     # NB: no NaN or ±Infinity in any number: one would reach the results and make `-o json` print invalid JSON
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -61,7 +62,9 @@ class SimulateSettings(BaseModel):
         None, description="request trace: Azure LLM CSV, Mooncake JSONL, or CSV timestamp,input_tokens,output_tokens"
     )
     history: str | None = Field(None, description="metric history instead of a trace: CSV timestamp,pod,metric,value")
-    prometheus_url: HttpUrl | None = Field(None, description="metric history from this Prometheus (range queries)")
+    prometheus: PrometheusConnection = group(
+        PrometheusConnection, url="metric history from this Prometheus (range queries)"
+    )
     history_end: str | None = Field(
         None, description="end of the Prometheus history: Unix seconds, RFC 3339 or now-2h (default: now)"
     )
@@ -122,15 +125,19 @@ class SimulateSettings(BaseModel):
     cpu_loading: float = Field(_CPU.loading_cores, ge=0, description="cpu a replica uses while loading its model")
     cpu_idle: float = Field(_CPU.idle_cores, ge=0, description="cpu a ready replica uses with its GPU idle")
     cpu_busy: float = Field(_CPU.busy_cores, ge=0, description="cpu a ready replica uses with its GPU busy")
-    config: str | None = Field(None, description="metric catalogue YAML (default: the shipped one)")
-    policies: str | None = Field(None, description="directory whose metrics.yaml overrides the shipped one")
-    log_level: str = Field("warning", description="debug, info, warning or error")
+    files: CatalogueFiles = group(
+        CatalogueFiles,
+        config="metric catalogue YAML (default: the shipped one)",
+        policies="directory whose metrics.yaml overrides the shipped one",
+    )
+    logging: Logging = group(lambda: Logging(log_level="warning"))
 
     @model_validator(mode="after")
     def _check(self) -> SimulateSettings:
         if not self.hpa:
             raise ValueError("hpa: give at least one HPA manifest (--hpa FILE)")
-        given = [f for f in ("trace", "history", "prometheus_url") if getattr(self, f)]
+        sources = {"trace": self.trace, "history": self.history, "prometheus_url": self.prometheus.url}
+        given = [f for f, value in sources.items() if value]
         if not given:
             raise ValueError(
                 "trace: give a request trace (--trace FILE) or a metric history (--history, --prometheus-url)"
@@ -202,9 +209,10 @@ def load_hpas(paths: list[str]) -> list[tuple[str, HorizontalPodAutoscaler]]:
 
 def run_simulate(settings: SimulateSettings) -> dict:
     """The whole report as the JSON document (schema ``gpuscale.simulate/v2``)."""
-    if settings.policies:
-        check_policies_dir(settings.policies)
-    catalogue = load_catalogue(settings.config, policies=settings.policies)
+    files = settings.files
+    if files.policies:
+        check_policies_dir(files.policies)
+    catalogue = load_catalogue(files.config, policies=files.policies)
     hpas = load_hpas(settings.hpa)
     if settings.trace is None:
         return run_history(settings, hpas, catalogue)
@@ -304,9 +312,8 @@ def run_history(settings: SimulateSettings, hpas: list[tuple[str, HorizontalPodA
         text = read_text(settings.history, limit_bytes=DATA_LIMIT_BYTES, what="metric history")
         history, name = parse_history_csv(text, source=settings.history), settings.history
     else:
-        assert settings.prometheus_url is not None
         history = asyncio.run(_prometheus_history(settings, hpas, catalogue, skip=frozenset(externals)))
-        name = settings.prometheus_url
+        name = settings.prometheus.url
     history = history.with_external(externals)
     check_history(history, hpas, source=name)
     for source, hpa in hpas:
@@ -342,28 +349,37 @@ async def _prometheus_history(settings: SimulateSettings, hpas, catalogue, *, sk
     names = sorted({spec.metric_name for _, hpa in hpas for spec in hpa.spec.metrics} - skip)
     end = _instant(settings.history_end) if settings.history_end else time.time()
     start = end - settings.history_span
-    url = settings.prometheus_url.rstrip("/") + "/api/v1/query_range"  # type: ignore[union-attr]
     samples: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+    # NB: the same client, TLS and authentication as the adapter's (--prometheus-*), its answers capped in size
+    client = PrometheusClient.connect(settings.prometheus, timeout_seconds=60.0)
+    try:
         for name in names:
             definition = catalogue.get(name)
             promql = overrides.get(name) or promql_for(definition, window_s=catalogue.window(definition))
-            form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{settings.history_step:g}"}
             try:
-                async with session.post(url, data=form) as resp:
-                    body = await resp.json(content_type=None)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-                raise SourceUnavailable(url, f"range query for {name} failed: {e or type(e).__name__}") from None
-            if not isinstance(body, dict) or body.get("status") != "success":
-                reason = body.get("error") if isinstance(body, dict) else "not a Prometheus answer"
-                raise SourceUnavailable(url, f"range query for {name} ({promql}) failed: {reason}")
-            for series in body["data"]["result"]:
-                pod = series.get("metric", {}).get("pod")
+                result = await client.query_range(promql, start=start, end=end, step=settings.history_step)
+            except (SourceUnavailable, TooManySamples) as e:
+                reason = e.reason if isinstance(e, SourceUnavailable) else str(e)
+                raise SourceUnavailable(client.display_url, f"range query for {name} failed: {reason}") from None
+            for series in result:
+                pod = series.get("metric", {}).get("pod") if isinstance(series, dict) else None
                 if pod:
-                    samples.setdefault(name, {})[pod] = [(float(t), float(v)) for t, v in series["values"]]
+                    samples.setdefault(name, {})[pod] = _points(series.get("values"), client.display_url, name)
+    finally:
+        await client.close()
     if not samples:
-        raise SourceUnavailable(url, f"no per-pod series of {', '.join(names)} between {start:.0f} and {end:.0f}")
+        raise SourceUnavailable(
+            client.display_url, f"no per-pod series of {', '.join(names)} between {start:.0f} and {end:.0f}"
+        )
     return history_from_samples(samples)
+
+
+def _points(values: object, url: str, name: str) -> list[tuple[float, float]]:
+    """A range answer's ``[[t, "v"], …]`` as floats; SourceUnavailable for anything else (a hostile server)."""
+    try:
+        return [(float(t), float(v)) for t, v in values]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise SourceUnavailable(url, f"range query for {name}: values are not [time, value] pairs") from None
 
 
 def _instant(text: str) -> float:

@@ -32,16 +32,24 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from gpuscale.config import HttpUrl, Seconds
+from gpuscale.config import Seconds
 from gpuscale.errors import SelectorError, SourceUnavailable
 from gpuscale.metrics.devices import DEVICE_SERIES, device_queries
 from gpuscale.metrics.diagnosis import DiagnosisPolicy, load_policy
 from gpuscale.pipeline import cyclic_gc_paused
 from gpuscale.policy_files import check_policies_dir
 from gpuscale.selectors import LabelSelector
-from gpuscale.settings import add_arguments
+from gpuscale.settings import (
+    CatalogueFiles,
+    CommandSettings,
+    KubeAccess,
+    Logging,
+    PrometheusConnection,
+    add_arguments,
+    group,
+)
 from gpuscale.sources.base import MetricsSource
 from gpuscale.top.collect import Collector, SourcesCollector, inference_catalogue
 from gpuscale.top.custom_metrics import AdapterCollector
@@ -65,10 +73,8 @@ _VIEW_ALIASES |= {"workloads": "workloads", "workload": "workloads", "wl": "work
 # --- settings ----------------------------------------------------------------------------------------
 
 
-class TopOptions(BaseModel):
+class TopOptions(CommandSettings):
     """The flags of ``gpuscale top`` (derived by ``settings.add_arguments``; short forms added below)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     # --- what to show ---
     namespace: str | None = Field(
@@ -104,14 +110,15 @@ class TopOptions(BaseModel):
         "Kubernetes API (--kubeconfig) and scrape each through the API server's pod proxy: no Prometheus and no "
         "route to pod IPs needed",
     )
-    prometheus_url: HttpUrl | None = Field(None, description="read the exporters' series from this Prometheus instead")
-    prometheus_token_file: str | None = Field(None, description="bearer token file for --prometheus-url")
+    prometheus: PrometheusConnection = group(
+        PrometheusConnection, url="read the exporters' series from this Prometheus instead"
+    )
     adapter_url: str | None = Field(
         None,
         description="read pods and nodes from a running gpuscale adapter's custom metrics API "
         "(e.g. through 'kubectl proxy': http://127.0.0.1:8001); no per-GPU view",
     )
-    kubeconfig: str | None = Field(None, description="kubeconfig: pod → node, pod and node labels, namespace checks")
+    kube: KubeAccess = group(KubeAccess, kubeconfig="kubeconfig: pod → node, pod and node labels, namespace checks")
     scrape_timeout: Seconds = Field(3.0, gt=0, description="timeout of one scrape or API request")
     rate_interval: Seconds = Field(
         1.0,
@@ -120,15 +127,14 @@ class TopOptions(BaseModel):
         "request rates and the queue:compute ratio have a value (0 = one scrape)",
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
-    config: str | None = Field(
-        None,
-        description="metric catalogue YAML (default: metrics.yaml of --policies, else shipped); validated with "
+    files: CatalogueFiles = group(
+        CatalogueFiles,
+        config="metric catalogue YAML (default: metrics.yaml of --policies, else shipped); validated with "
         "--adapter-url too, where the adapter's own catalogue names the metrics",
     )
-    policies: str | None = Field(
-        None, description="directory whose metrics.yaml, diagnosis.yaml, health.yaml override the shipped ones"
+    logging: Logging = group(
+        lambda: Logging(log_level="error"), log_level="debug, info, warning or error (logs go to stderr)"
     )
-    log_level: str = Field("error", description="debug, info, warning or error (logs go to stderr)")
 
 
 class TopSettings(TopOptions):
@@ -146,7 +152,13 @@ class TopSettings(TopOptions):
     @model_validator(mode="after")
     def _check(self) -> TopSettings:
         # NB: messages start with the flag they are about (settings.from_arguments prefixes "--").
-        kinds = [f for f in ("scrape_url", "discover_exporters", "prometheus_url", "adapter_url") if getattr(self, f)]
+        given = {
+            "scrape_url": self.scrape_url,
+            "discover_exporters": self.discover_exporters,
+            "prometheus_url": self.prometheus.url,
+            "adapter_url": self.adapter_url,
+        }
+        kinds = [f for f, value in given.items() if value]
         if not kinds:
             raise ValueError(
                 "scrape-url: give exporter URLs (--scrape-url URL), --discover-exporters, --prometheus-url or "
@@ -275,17 +287,17 @@ def _metrics_sources(
     """The sources and the url → pod map of explicit ``NAMESPACE/POD=URL`` targets."""
     from gpuscale.sources.targets import parse_scrape_targets
 
-    if settings.prometheus_url:
+    if settings.prometheus.url:
         from gpuscale.metrics.aggregation import queries
+        from gpuscale.sources.promapi import PrometheusClient
         from gpuscale.sources.prometheus import PrometheusSource
 
         terms = device_queries() + (queries(inference) if inference is not None else [])
         source: MetricsSource = PrometheusSource(
-            settings.prometheus_url,
+            PrometheusClient.connect(
+                settings.prometheus, timeout_seconds=settings.scrape_timeout, max_body_bytes=settings.max_body_bytes * 4
+            ),
             queries=terms,
-            bearer_token_file=settings.prometheus_token_file,
-            timeout_seconds=settings.scrape_timeout,
-            max_body_bytes=settings.max_body_bytes * 4,
             fresh_within_seconds=max_age,  # NB: a restarted Prometheus's old samples are not today's numbers
         )
         return [source], {}
@@ -306,9 +318,9 @@ def _metrics_sources(
 
 
 async def _open(settings: TopSettings, policy: DiagnosisPolicy) -> _Opened:
-    from gpuscale.sources.credentials import check_prometheus_files
+    from gpuscale.sources.promapi import check_credentials
 
-    check_prometheus_files(token_file=settings.prometheus_token_file)  # NB: refused before any connection
+    check_credentials(settings.prometheus)  # NB: refused before any connection
     closers: list[Callable[[], Awaitable[None]]] = []
     try:
         cluster, api = await _open_cluster(settings, closers)

@@ -36,6 +36,7 @@ from gpuscale.controller.remediation_policy import RemediationPolicy
 from gpuscale.controller.telemetry import ClusterTelemetry, NodeGpuTelemetry
 from gpuscale.controller.writes import ClusterView, Create, Emit, ObjectKey, Patch, Write
 from gpuscale.metrics.diagnosis import DiagnosisPolicy, FindingCode, Severity, health_findings
+from gpuscale.settings import HealthActions  # NB: the settings group, handed whole by cli/controller.py
 
 __all__ = [
     "ANNOTATIONS",
@@ -71,17 +72,6 @@ def _parse_iso(text: str) -> float | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except (ValueError, AttributeError):
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class HealthActions:
-    """Which steps the controller may take (``gpuscale controller --no-health-taint`` …)."""
-
-    events: bool = True
-    condition: bool = True
-    taint: bool = True
-    cordon: bool = True
-    drain: bool = False
 
 
 @dataclass(frozen=True, slots=True)

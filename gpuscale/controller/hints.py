@@ -28,6 +28,7 @@ from gpuscale.controller.writes import ClusterView, Emit, ObjectKey, Patch, Writ
 from gpuscale.errors import SelectorError
 from gpuscale.policy_files import HINTS_FILE, policy_file
 from gpuscale.selectors import LabelSelector
+from gpuscale.settings import HintActions  # NB: the settings group, handed whole by cli/controller.py
 
 __all__ = ["HintActions", "HintsPlanner", "HintsPolicy", "idle_gpus", "load_hints_policy"]
 
@@ -80,14 +81,6 @@ def load_hints_policy(path_dir: str | Path | None = None) -> HintsPolicy:
 
         raise ConfigError(f"protect.inference_selector: {e}", path=str(path)) from e
     return policy
-
-
-@dataclass(frozen=True, slots=True)
-class HintActions:
-    scale_down_disabled: bool = True
-    karpenter: bool = True
-    idle: bool = True
-    safe_to_evict: bool = False
 
 
 def idle_gpus(telemetry: ClusterTelemetry, *, idle_for: float) -> dict[str, int]:

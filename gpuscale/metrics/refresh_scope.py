@@ -1,8 +1,8 @@
-"""Demand: which metrics, in which namespaces, a refresh must fetch — what HPAs reference, and what was asked for.
+"""RefreshScope: which metrics, in which namespaces, a refresh must fetch — what HPAs reference, and what was asked for.
 
 prometheus-adapter queries Prometheus on every HPA poll; gpuscale refreshes a store and answers from it. With a
 store covering the whole fleet the refresh costs what the fleet has (10,000 GPUs: ~1 s of CPU per cycle, and
-100,000 GPUs would exceed the interval), whatever the HPAs ask. Demand narrows the refresh to what is used:
+100,000 GPUs would exceed the interval), whatever the HPAs ask. A RefreshScope narrows the refresh to what is used:
 
 * **referenced** — every (metric, namespace) some HorizontalPodAutoscaler names (``references``: its Pods,
   Object and External metrics, in the HPA's namespace), refreshed at the full rate while the HPA exists;
@@ -40,7 +40,7 @@ from gpuscale.metrics.aggregation import term_query
 from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.metrics.series import TermQuery
 
-__all__ = ["Demand", "Scope", "references"]
+__all__ = ["RefreshScope", "Scope", "references"]
 
 Scope = tuple[str, str | None]
 """(metric name, namespace), the namespace None for every namespace."""
@@ -54,7 +54,7 @@ def references(hpa: Mapping[str, Any]) -> list[Scope]:
     """The (metric, namespace) scopes an autoscaling/v2 HorizontalPodAutoscaler (a JSON dict) names.
 
     Pods, Object and External metrics count, in the HPA's namespace; an Object metric describing a Node is
-    fleet-wide (namespace None). Metrics are named as the HPA names them; ``Demand`` ignores names that are not
+    fleet-wide (namespace None). Metrics are named as the HPA names them; ``RefreshScope`` ignores names that are not
     in the catalogue (another adapter's metrics). Malformed entries are skipped: the API server validated the
     object, and a reference we cannot read costs only laziness (the metric is fetched on first request).
     """
@@ -76,7 +76,7 @@ def references(hpa: Mapping[str, Any]) -> list[Scope]:
     return out
 
 
-class Demand:
+class RefreshScope:
     """The scopes a refresh fetches (module docstring). Pure: the caller passes the clock's ``now``."""
 
     def __init__(

@@ -111,7 +111,7 @@ def fleet_costs(history: History, activities: list[GpuActivity], policy: ReportP
         pad = blocks * hour - history.steps
         timeline_alloc += np.pad(held.astype(np.float64), (0, pad)).reshape(blocks, hour).sum(axis=1)
         timeline_active += np.pad(a.astype(np.float64), (0, pad)).reshape(blocks, hour).sum(axis=1)
-    price_of = _price_of(policy)
+    price_of = price_lookup(policy)
     idle_nodes = find_idle_nodes(nodes, node_pools=history.node_pools, policy=policy)
     samples_per_block = np.minimum(hour, history.steps - np.arange(blocks) * hour)
     timeline = [
@@ -136,7 +136,7 @@ def find_idle_nodes(
 ) -> list[IdleNode]:
     """Nodes whose GPUs were mostly requested (``min_allocated_share`` of the samples) yet barely active
     (at most ``max_active_share`` of the allocated time): rightsizing.yaml's ``idle_node`` rule, both modes."""
-    price_of = _price_of(policy)
+    price_of = price_lookup(policy)
     rule = policy.rightsizing.idle_node
     found = []
     for node, acc in sorted(nodes.items()):
@@ -162,7 +162,9 @@ def find_idle_nodes(
     return found
 
 
-def _price_of(policy: ReportPolicy) -> Callable[[str | None], float | None]:
+def price_lookup(policy: ReportPolicy) -> Callable[[str | None], float | None]:
+    """product → its price per GPU-hour (the product's own, else its catalogue name's), None when unknown."""
+
     def price(product: str | None) -> float | None:
         known = policy.gpus.product(product)
         return policy.prices.per_gpu_hour(product) or (policy.prices.per_gpu_hour(known.name) if known else None)
@@ -176,7 +178,7 @@ def workload_cost(
     acc = CostAccumulator(step_seconds)
     for product, allocated in allocated_by_product.items():
         acc.add("", product, allocated=allocated, active=active_by_product.get(product, 0.0), unallocated=0.0)
-    figures = acc.figures(_price_of(policy))
+    figures = acc.figures(price_lookup(policy))
     return figures.model_copy(update={"gpus": 0})
 
 

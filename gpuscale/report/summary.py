@@ -26,7 +26,7 @@ import numpy as np
 
 from gpuscale.metrics.history import SUMMARY_STATS, PodRef, SeriesSummary, SummaryHistory
 from gpuscale.report.build import workloads_of
-from gpuscale.report.costs import CostAccumulator, _price_of, find_idle_nodes
+from gpuscale.report.costs import CostAccumulator, find_idle_nodes, price_lookup
 from gpuscale.report.policy import ReportPolicy
 from gpuscale.report.schema import Group, Incident, Report, TimelinePoint, Window
 from gpuscale.report.usage import SIGNALS, PodSteps, WorkloadKey, WorkloadUsage, new_usage, owner_of
@@ -135,7 +135,7 @@ def build_summary_report(h: SummaryHistory, *, policy: ReportPolicy, generated_a
         step_seconds=chunk,
         cost_step_seconds=h.step_seconds,
     )
-    price_of = _price_of(policy)
+    price_of = price_lookup(policy)
     idle_nodes = find_idle_nodes(nodes, node_pools=h.node_pools, policy=policy)
     incidents = _throttle_incidents(h, policy)
     for i in h.incidents:

@@ -5,9 +5,6 @@ A flag such as ``--prometheus-token-file`` or a kubeconfig's ``certificate-autho
 a directory or a 100 MB file. Read with ``open(path).read()`` (or by OpenSSL's ``load_verify_locations``) that hangs
 or takes gigabytes. Here each is read once, bounded, and refused with one line naming the file and the flag (or
 the kubeconfig entry) that named it: ``<file>: <flag>: <reason>``.
-
-``check_prometheus_files`` is the start-up check of a command: a bad file given on the command line is refused
-before anything is served, rather than failing the first refresh of a server that then runs unready.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import ssl
 from gpuscale.errors import ConfigError
 from gpuscale.files import PEM_LIMIT_BYTES, TOKEN_LIMIT_BYTES, decode_utf8, named_by, read_bytes
 
-__all__ = ["check_prometheus_files", "read_pem", "read_token", "verifying_context"]
+__all__ = ["read_pem", "read_token", "verifying_context"]
 
 
 def read_token(path: str, *, flag: str) -> str:
@@ -46,24 +43,3 @@ def verifying_context(ca_file: str | None, *, flag: str) -> ssl.SSLContext:
             return ssl.create_default_context(cadata=text)
         except ssl.SSLError as e:
             raise ConfigError(f"not a PEM certificate bundle ({e.reason or e})", path=ca_file) from None
-
-
-def check_prometheus_files(
-    *,
-    token_file: str | None = None,
-    ca_file: str | None = None,
-    client_cert: str | None = None,
-    client_key: str | None = None,
-) -> None:
-    """Each Prometheus credential file a command was given is a regular, readable file within its limit (and the
-    CA file a certificate bundle); ConfigError naming the file and the flag otherwise."""
-    if token_file is not None:
-        read_token(token_file, flag="--prometheus-token-file")
-    if ca_file is not None:
-        verifying_context(ca_file, flag="--prometheus-ca-file")
-    for flag, path, what in (
-        ("--prometheus-client-cert", client_cert, "client certificate"),
-        ("--prometheus-client-key", client_key, "client key"),
-    ):
-        if path is not None:
-            read_pem(path, flag=flag, what=what)

@@ -41,32 +41,24 @@ that begins before the oldest sample (retention), a field no GPU reports — eac
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
 
-import aiohttp
 import numpy as np
 
-from gpuscale.backoff import doubling_delay
-from gpuscale.errors import ConfigError, SourceUnavailable, one_line
+from gpuscale.errors import ConfigError, SourceUnavailable
 from gpuscale.metrics.attribution import Target, attribute
 from gpuscale.metrics.history import FIELD_ALIASES, FIELDS, History, Owner, PodRef, clean, pool_of
 from gpuscale.model import format_duration
-from gpuscale.sources.bounded import read_bounded, size_text
+from gpuscale.sources.bounded import size_text
+from gpuscale.sources.promapi import PrometheusClient, TooManySamples
 
 DEFAULT_EXPORTER_POD = r"(nvidia-)?dcgm-exporter.*"
 PRESENCE = "_present"  # the pseudo-field: steps where a GPU had a real sample (``count_over_time``)
-_TOO_LARGE = re.compile(
-    r"too many|exceeded maximum resolution|max-samples|maxSamples|cannot select more than|"
-    r"search\.max|more than .* (points|series|samples)|query processing would load",
-    re.IGNORECASE,
-)
-_RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
 _MAX_GPUS_PER_POD = 1024  # a GPU request above this is a broken series, not a pod's request
@@ -76,10 +68,6 @@ _MAX_GPUS_PER_POD = 1024  # a GPU request above this is a broken series, not a p
 BYTES_PER_STEP = 64  # the grid's times, decay weights, hour blocks and timeline, whatever the fleet
 BYTES_PER_GPU_STEP = 4 + 1 + 20  # the pod index (int32), presence (bool), the report's working arrays
 BYTES_PER_FIELD_STEP = 4  # one float32 per field a GPU reports
-
-
-class _TooLarge(Exception):
-    pass
 
 
 @dataclass(slots=True)
@@ -131,131 +119,19 @@ class FetchOptions:
     concurrency: int = 4
     exporter_pod_pattern: str = DEFAULT_EXPORTER_POD
 
-
-class RangeClient:
-    """The few Prometheus HTTP API calls the report makes, with retries and clear errors."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        session: aiohttp.ClientSession,
-        options: FetchOptions,
-        headers: Mapping[str, str] | None = None,
-        ssl_context: Any = None,
-        sleep: Callable[[float], Any] = asyncio.sleep,
-    ) -> None:
-        self.url = url.rstrip("/")
-        self._session = session
-        self._options = options
-        self._headers = dict(headers or {})
-        self._ssl = ssl_context
-        self._sleep = sleep
-        self.queries = 0
-        self.warnings: list[str] = []
-
-    async def _call(self, path: str, form: dict[str, str], *, method: str = "POST") -> Any:
-        o = self._options
-        last = ""
-        for attempt in range(o.retries + 1):
-            if attempt:
-                await self._sleep(doubling_delay(attempt - 1, initial_seconds=o.backoff_seconds))
-            self.queries += 1
-            try:
-                # NB: POST form data (no URL length limit) where the API allows it; label values are GET only.
-                async with self._session.request(
-                    method,
-                    self.url + path,
-                    data=form if method == "POST" else None,
-                    params=form if method == "GET" else None,
-                    headers=self._headers,
-                    ssl=self._ssl,
-                    timeout=aiohttp.ClientTimeout(total=o.timeout_seconds),
-                ) as resp:
-                    text = await self._read_bounded(resp, path, form)
-                    status = resp.status
-            except TimeoutError:
-                last = f"timed out after {o.timeout_seconds:g}s"
-                continue
-            except aiohttp.ClientError as e:
-                last = f"{type(e).__name__}: {e}"
-                continue
-            try:
-                body = json.loads(text)
-            except ValueError:
-                body = None
-            error = body.get("error") if isinstance(body, dict) else None
-            message = one_line(str(error or text), 300)
-            if status == 200 and body is None:
-                message = f"the answer is not JSON (cut short?): {one_line(text, 120)}"
-            if status in (400, 422, 503) and _TOO_LARGE.search(message):
-                raise _TooLarge(message)
-            if status in _RETRY_STATUS:
-                last = f"HTTP {status}: {message}"
-                continue
-            if status != 200 or not isinstance(body, dict) or body.get("status") != "success":
-                raise SourceUnavailable(
-                    self.url, f"{path} {_short(form)} refused: HTTP {status}: {message}", kind="http_status"
-                )
-            for w in body.get("warnings") or []:
-                self.warnings.append(f"{_short(form)}: {one_line(str(w), 200)}")
-            if body.get("isPartial"):
-                self.warnings.append(f"{_short(form)}: the server answered with partial data (isPartial)")
-            return body.get("data")
-        raise SourceUnavailable(
-            self.url,
-            f"{path} {_short(form)} failed after {o.retries + 1} attempts: {last}",
-            kind="timeout" if "timed out" in last else "connection",
-        )
-
-    async def _read_bounded(self, resp: aiohttp.ClientResponse, path: str, form: dict[str, str]) -> str:
-        """The body, read within the request's timeout; SourceUnavailable once it passes ``max_response_bytes``."""
-        limit = self._options.max_response_bytes
-
-        def too_large() -> SourceUnavailable:
-            return SourceUnavailable(
-                self.url,
-                f"{path} {_short(form)}: the answer is larger than {size_text(limit)} (--max-response-size); "
-                "narrow --window, raise --step or lower --series-batch",
-                kind="too_large",
-            )
-
-        body = await read_bounded(resp, limit_bytes=limit, too_large=too_large)
-        return body.decode(resp.get_encoding() if resp.charset else "utf-8", errors="replace")
-
-    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        data = await self._call(
-            "/api/v1/query_range",
-            {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}", "nocache": "1"},
-        )
-        return _result(data, self.url, promql)
-
-    async def query(self, promql: str, *, at: float) -> list[dict[str, Any]]:
-        data = await self._call("/api/v1/query", {"query": promql, "time": f"{at:.3f}", "nocache": "1"})
-        return _result(data, self.url, promql)
-
-    async def label_values(self, label: str, *, match: str, start: float, end: float) -> list[str]:
-        data = await self._call(
-            f"/api/v1/label/{label}/values",
-            {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"},
-            method="GET",
-        )
-        if not isinstance(data, list):
-            raise SourceUnavailable(self.url, f"label values of {label}: not a list", kind="malformed")
-        return [str(v) for v in data]
+    def client_limits(self) -> dict[str, Any]:
+        """The ``PrometheusClient`` keyword arguments of a fetch: its deadline, retries and body cap."""
+        return {
+            "timeout_seconds": self.timeout_seconds,
+            "retries": self.retries,
+            "backoff_seconds": self.backoff_seconds,
+            "max_body_bytes": self.max_response_bytes,
+            "max_body_flag": "--max-response-size",
+            "too_large_hint": "narrow --window, raise --step or lower --series-batch",
+        }
 
 
-def _short(form: Mapping[str, str]) -> str:
-    return one_line(form.get("query") or form.get("match[]") or "", 160)
-
-
-def _result(data: Any, url: str, promql: str) -> list[dict[str, Any]]:
-    if not isinstance(data, dict) or not isinstance(data.get("result"), list):
-        raise SourceUnavailable(url, f"{one_line(promql, 120)}: the answer has no result list", kind="malformed")
-    return data["result"]
-
-
-def _regex_alternatives(values: Iterable[str]) -> str:
+def regex_alternatives(values: Iterable[str]) -> str:
     return "|".join(re.escape(v).replace("\\", "\\\\").replace('"', '\\"') for v in values)
 
 
@@ -283,7 +159,7 @@ class Progress:
 
 
 async def fetch_history(
-    client: RangeClient,
+    client: PrometheusClient,
     *,
     start: float,
     end: float,
@@ -294,7 +170,7 @@ async def fetch_history(
     """The DCGM fields and workload identity over [start, end) at ``step`` (module docstring)."""
     start = float(np.floor(start / step) * step)
     steps = int(np.ceil((end - start) / step))
-    history = History(start=start, step_seconds=step, steps=steps, source=client.url)
+    history = History(start=start, step_seconds=step, steps=steps, source=client.display_url)
     state = _Decoder(history, options)
     state.budget.check(gpus=0, arrays=0, fields=0, what="the time grid alone")
     nodes = await client.label_values(
@@ -333,7 +209,7 @@ async def fetch_history(
 
     try:
         await asyncio.gather(*(one(*w) for w in work))
-        await _identity(client, history, at=start + steps * step, window=steps * step)
+        await identity(client, history, at=start + steps * step, window=steps * step)
     finally:
         bar.close()
     state.finish(names)
@@ -341,14 +217,14 @@ async def fetch_history(
     return history
 
 
-async def _preflight(client: RangeClient, budget: GridBudget, *, at: float) -> None:
+async def _preflight(client: PrometheusClient, budget: GridBudget, *, at: float) -> None:
     """Refuses a grid that cannot fit before anything is fetched: the DCGM series per field at the window's end
     (one instant query, the server's lookback only) are the fleet as it is now. GPUs gone before the end are not
     counted here; the decoder's reservations catch them as they arrive."""
     names = "|".join(dict.fromkeys([*FIELDS.values(), *(a for aliases in FIELD_ALIASES.values() for a in aliases)]))
     try:
         result = await client.query(f'count by (__name__) ({{__name__=~"{names}"}})', at=at)
-    except _TooLarge:
+    except TooManySamples:
         return  # NB: a server too loaded to count is asked the real queries, which split; the decoder still counts
     per_name = {_labels(r).get("__name__", ""): _number(r) or 0.0 for r in result}
     counts = [int(min(c, 2**40)) for c in per_name.values() if c > 0]
@@ -357,7 +233,7 @@ async def _preflight(client: RangeClient, budget: GridBudget, *, at: float) -> N
 
 
 async def _fetch_split(
-    client: RangeClient,
+    client: PrometheusClient,
     state: _Decoder,
     fld: str,
     name: str,
@@ -366,7 +242,7 @@ async def _fetch_split(
     t1: float,
     step: float,
 ) -> None:
-    selector = f'{name}{{Hostname=~"{_regex_alternatives(batch)}"}}' if batch else name
+    selector = f'{name}{{Hostname=~"{regex_alternatives(batch)}"}}' if batch else name
     shift = 0.0
     if fld == PRESENCE:
         # a millisecond after each step, so that a sample on the grid falls inside a window, never on its edge
@@ -375,7 +251,7 @@ async def _fetch_split(
     try:
         # NB: end is the last step's start: query_range includes both ends.
         result = await client.query_range(selector, start=t0 + shift, end=t1 - step + shift, step=step)
-    except _TooLarge as e:
+    except TooManySamples as e:
         if batch and len(batch) > 1:
             half = len(batch) // 2
             for part in (batch[:half], batch[half:]):
@@ -387,12 +263,14 @@ async def _fetch_split(
             await _fetch_split(client, state, fld, name, batch, mid, t1, step)
             return
         raise SourceUnavailable(
-            client.url, f"refuses even one step of {name} for one node: {e} (raise its limits)", kind="too_large"
+            client.display_url,
+            f"refuses even one step of {name} for one node: {e} (raise its limits)",
+            kind="too_large",
         ) from None
     state.add(fld, name, result, shift=shift)
 
 
-async def _measure_interval(client: RangeClient, *, start: float, end: float) -> float | None:
+async def _measure_interval(client: PrometheusClient, *, start: float, end: float) -> float | None:
     """Seconds between one exporter's samples: an hour over the most samples any GPU has in it, the most of the
     window's last, middle and first hour (a GPU sampled all that hour gives the interval; the window's edge can cut
     one sample off an hour, and a sample too many would only shorten the presence window by one part in 60)."""
@@ -592,7 +470,7 @@ def _pod_of(labels: Mapping[str, str]) -> PodRef | None:
     return None
 
 
-async def _identity(client: RangeClient, history: History, *, at: float, window: float) -> None:
+async def identity(client: PrometheusClient, history: History, *, at: float, window: float) -> None:
     """Owners, GPU requests and node pools from kube-state-metrics, when the server has them."""
     w = format_duration(window)
     owners, rs_owners, job_owners, requests, node_labels, startups = await asyncio.gather(

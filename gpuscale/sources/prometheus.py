@@ -113,24 +113,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import re
 import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
-
-import aiohttp
+from typing import Any, Literal
 
 from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.metrics.attribution import POD_LABELS
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
-from gpuscale.sources.bounded import read_bounded, size_text
-from gpuscale.sources.credentials import read_pem, read_token, verifying_context
 from gpuscale.sources.decoder_process import DecoderProcess
 from gpuscale.sources.loop_thread import IoLoop
 from gpuscale.sources.prom_answer import (
@@ -142,6 +134,7 @@ from gpuscale.sources.prom_answer import (
     read_answer,
     short,
 )
+from gpuscale.sources.promapi import DEFAULT_MAX_BODY_BYTES, CredentialFileError, PrometheusClient
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -157,9 +150,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# NB: at 100,000 GPUs the largest answer (one DCGM field) is ~35 MB; decoding 64 MiB takes ~1 GB for a moment.
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-DEFAULT_TIMEOUT_SECONDS = 5.0
 OVER_CAP = "over_label_set_cap"  # dropped_series reason
 
 
@@ -247,112 +237,16 @@ def plan(
     return tuple(planned)
 
 
-# --- files that rotate ----------------------------------------------------------------------------------
-
-
-class _FileError(Exception):
-    """A credential file (token, CA, client certificate) cannot be used; ``str()`` says which and why."""
-
-
-@dataclass(slots=True)
-class _Watched:
-    """A file read again whenever it changes (Kubernetes rotates projected tokens and mounted certs)."""
-
-    what: str  # "CA file", "bearer token file", … for error messages
-    path: str
-    stamp: tuple[int, int, int] | None = None
-
-    def changed(self) -> bool:
-        try:
-            st = os.stat(self.path)  # NB: follows the ..data symlink Kubernetes swaps atomically
-        except OSError as e:
-            self.stamp = None
-            raise _FileError(f"{self.what} {self.path}: {e.strerror or e}") from e
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if stamp == self.stamp:
-            return False
-        self.stamp = stamp
-        return True
-
-
-class _BearerToken:
-    def __init__(self, token: str | None, path: str | None) -> None:
-        self._token = token
-        self._file = _Watched("bearer token file", path) if path is not None else None
-
-    def current(self) -> str | None:
-        if self._file is None:
-            return self._token
-        if self._file.changed() or self._token is None:
-            try:
-                # NB: bounded like every file we read: a token rotated into a FIFO or 100 MB fails this read only
-                self._token = read_token(self._file.path, flag="--prometheus-token-file")
-            except ConfigError as e:
-                self._file.stamp = None  # NB: try again next refresh
-                raise _FileError(str(e)) from e
-        return self._token
-
-
-class _TlsContext:
-    """The client's SSLContext, rebuilt when the CA, certificate or key file changes."""
-
-    def __init__(
-        self, *, ca_file: str | None, client_cert: str | None, client_key: str | None, insecure_skip_verify: bool
-    ) -> None:
-        self._ca_file = ca_file
-        self._cert = client_cert
-        self._key = client_key
-        self._insecure = insecure_skip_verify
-        named = (("CA file", ca_file), ("client certificate", client_cert), ("client key", client_key))
-        self._files = [_Watched(what, path) for what, path in named if path]
-        self._context: ssl.SSLContext | None = None
-
-    def current(self) -> ssl.SSLContext:
-        changed = [f.changed() for f in self._files]  # NB: stat every file, so every stamp stays current
-        if self._context is None or any(changed):
-            try:
-                self._context = self._build()
-            except _FileError:
-                for f in self._files:
-                    f.stamp = None  # NB: never keep serving an old context silently; retry next refresh
-                raise
-        return self._context
-
-    def _build(self) -> ssl.SSLContext:
-        context = ssl.create_default_context()
-        if self._ca_file:
-            try:
-                context = verifying_context(self._ca_file, flag="--prometheus-ca-file")
-            except ConfigError as e:
-                raise _FileError(str(e)) from e
-        if self._cert:
-            try:
-                # NB: read within limits first (a FIFO would block OpenSSL's own open, /dev/zero never end)
-                read_pem(self._cert, flag="--prometheus-client-cert", what="client certificate")
-                if self._key:
-                    read_pem(self._key, flag="--prometheus-client-key", what="client key")
-                context.load_cert_chain(self._cert, self._key)
-            except ConfigError as e:
-                raise _FileError(str(e)) from e
-            except (OSError, ssl.SSLError) as e:
-                raise _FileError(f"client certificate {self._cert} (key {self._key or 'in the same file'}): {e}") from e
-        if self._insecure:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        return context
-
-
 # --- the source -----------------------------------------------------------------------------------------
 
 
 class PrometheusSource:
     """Reads the catalogue's terms from a Prometheus-compatible HTTP API (module docstring).
 
-    ``queries`` are the terms to answer (``aggregation.queries(catalogue)``). ``bearer_token`` or
-    ``bearer_token_file`` (read again whenever it changes) authenticate; ``ca_file`` verifies the server,
-    ``client_cert``/``client_key`` authenticate with a certificate (both files re-read when they change);
-    ``insecure_skip_verify`` is for development only. ``timeout_seconds`` bounds a whole refresh, answers' bodies
-    included; ``max_body_bytes`` bounds each answer (``max_body_flag`` names the setting in the message).
+    ``client`` is the server's ``PrometheusClient`` (promapi.py: the connection's credentials, the deadline of a
+    refresh — ``timeout_seconds``, answers' bodies included — and the body cap), or a URL with the client's keyword
+    arguments in ``client_options`` (tests and tools that need no credentials file). The source closes its client.
+    ``queries`` are the terms to answer (``aggregation.queries(catalogue)``).
     ``fresh_within_seconds`` leaves out series whose newest sample is older (``plan``): the adapter passes
     the catalogue's longest max-age, so an old sample is never answered as a fresh one.
     ``decode_in`` is where answers are decoded: ``"thread"`` (a worker thread of this process) or ``"process"``
@@ -361,60 +255,31 @@ class PrometheusSource:
     it in one refresh are left out, counted in health's ``dropped_series`` and logged once.
     ``off_loop``: queries run on an event loop of their own, in a thread (the adapter: the ~1,000 callbacks
     that read a 10,000-GPU refresh's bodies never queue in front of a request's on the serving loop).
-    Unreadable credential files raise ConfigError here, so a bad flag fails at start.
     """
 
     name = "prometheus"
 
     def __init__(
         self,
-        url: str,
+        client: PrometheusClient | str,
         *,
         queries: Iterable[TermQuery],
-        bearer_token: str | None = None,
-        bearer_token_file: str | Path | None = None,
-        ca_file: str | Path | None = None,
-        client_cert: str | Path | None = None,
-        client_key: str | Path | None = None,
-        insecure_skip_verify: bool = False,
-        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        max_body_flag: str | None = None,
         max_label_sets: int = DEFAULT_MAX_LABEL_SETS,
         max_label_sets_flag: str | None = None,
-        session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
         fresh_within_seconds: float | None = None,
         decode_in: Literal["thread", "process"] = "thread",
         off_loop: bool = False,
+        **client_options: Any,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"Prometheus URL {url!r} is not an http(s) URL")
-        if bearer_token is not None and bearer_token_file is not None:
-            raise ConfigError("give a Prometheus bearer token or a token file, not both")
-        if "@" in parts.netloc and (bearer_token is not None or bearer_token_file is not None):
-            raise ConfigError("the Prometheus URL carries user:password; give that or a bearer token, not both")
-        if client_key is not None and client_cert is None:
-            raise ConfigError("a Prometheus client key needs a client certificate")
-        if not (math.isfinite(timeout_seconds) and timeout_seconds > 0):
-            raise ConfigError(f"Prometheus timeout must be a positive number of seconds, got {timeout_seconds!r}")
-        self.url = url.rstrip("/")
-        # NB: health and logs show the URL without user:password.
-        self.display_url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
-        self._query_url = f"{self.url}/api/v1/query"
-        self._token = _BearerToken(bearer_token, str(bearer_token_file) if bearer_token_file is not None else None)
-        self._tls: _TlsContext | None = None
-        if parts.scheme == "https" or ca_file or client_cert:
-            self._tls = _TlsContext(
-                ca_file=str(ca_file) if ca_file else None,
-                client_cert=str(client_cert) if client_cert else None,
-                client_key=str(client_key) if client_key else None,
-                insecure_skip_verify=insecure_skip_verify,
-            )
-        self._timeout_seconds = float(timeout_seconds)
-        self._max_body = max_body_bytes
-        self._max_body_flag = max_body_flag
+        if isinstance(client, str):
+            client = PrometheusClient(client, **client_options)
+        elif client_options:
+            raise ValueError(f"client options {sorted(client_options)} go to the PrometheusClient given")
+        self._client = client
+        self.url = client.url
+        self.display_url = client.display_url
+        self._timeout_seconds = client.timeout_seconds
         if max_label_sets < 1:
             raise ConfigError(f"the most label sets kept must be at least 1, got {max_label_sets}")
         self._max_label_sets = max_label_sets
@@ -427,12 +292,10 @@ class PrometheusSource:
         self._decoder = (
             DecoderProcess(self.display_url, max_label_sets=max_label_sets) if decode_in == "process" else None
         )
-        if off_loop and session is not None:
+        if off_loop and client.session is not None:
             raise ValueError("an off_loop source makes its own session, on its own loop")
         self._io = IoLoop("gpuscale-prometheus", own=off_loop)
         self._refreshes = 0
-        self._session = session
-        self._own_session = session is None
         self._clock = clock
         self._fresh_within = fresh_within_seconds
         self._queries = list(queries)
@@ -445,10 +308,6 @@ class PrometheusSource:
         self._health = TargetHealth(self.display_url, False, error="not queried yet")
         self._logged: frozenset[str] = frozenset()
         self._over_cap = 0  # series left out by the last refresh
-        try:
-            self._request_options()
-        except _FileError as e:
-            raise ConfigError(str(e)) from e
 
     @property
     def promql(self) -> list[str]:
@@ -467,9 +326,7 @@ class PrometheusSource:
     async def _close(self) -> None:
         if self._decoder is not None:
             await self._decoder.close()
-        if self._own_session and self._session is not None:
-            await self._session.close()
-        self._session = None
+        await self._client.close()
 
     # --- I/O -------------------------------------------------------------------------------------------
 
@@ -506,12 +363,10 @@ class PrometheusSource:
         self._kept = kept
         self._plans = plans
         try:
-            headers, ssl_context = self._request_options()
-        except _FileError as e:
+            headers, ssl_context = self._client.credentials()
+        except CredentialFileError as e:
             self._record(started, {p: str(e) for p in planned}, {})
             return
-        if self._session is None:
-            self._session = aiohttp.ClientSession(headers={"User-Agent": "gpuscale", "Accept": "application/json"})
         deadline = asyncio.get_running_loop().time() + self._timeout_seconds
         form = {
             "time": f"{started:.3f}",  # NB: one instant for every query (module docstring)
@@ -577,11 +432,6 @@ class PrometheusSource:
             terms = scope.items()
         return {q: plan(q, fresh_within=self._fresh_within, namespaces=ns) for q, ns in terms}
 
-    def _request_options(self) -> tuple[dict[str, str], ssl.SSLContext | bool]:
-        token = self._token.current()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return headers, self._tls.current() if self._tls is not None else True
-
     async def _query(
         self,
         planned: PlannedQuery,
@@ -619,27 +469,15 @@ class PrometheusSource:
     async def _post(
         self, form: dict[str, str], headers: dict[str, str], ssl_context: ssl.SSLContext | bool
     ) -> tuple[bytearray, int, str]:
-        assert self._session is not None
-        try:
-            async with self._session.post(self._query_url, data=form, headers=headers, ssl=ssl_context) as resp:
-                return await self._read_body(resp), resp.status, resp.headers.get("Content-Type", "")
-        except aiohttp.ClientConnectorError as e:
-            raise SourceUnavailable(self.display_url, f"cannot connect: {e.os_error or e}", kind="connection") from e
-        except aiohttp.ClientError as e:
-            raise SourceUnavailable(
-                self.display_url, f"{type(e).__name__}: {short(str(e), 200)}", kind="connection"
-            ) from e
-
-    async def _read_body(self, resp: aiohttp.ClientResponse) -> bytearray:
-        limit = f"{size_text(self._max_body)}" + (f" ({self._max_body_flag})" if self._max_body_flag else "")
-        return await read_bounded(
-            resp,
-            limit_bytes=self._max_body,
-            too_large=lambda: SourceUnavailable(
+        def too_large() -> SourceUnavailable:
+            return SourceUnavailable(
                 self.display_url,
-                f"answer larger than {limit}: refused unread, last values kept",
+                f"answer larger than {self._client.limit_text()}: refused unread, last values kept",
                 kind="too_large",
-            ),
+            )
+
+        return await self._client.post(
+            "/api/v1/query", form, headers=headers, ssl_context=ssl_context, too_large=too_large
         )
 
     def _record(

@@ -42,7 +42,8 @@ from gpuscale.metrics.history import (
     clean,
 )
 from gpuscale.model import format_duration
-from gpuscale.sources.history_fetch import FetchOptions, Progress, RangeClient, _identity, _regex_alternatives
+from gpuscale.sources.history_fetch import FetchOptions, Progress, identity, regex_alternatives
+from gpuscale.sources.promapi import PrometheusClient
 
 SUMMARY_FIELDS = ("gpu_util_percent", "sm_active", "tensor_active", "dram_active", "gr_engine_active", "fb_used_mib")
 _STAT_QUERIES = {
@@ -59,7 +60,7 @@ _POD_LABELS = "namespace, pod, exported_namespace, exported_pod"
 
 
 def _sel(name: str, batch: list[str] | None) -> str:
-    return f'{name}{{Hostname=~"{_regex_alternatives(batch)}"}}' if batch else name
+    return f'{name}{{Hostname=~"{regex_alternatives(batch)}"}}' if batch else name
 
 
 def summary_queries(
@@ -103,7 +104,7 @@ def summary_queries(
 
 
 async def fetch_summaries(
-    client: RangeClient,
+    client: PrometheusClient,
     *,
     start: float,
     end: float,
@@ -120,7 +121,7 @@ async def fetch_summaries(
     start = float(np.floor(start / step) * step)
     chunk = max(step, float(np.floor(chunk / step) * step))
     chunks = int(np.ceil((end - start) / chunk))
-    h = SummaryHistory(start=start, step_seconds=step, chunk_seconds=chunk, chunks=chunks, source=client.url)
+    h = SummaryHistory(start=start, step_seconds=step, chunk_seconds=chunk, chunks=chunks, source=client.display_url)
     nodes = await client.label_values(
         "Hostname", match='{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_.*|DCGM_FI_DEV_FB_USED"}', start=start, end=end
     )
@@ -154,7 +155,7 @@ async def fetch_summaries(
 
     try:
         await asyncio.gather(*(one(*q) for q in work))
-        await _identity(client, h, at=start + chunks * chunk, window=chunks * chunk)  # type: ignore[arg-type]
+        await identity(client, h, at=start + chunks * chunk, window=chunks * chunk)  # type: ignore[arg-type]
     finally:
         bar.close()
     decoder.finish()

@@ -42,6 +42,7 @@ from gpuscale.adapter.auth import (
     RequestAttributes,
     UserInfo,
     config_from_configmap,
+    flag_parts,
     forbidden_message,
     request_attributes,
 )
@@ -820,7 +821,7 @@ def test_flags_override_their_part_and_leave_the_rest_to_the_cluster(tmp_path, p
     assert watcher.current.client_ca == CABundle.parse(pem(pki.rogue_ca), source="x")
     assert watcher.current.request_header is None
     with pytest.raises(ConfigError, match=r"missing: --client-ca-file: cannot read CA bundle: No such file"):
-        AuthenticationFlags(client_ca_file=str(tmp_path / "missing")).load()
+        flag_parts(AuthenticationFlags(client_ca_file=str(tmp_path / "missing")))
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "latin1.pem").write_bytes(b"\xe9t\xe9\n")
     for path, says in [
@@ -829,7 +830,7 @@ def test_flags_override_their_part_and_leave_the_rest_to_the_cluster(tmp_path, p
         (tmp_path / "latin1.pem", r"--requestheader-client-ca-file .*latin1.pem: not a PEM certificate bundle"),
     ]:
         with pytest.raises(ConfigError, match=says):
-            AuthenticationFlags(requestheader_client_ca_file=str(path)).load()
+            flag_parts(AuthenticationFlags(requestheader_client_ca_file=str(path)))
 
 
 # --- units: chain verification ---------------------------------------------------------------------------

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from gpuscale.adapter.app import make_app
+from gpuscale.adapter.asked_for import asked_for_middleware
 from gpuscale.adapter.discovery import Discovery
 from gpuscale.adapter.provider import MetricsProvider
-from gpuscale.adapter.refresh_scope import demand_middleware
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.metrics.catalogue import load_catalogue
 from tests.adapter.test_api import CUSTOM, EXTERNAL, NOW, make_cluster
@@ -34,7 +34,7 @@ SCOPES = [
 def _client_app(store, note, refresh):
     catalogue = load_catalogue()
     provider = MetricsProvider(catalogue, store, make_cluster(), clock=lambda: NOW)
-    middleware = demand_middleware(note, refresh)
+    middleware = asked_for_middleware(note, refresh)
     return make_app(provider, Discovery(catalogue), AdapterMetrics(lambda: []), ready=lambda: (True, ""),
                     middlewares=[middleware])  # fmt: skip
 

@@ -19,10 +19,10 @@ from aiohttp import web
 
 from gpuscale.adapter.answers import AnswerCache
 from gpuscale.adapter.app import make_app
+from gpuscale.adapter.asked_for import asked_for_middleware
 from gpuscale.adapter.discovery import Discovery
 from gpuscale.adapter.fastpath import FAST_PATH, FastPath
 from gpuscale.adapter.provider import MetricsProvider
-from gpuscale.adapter.refresh_scope import demand_middleware
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.adapter.transport import AdapterRunner, RejectionLog
 from gpuscale.metrics.catalogue import load_catalogue
@@ -193,7 +193,7 @@ async def test_the_apps_middlewares_run_on_the_fast_path(store):  # noqa: F811
         raise AssertionError("every scope is fetched here")
 
     provider = MetricsProvider(CATALOGUE, store, make_cluster(), clock=lambda: NOW)
-    async with Pair(provider, middlewares=[demand_middleware(note, refresh)]) as p:
+    async with Pair(provider, middlewares=[asked_for_middleware(note, refresh)]) as p:
         path = f"{CUSTOM}/v1beta2/namespaces/ml-training/pods/*/gpu_utilization"
         for _ in range(3):
             fast, full = await p.both(path)

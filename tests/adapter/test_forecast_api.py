@@ -252,15 +252,15 @@ def test_demand_driven_refresh_fetches_the_rate_where_a_forecast_is_referenced()
     pulls in the forecasts' rate metric in its namespace, and nowhere else."""
     from types import SimpleNamespace
 
-    from gpuscale.cli.adapter import DemandDriven
-    from gpuscale.metrics.refresh_scope import Demand
+    from gpuscale.cli.adapter import ScopedRefresh
+    from gpuscale.metrics.refresh_scope import RefreshScope
 
     scopes = []
     source = SimpleNamespace(set_scope=scopes.append)
     hpas = SimpleNamespace(synced=True, references=lambda: [("forecast_desired_replicas", "serving")])
     catalogue = load_catalogue()
     for derived in ({}, dict.fromkeys(METRICS, RATE)):
-        DemandDriven(Demand(catalogue, derived=derived), hpas, source).before_refresh()
+        ScopedRefresh(RefreshScope(catalogue, derived=derived), hpas, source).before_refresh()
     without, with_forecasts = scopes
     assert without == {}  # forecasts off: nothing to fetch for that HPA
     ((term, namespaces),) = with_forecasts.items()

@@ -288,3 +288,29 @@ def test_report_end_accepts_rfc3339_and_relative_times():
     import time
 
     assert abs(end("now-1h") - (time.time() - 3600)) < 60
+
+
+async def test_a_start_that_fails_at_its_port_releases_what_it_took(monkeypatch):
+    """start_adapter enters each resource on one exit stack: a port already in use ends the start with one line
+    naming the flag, and the source the earlier step opened is closed (issue 33 item 2)."""
+    from gpuscale.cli.adapter import start_adapter
+    from gpuscale.errors import ConfigError
+    from gpuscale.settings import AdapterSettings
+    from gpuscale.sources.scrape import ScrapeSource
+
+    closed: list[ScrapeSource] = []
+    close = ScrapeSource.close
+
+    async def recording_close(self: ScrapeSource) -> None:
+        closed.append(self)
+        await close(self)
+
+    monkeypatch.setattr(ScrapeSource, "close", recording_close)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = AdapterSettings(scrape_url=["http://127.0.0.1:9/metrics"], insecure_port=port)
+        with pytest.raises(ConfigError, match=rf"^--insecure-port: cannot listen on 127.0.0.1:{port}"):
+            await start_adapter(settings)
+    assert len(closed) == 1

@@ -129,7 +129,7 @@ async def adapter_over_prometheus(tmp_path, kubeconfig: str, **settings: object)
             )
             try:
                 await wait_ready(adapter)
-                assert adapter.demand is not None
+                assert adapter.scoped_refresh is not None
                 yield adapter
             finally:
                 await adapter.stop()
@@ -160,8 +160,8 @@ async def test_an_hpa_makes_its_metric_refreshed_and_an_unreferenced_one_is_serv
         async with adapter_over_prometheus(
             tmp_path, str(control_plane.admin), keep_warm=300.0, log_level="warning"
         ) as adapter:
-            demand, source, pipeline = adapter.demand.demand, adapter.demand.source, adapter.pipeline
-            await _until(lambda: adapter.demand.hpas.synced, timeout=30, what="the HPA list")
+            demand, source, pipeline = adapter.scoped_refresh.scope, adapter.scoped_refresh.source, adapter.pipeline
+            await _until(lambda: adapter.scoped_refresh.hpas.synced, timeout=30, what="the HPA list")
             util = catalogue.get("gpu_utilization")
             util_query = term_query(util.terms[0], window_seconds=catalogue.window(util))
 
@@ -280,16 +280,16 @@ async def test_without_rights_on_hpas_every_metric_is_refreshed_and_readyz_says_
         async with adapter_over_prometheus(
             tmp_path, str(control_plane.kubeconfig_for("demand-no-hpas")), log_level="error"
         ) as adapter:
-            hpas = adapter.demand.hpas
+            hpas = adapter.scoped_refresh.hpas
             await _until(lambda: hpas.last_errors, timeout=20, what="the refusal")
             before = adapter.pipeline.refreshes
             await _until(lambda: adapter.pipeline.refreshes > before, timeout=10, what="a refresh after it")
             assert not hpas.synced and "forbidden" in next(iter(hpas.last_errors.values())).lower()
             # Every catalogue query, unfiltered: what the adapter did before demand-driven refresh.
             every = PrometheusSource("http://prometheus:9090", queries=queries(catalogue)).promql
-            sent = adapter.demand.source.promql
+            sent = adapter.scoped_refresh.source.promql
             assert len(sent) == len(every) and not any("namespace" in q for q in sent)
-            assert adapter.demand.demand.covers("gpu_utilization", COLD)
+            assert adapter.scoped_refresh.scope.covers("gpu_utilization", COLD)
             async with aiohttp.ClientSession() as http, http.get(f"{adapter.url}/readyz") as answer:
                 text = await answer.text()
             assert answer.status == 200, text

@@ -487,9 +487,9 @@ def test_args_are_accepted_by_the_adapter_and_match_the_pod(render, variant):
         variant.startswith("overlays/prometheus"),
         variant.startswith(("overlays/embedded-scrape", "overlays/dev")),
     )
-    assert (bool(settings.prometheus_url), settings.discover_exporters) == sources
-    if settings.prometheus_url:
-        assert settings.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
+    assert (bool(settings.prometheus.url), settings.discover_exporters) == sources
+    if settings.prometheus.url:
+        assert settings.prometheus.url == "http://prometheus-operated.monitoring.svc:9090"
     if settings.discover_exporters:
         assert settings.dcgm_exporter_selector == "app=nvidia-dcgm-exporter"
         assert settings.triton_selector == "gpuscale.io/scrape=triton"

@@ -111,7 +111,7 @@ def test_args_are_what_the_controller_accepts(root, variant):
     assert settings.hint_safe_to_evict is ("safe-to-evict" in variant)
     assert settings.dry_run is ("act" not in variant or "dry-run" in variant), "dry-run unless components/act alone"
     assert settings.discover_exporters is ("embedded-scrape" in variant)
-    assert (settings.prometheus_url is None) is ("embedded-scrape" in variant)
+    assert (settings.prometheus.url is None) is ("embedded-scrape" in variant)
     port = next(p["containerPort"] for p in c["ports"] if p["name"] == "http")
     assert settings.port == port
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from gpuscale.metrics.aggregation import term_query
-from gpuscale.metrics.refresh_scope import Demand, references
+from gpuscale.metrics.refresh_scope import RefreshScope, references
 
 
 def hpa(namespace: str, *metrics: dict) -> dict:
@@ -53,7 +53,7 @@ def test_what_an_hpa_references(metrics, expected):
 
 
 def test_referenced_scopes_are_fetched_and_others_are_not(catalogue):
-    demand = Demand(catalogue, keep_warm_seconds=60)
+    demand = RefreshScope(catalogue, keep_warm_seconds=60)
     demand.set_referenced([("gpu_utilization", "ml"), ("not_ours", "ml")], now=0)
     terms = demand.begin(now=0)
     util = catalogue.get("gpu_utilization")
@@ -67,7 +67,7 @@ def test_referenced_scopes_are_fetched_and_others_are_not(catalogue):
 
 
 def test_a_request_makes_its_scope_warm_until_keep_warm_passes(catalogue):
-    demand = Demand(catalogue, keep_warm_seconds=60)
+    demand = RefreshScope(catalogue, keep_warm_seconds=60)
     demand.begin(now=0)
     demand.completed()
     assert demand.note_request("gpu_sm_active", "web", now=10) is False  # not fetched: wait for a refresh
@@ -82,13 +82,13 @@ def test_a_request_makes_its_scope_warm_until_keep_warm_passes(catalogue):
 
 
 def test_an_unknown_metric_never_waits(catalogue):
-    demand = Demand(catalogue)
+    demand = RefreshScope(catalogue)
     assert demand.note_request("no_such_metric", "ml", now=0) is True
     assert demand.wanted(now=0) == frozenset()
 
 
 def test_a_scope_no_longer_referenced_stays_warm(catalogue):
-    demand = Demand(catalogue, keep_warm_seconds=30)
+    demand = RefreshScope(catalogue, keep_warm_seconds=30)
     demand.set_referenced([("gpu_utilization", "ml")], now=0)
     demand.set_referenced([], now=100)  # the HPA was deleted
     assert demand.wanted(now=130) == {("gpu_utilization", "ml")}
@@ -96,7 +96,7 @@ def test_a_scope_no_longer_referenced_stays_warm(catalogue):
 
 
 def test_namespaces_of_one_term_are_merged_and_every_namespace_wins(catalogue):
-    demand = Demand(catalogue)
+    demand = RefreshScope(catalogue)
     util = catalogue.get("gpu_utilization")
     query = term_query(util.terms[0], window_seconds=catalogue.window(util))
     assert demand.terms([("gpu_utilization", "a"), ("gpu_utilization", "b")]) == {query: frozenset({"a", "b"})}
@@ -105,7 +105,7 @@ def test_namespaces_of_one_term_are_merged_and_every_namespace_wins(catalogue):
 
 
 def test_a_fleet_wide_fetch_covers_every_namespace(catalogue):
-    demand = Demand(catalogue)
+    demand = RefreshScope(catalogue)
     demand.begin_all()
     demand.completed()
     assert demand.covers("gpu_utilization", "anything") and demand.covers("gpu_utilization", None)
@@ -113,7 +113,7 @@ def test_a_fleet_wide_fetch_covers_every_namespace(catalogue):
 
 def test_ratio_metrics_fetch_both_terms(catalogue):
     ratio = next(m for m in catalogue if m.terms[1] is not None)
-    terms = Demand(catalogue).terms([(ratio.name, "ml")])
+    terms = RefreshScope(catalogue).terms([(ratio.name, "ml")])
     assert len(terms) == len({term_query(t, window_seconds=catalogue.window(ratio)) for t in ratio.terms})
     assert set(terms.values()) == {frozenset({"ml"})}
 
@@ -133,7 +133,7 @@ FORECAST_OBJECT = {
 
 
 def test_a_forecast_an_hpa_names_fetches_its_rate_in_that_namespace_only(catalogue):
-    demand = Demand(catalogue, derived=FORECASTS)
+    demand = RefreshScope(catalogue, derived=FORECASTS)
     demand.set_referenced(references(hpa("serving", PODS, FORECAST_OBJECT)), now=0)
     assert demand.wanted(now=0) == {("gpu_utilization", "serving"), (RATE, "serving")}
     demand.begin(now=0)
@@ -146,7 +146,7 @@ def test_a_forecast_an_hpa_names_fetches_its_rate_in_that_namespace_only(catalog
 
 
 def test_without_derived_metrics_a_forecast_reference_fetches_nothing(catalogue):
-    demand = Demand(catalogue)  # forecasts off
+    demand = RefreshScope(catalogue)  # forecasts off
     demand.set_referenced(references(hpa("serving", FORECAST_OBJECT)), now=0)
     assert demand.wanted(now=0) == frozenset()
 
@@ -154,7 +154,7 @@ def test_without_derived_metrics_a_forecast_reference_fetches_nothing(catalogue)
 def test_a_forecast_request_warms_its_rate_and_never_waits(catalogue):
     """One refresh cannot give a forecast 10 minutes of history: the request is answered at once (absent, saying
     why), and the rate is fetched in its namespace from the next refresh on, kept warm like any request's."""
-    demand = Demand(catalogue, keep_warm_seconds=60, derived=FORECASTS)
+    demand = RefreshScope(catalogue, keep_warm_seconds=60, derived=FORECASTS)
     demand.begin(now=0)
     demand.completed()
     assert demand.note_request("forecast_requests_per_second", "web", now=10) is True  # does not wait
@@ -168,4 +168,4 @@ def test_a_forecast_request_warms_its_rate_and_never_waits(catalogue):
 
 def test_a_derived_metric_must_read_a_catalogue_metric(catalogue):
     with pytest.raises(ValueError, match="derived metrics read no_such_rate, which the catalogue does not have"):
-        Demand(catalogue, derived={"forecast_requests_per_second": "no_such_rate"})
+        RefreshScope(catalogue, derived={"forecast_requests_per_second": "no_such_rate"})

@@ -12,7 +12,9 @@ import pytest
 import trustme
 
 from gpuscale.errors import ConfigError
-from gpuscale.sources.credentials import check_prometheus_files, read_token, verifying_context
+from gpuscale.settings import PrometheusConnection
+from gpuscale.sources.credentials import read_token, verifying_context
+from gpuscale.sources.promapi import check_credentials
 
 
 def test_a_token_is_trimmed_as_client_go_does(tmp_path) -> None:
@@ -48,6 +50,6 @@ def test_each_refusal_names_the_file_and_the_flag(tmp_path, argument: str, conte
     else:
         path.write_bytes(content)
     with pytest.raises(ConfigError) as info:
-        check_prometheus_files(**{argument: str(path)})
+        check_credentials(PrometheusConnection(**{argument: str(path)}))
     assert str(info.value).startswith(says.format(path=path)), str(info.value)
     assert "\n" not in str(info.value)

@@ -13,7 +13,8 @@ from aiohttp import web
 
 from gpuscale.errors import SourceUnavailable
 from gpuscale.metrics.history import PodRef
-from gpuscale.sources.history_fetch import FetchOptions, RangeClient, fetch_history
+from gpuscale.sources.history_fetch import FetchOptions, fetch_history
+from gpuscale.sources.promapi import PrometheusClient
 
 STEP = 60.0
 START = 1_780_000_000.0 // 3600 * 3600
@@ -76,7 +77,9 @@ class FakePrometheus:
 async def fetch(server, **options):
     opts = FetchOptions(backoff_seconds=0.0, **options)
     async with aiohttp.ClientSession() as session:
-        client = RangeClient(str(server.make_url("")), session=session, options=opts, sleep=lambda s: asyncio.sleep(0))
+        client = PrometheusClient(
+            str(server.make_url("")), session=session, sleep=lambda s: asyncio.sleep(0), **opts.client_limits()
+        )
         history = await fetch_history(client, start=START, end=START + HOURS * 3600, step=STEP, options=opts)
         return history, client
 
@@ -147,7 +150,7 @@ async def test_the_progress_bar_goes_to_stderr_and_leaves_stdout_to_the_report(a
     server = await aiohttp_server(FakePrometheus().app())
     opts = FetchOptions(backoff_seconds=0.0)
     async with aiohttp.ClientSession() as session:
-        client = RangeClient(str(server.make_url("")), session=session, options=opts)
+        client = PrometheusClient(str(server.make_url("")), session=session, **opts.client_limits())
         await fetch_history(client, start=START, end=START + 3600, step=STEP, options=opts, progress=True)
     assert capsys.readouterr().out == ""
 
@@ -178,7 +181,7 @@ def test_the_workload_pod_is_the_exported_one_and_the_exporter_is_no_workload():
 
 async def test_owners_go_up_to_the_deployment_and_the_cronjob():
     from gpuscale.metrics.history import History, Owner
-    from gpuscale.sources.history_fetch import _identity
+    from gpuscale.sources.history_fetch import identity
 
     answers = {
         "kube_pod_owner": [
@@ -202,7 +205,7 @@ async def test_owners_go_up_to_the_deployment_and_the_cronjob():
             return [{"metric": m, "value": [at, "1"]} for m in answers.get(name, [])]
 
     h = History(start=START, step_seconds=STEP, steps=1)
-    await _identity(Client(), h, at=START, window=3600)
+    await identity(Client(), h, at=START, window=3600)
     assert {p.name: (o.kind, o.name) for p, o in h.owners.items()} == {
         "web-7d9f-x": ("Deployment", "web"),
         "nightly-2839-y": ("CronJob", "nightly"),

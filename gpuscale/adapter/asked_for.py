@@ -1,6 +1,6 @@
 """The request side of demand-driven refresh: a metric nobody references is fetched on its first request.
 
-Before a metric request reaches its handler, this middleware tells the demand (metrics/refresh_scope.py) which
+Before a metric request reaches its handler, this middleware tells the refresh scope (metrics/refresh_scope.py) which
 (metric, namespace) it asks for. If the last refresh fetched that scope the request goes on at once — the
 common case, every HPA's metric is fetched at the full rate. Otherwise the scope becomes warm and the request
 waits for the next refresh, which the adapter starts at once (``Pipeline.refresh_soon``), then is answered from
@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-__all__ = ["demand_middleware", "requested_scope"]
+__all__ = ["asked_for_middleware", "requested_scope"]
 
 
 def requested_scope(request: web.Request) -> tuple[str, str | None] | None:
@@ -47,7 +47,7 @@ def requested_scope(request: web.Request) -> tuple[str, str | None] | None:
     return None
 
 
-def demand_middleware(note: Callable[[str, str | None], bool], refresh: Callable[[], Awaitable[None]]) -> Middleware:
+def asked_for_middleware(note: Callable[[str, str | None], bool], refresh: Callable[[], Awaitable[None]]) -> Middleware:
     """``note(metric, namespace)`` records the request and says whether its scope is in the store;
     ``refresh()`` waits for a refresh that fetches it (raising TimeoutError when it does not come in time)."""
 
