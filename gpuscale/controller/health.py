@@ -28,22 +28,21 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 from gpuscale.controller.drain import DrainPolicy, plan_drain
-from gpuscale.controller.pools import pool_of
+from gpuscale.controller.gpu_problems import Problem, node_problems
+from gpuscale.controller.pools import GPU_COUNT_LABEL, pool_of
 from gpuscale.controller.remediation_policy import RemediationPolicy
 from gpuscale.controller.telemetry import ClusterTelemetry, NodeGpuTelemetry
 from gpuscale.controller.writes import ClusterView, Create, Emit, ObjectKey, Patch, Write
-from gpuscale.metrics.diagnosis import DiagnosisPolicy, FindingCode, Severity, health_findings
+from gpuscale.metrics.diagnosis import DiagnosisPolicy
 from gpuscale.settings import HealthActions  # NB: the settings group, handed whole by cli/controller.py
 
 __all__ = [
     "ANNOTATIONS",
     "HealthActions",
     "HealthPlanner",
-    "Problem",
-    "node_problems",
 ]
 
 PREFIX = "gpuscale.io/"
@@ -56,11 +55,7 @@ HELD_BACK = PREFIX + "held-back"  # why the breaker held this node back
 WARNINGS = PREFIX + "gpu-warnings"  # the warn-only problems last reported (reason:gpu, …)
 ANNOTATIONS = (RECORD, TAINTED_BY, CORDONED_BY, AHR_BY, OVERRIDDEN, HELD_BACK, WARNINGS)
 AHR = "AcceleratedHardwareReady"
-GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 _HAD_ANNOTATIONS = "_gpuscale_had_annotations"  # set on this plan's copy of a node (see node_json_patch)
-
-# The order problems are named in a condition's reason (the first) and message.
-_REASON_ORDER = ("XidFatal", "EccDbe", "RowRemapFailure", "GpuVanished", "HwSlowdown", "PcieReplay", "XidApplication")
 
 
 def _iso(now: float) -> str:
@@ -72,65 +67,6 @@ def _parse_iso(text: str) -> float | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except (ValueError, AttributeError):
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing wrong with one GPU. ``text`` is stable while the problem lasts (no counts that move), so a
-    recorded message changes only when the set of problems does."""
-
-    reason: str
-    gpu: str
-    text: str
-    action: Literal["remediate", "warn"]
-
-
-def node_problems(
-    node: NodeGpuTelemetry,
-    *,
-    labels: Mapping[str, str],
-    policy: RemediationPolicy,
-    diagnosis: DiagnosisPolicy,
-) -> list[Problem]:
-    """Every problem the telemetry of one reporting node shows, in reason order, then by GPU."""
-    signals = policy.signals
-    health = diagnosis.health
-    out: list[Problem] = []
-
-    def add(reason: str, gpu: str, text: str, action: str) -> None:
-        if action != "ignore":
-            out.append(Problem(reason, gpu, text, action))  # type: ignore[arg-type]
-
-    for gpu in node.gpus.values():
-        s = gpu.signals
-        for finding in health_findings(s, diagnosis):
-            if finding.xid is None:
-                continue
-            info = health.xid_info(finding.xid)
-            text = f"GPU {gpu.gpu}: Xid {finding.xid} ({info.meaning}), action {info.action}"
-            if finding.code == FindingCode.UNHEALTHY:
-                add("XidFatal", gpu.gpu, text, signals.xid_fatal.action)
-            elif finding.severity != Severity.INFO:
-                add("XidApplication", gpu.gpu, text, signals.xid_application.action)
-        ecc_now = s.ecc_dbe_volatile is not None and s.ecc_dbe_volatile > health.ecc_dbe_volatile.above
-        if ecc_now or (gpu.ecc_dbe_increase or 0) > 0:
-            add("EccDbe", gpu.gpu, f"GPU {gpu.gpu}: volatile double-bit ECC errors", signals.ecc_dbe.action)
-        if s.row_remap_failure is not None and s.row_remap_failure > health.row_remap_failure.above:
-            add("RowRemapFailure", gpu.gpu, f"GPU {gpu.gpu}: row-remap failure", signals.row_remap_failure.action)
-        if signals.hw_slowdown.action != "ignore" and gpu.slowdown_seconds >= max(signals.hw_slowdown.sustained, 1e-9):
-            text = f"GPU {gpu.gpu}: hardware slowdown for over {signals.hw_slowdown.sustained:g}s"
-            add("HwSlowdown", gpu.gpu, text, signals.hw_slowdown.action)
-        if gpu.pcie_replay_increase is not None and gpu.pcie_replay_increase > signals.pcie_replay.above:
-            add("PcieReplay", gpu.gpu, f"GPU {gpu.gpu}: PCIe replay counter growing", signals.pcie_replay.action)
-    for gpu in node.vanished:
-        add("GpuVanished", gpu, f"GPU {gpu}: no longer reported by its exporter", signals.gpu_vanished.action)
-    expected = labels.get(GPU_COUNT_LABEL, "")
-    physical = {g.split("/", 1)[0] for g in node.gpus} | {g.split("/", 1)[0] for g in node.vanished}
-    if expected.isdigit() and len(physical) < int(expected):
-        text = f"exporter reports {len(physical)} of the node's {expected} GPUs"
-        add("GpuVanished", "-", text, signals.gpu_vanished.action)
-    order = {r: i for i, r in enumerate(_REASON_ORDER)}
-    return sorted(out, key=lambda p: (order.get(p.reason, len(order)), p.gpu, p.text))
 
 
 def _annotations(node: Mapping[str, Any]) -> Mapping[str, str]:

@@ -42,6 +42,15 @@ class ControllerMetrics:
         self.registry = CollectorRegistry()
         register_build_info(self.registry)
         r = self.registry
+        # NB: registered in this order, the order /metrics lists them in.
+        self._add_remediation(r)
+        self._add_pools(r)
+        self._add_reconcile(r)
+        self._add_plan_state(r)
+        r.register(_SourceHealth(health))
+
+    def _add_remediation(self, r: CollectorRegistry) -> None:
+        """Writes by planner and result; remediations held back and under way."""
         self.actions = Counter(
             "gpuscale_controller_actions",
             "Kubernetes writes by planner, action (create, patch, patch-status, evict, event…) and result "
@@ -60,6 +69,9 @@ class ControllerMetrics:
         self.remediated_nodes = Gauge(
             "gpuscale_controller_remediated_nodes", "GPU nodes under this controller's remediation now", registry=r
         )
+
+    def _add_pools(self, r: CollectorRegistry) -> None:
+        """GPU nodes per pool; GPUs requested but idle, and the GPU-seconds they idled."""
         self.pool_nodes = Gauge("gpuscale_controller_pool_nodes", "GPU nodes per pool", ["pool"], registry=r)
         self.pools = Gauge("gpuscale_controller_pools", "GPU node pools", registry=r)
         self.idle_gpus = Gauge(
@@ -74,6 +86,9 @@ class ControllerMetrics:
             "(idle GPU-hours: divide by 3600)",
             registry=r,
         )
+
+    def _add_reconcile(self, r: CollectorRegistry) -> None:
+        """The reconcile's duration and failures, leadership, whether the view is confirmed, plans held."""
         self.reconcile_seconds = Histogram(
             "gpuscale_controller_reconcile_duration_seconds",
             "wall time of one reconcile (telemetry refresh, plan, apply)",
@@ -101,6 +116,9 @@ class ControllerMetrics:
             ["stage"],
             registry=r,
         )
+
+    def _add_plan_state(self, r: CollectorRegistry) -> None:
+        """What a plan stood on: the expander's ranking held, replans, telemetry answering, dry-run."""
         self.expander_stale = Gauge(
             "gpuscale_controller_expander_stale",
             "1 while the priority-expander ranking is held (kept as last written) for want of fresh GPU telemetry "
@@ -119,4 +137,3 @@ class ControllerMetrics:
             registry=r,
         )
         self.dry_run = Gauge("gpuscale_controller_dry_run", "1 when writes are only validated (dryRun=All)", registry=r)
-        r.register(_SourceHealth(health))

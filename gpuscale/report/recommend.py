@@ -22,22 +22,19 @@ order they are tried (docs/report.md has the table):
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-from gpuscale.metrics.diagnosis import GpuSignals, VerdictCode, diagnose
 from gpuscale.report.policy import Product, ReportPolicy
 from gpuscale.report.schema import CostFigures, Recommendation, SignalStats, VerdictShare, Workload
 from gpuscale.report.stats import confidence, estimate
 from gpuscale.report.usage import SIGNALS, WorkloadUsage, longest_run
+from gpuscale.report.verdict_hours import BUSY_VERDICTS, diagnosis_recommendations, verdicts_over_time
 
 HOURS_PER_MONTH = 730.0
 DAY_SECONDS = 86400.0
 _UNITS = {"fb_used_mib": "mib", "gpus_busy": "gpus"}
-_DIAGNOSIS_MIN_SHARE = 0.25
-_NOT_RECOMMENDED = {VerdictCode.IDLE, VerdictCode.COMPUTE_BOUND, VerdictCode.MODERATE, VerdictCode.UNKNOWN}
 
 
 def _r(x: float, digits: int = 2) -> float:
@@ -57,19 +54,93 @@ def workload_report(
 ) -> Workload:
     rs = policy.rightsizing
     held_any = usage.held_any(steps)
-    idx = np.flatnonzero(held_any)
-    samples = int(idx.size) if usage.samples is None else usage.samples
-    history_seconds = float((idx[-1] - idx[0] + 1) * step_seconds) if idx.size else 0.0
+    idx, samples, history_seconds = _history_span(usage, held_any, step_seconds)
     conf = confidence(
         history_seconds=history_seconds, samples=samples, step_seconds=usage.sample_seconds or step_seconds
     )
+    product = policy.gpus.product(usage.product)
+    signals = _signal_stats(usage, policy=policy, product=product, conf=conf)
+
+    # Observed requests when kube-state-metrics gave none: the most GPUs one pod held at once.
+    held_peak = max((float(p.held.max()) for p in usage.pods.values()), default=0.0)
+    requests_source = "kube-state-metrics" if requested_per_pod is not None else "observed"
+    requested = requested_per_pod if requested_per_pod is not None else held_peak
+
+    busy_total = usage.busy_total(steps)
+    idle_steps = held_any & (busy_total == 0)
+    longest_idle = longest_run(idle_steps) * step_seconds
+    # NB: safety decisions read the exact, unweighted high quantile (never the recency-weighted target), and one
+    # story per workload: hours the diagnosis calls busy make the workload busy too.
+    safe_share = usage.safety_share(rs.safety_percentile)
+    verdicts = verdicts_over_time(usage, policy)
+    busy_hours = sum(v.hours for v in verdicts if v.code in BUSY_VERDICTS)
+    busy = (safe_share is not None and safe_share >= rs.busy_share) or busy_hours > 0
+    status = "ok" if history_seconds >= rs.min_history and samples >= rs.min_samples else "not-enough-data"
+    if status == "not-enough-data":
+        recs = [_not_enough_data(policy, history_seconds=history_seconds, samples=samples, conf=conf)]
+    else:
+        recs = _recommend(
+            usage,
+            policy=policy,
+            product=product,
+            signals=signals,
+            requested=requested,
+            share_target=safe_share,
+            busy=busy,
+            longest_idle=longest_idle,
+            pod_count=pod_count,
+            conf=conf,
+            verdicts=verdicts,
+            busy_hours=busy_hours,
+            steps=steps,
+            step_seconds=step_seconds,
+            cold_starts=cold_starts or [],
+        )
+    return Workload(
+        namespace=usage.key.namespace,
+        kind=usage.key.kind,
+        name=usage.key.name,
+        owner_source=usage.owner_source,
+        pods=pod_count,
+        product=usage.product,
+        pools=sorted(usage.pools),
+        gpus_requested_per_pod=_r(requested) if requested else None,
+        requests_source=requests_source,  # type: ignore[arg-type]
+        history_seconds=history_seconds,
+        samples=samples,
+        coverage=_r(idx.size / (idx[-1] - idx[0] + 1), 4) if idx.size else 1.0,
+        confidence=_r(conf, 3),
+        status=status,  # type: ignore[arg-type]
+        busy=busy,
+        activity_signal=usage.activity_source,
+        signals=signals,
+        activity_histogram=_activity_bands(usage),
+        cost=cost,
+        longest_idle_seconds=longest_idle,
+        verdicts=verdicts,
+        recommendations=recs,
+    )
+
+
+def _history_span(usage: WorkloadUsage, held_any: np.ndarray, step_seconds: float) -> tuple[np.ndarray, int, float]:
+    """The steps the workload held GPUs, its sample count, and the seconds from its first to its last."""
+    idx = np.flatnonzero(held_any)
+    samples = int(idx.size) if usage.samples is None else usage.samples
+    history_seconds = float((idx[-1] - idx[0] + 1) * step_seconds) if idx.size else 0.0
+    return idx, samples, history_seconds
+
+
+def _signal_stats(
+    usage: WorkloadUsage, *, policy: ReportPolicy, product: Product | None, conf: float
+) -> dict[str, SignalStats]:
+    """Each signal's percentiles and recommendation bounds, from its recency-weighted histogram."""
+    rs = policy.rightsizing
     margin = rs.margin_fraction
     percentiles = {
         "target_p": rs.target_percentile,
         "lower_p": rs.lower_bound_percentile,
         "upper_p": rs.upper_bound_percentile,
     }
-    product = policy.gpus.product(usage.product)
     signals: dict[str, SignalStats] = {}
     for name, hist in usage.histograms.items():
         cap = 100.0 if name in SIGNALS and SIGNALS[name][2].ratio is None else None
@@ -89,105 +160,55 @@ def workload_report(
             upper_bound=_r(est.upper) if math.isfinite(est.upper) else 1e300,
             samples=est.samples,
         )
+    return signals
 
-    # Observed requests when kube-state-metrics gave none: the most GPUs one pod held at once.
-    held_peak = max((float(p.held.max()) for p in usage.pods.values()), default=0.0)
-    requests_source = "kube-state-metrics" if requested_per_pod is not None else "observed"
-    requested = requested_per_pod if requested_per_pod is not None else held_peak
 
-    busy_total = usage.busy_total(steps)
-    idle_steps = held_any & (busy_total == 0)
-    longest_idle = longest_run(idle_steps) * step_seconds
-    activity = signals.get("activity_percent")
-    # NB: safety decisions read the exact, unweighted high quantile (never the recency-weighted target), and one
-    # story per workload: hours the diagnosis calls busy make the workload busy too.
-    safe_share = usage.safety_share(rs.safety_percentile)
-    verdicts = _verdicts_over_time(usage, policy)
-    busy_hours = sum(v.hours for v in verdicts if v.code in _BUSY_VERDICTS)
-    busy = (safe_share is not None and safe_share >= rs.busy_share) or busy_hours > 0
-    share_target = safe_share
-    status = "ok" if history_seconds >= rs.min_history and samples >= rs.min_samples else "not-enough-data"
-    recs: list[Recommendation] = []
-    price = policy.prices.per_gpu_hour(product.name if product else usage.product) or policy.prices.per_gpu_hour(
-        usage.product
+def _not_enough_data(policy: ReportPolicy, *, history_seconds: float, samples: int, conf: float) -> Recommendation:
+    """**not enough data**: the numbers are shown, nothing is recommended."""
+    rs = policy.rightsizing
+    return Recommendation(
+        kind="not-enough-data",
+        severity="info",
+        short=f"not enough data ({history_seconds / 3600:.1f} h)",
+        summary=(
+            f"not enough data: {history_seconds / 3600:.1f} h and {samples} samples "
+            f"(need {rs.min_history / 3600:g} h and {rs.min_samples})"
+        ),
+        evidence={"history_hours": _r(history_seconds / 3600), "samples": samples, "confidence": _r(conf, 3)},
     )
-    if status == "not-enough-data":
-        recs.append(
-            Recommendation(
-                kind="not-enough-data",
-                severity="info",
-                short=f"not enough data ({history_seconds / 3600:.1f} h)",
-                summary=(
-                    f"not enough data: {history_seconds / 3600:.1f} h and {samples} samples "
-                    f"(need {rs.min_history / 3600:g} h and {rs.min_samples})"
-                ),
-                evidence={"history_hours": _r(history_seconds / 3600), "samples": samples, "confidence": _r(conf, 3)},
-            )
-        )
-    else:
-        recs += _recommend(
-            usage,
-            policy=policy,
-            product=product,
-            signals=signals,
-            requested=requested,
-            share_target=share_target,
-            busy=busy,
-            longest_idle=longest_idle,
-            pod_count=pod_count,
-            price=price,
-            conf=conf,
-            busy_hours=busy_hours,
-            steps=steps,
-            step_seconds=step_seconds,
-            cold_starts=cold_starts or [],
-        )
-        recs += _diagnosis_recs(verdicts, policy)
-        if not any(r.kind != "diagnosis" for r in recs):
-            recs.append(
-                Recommendation(
-                    kind="keep",
-                    severity="ok",
-                    short="keep" + (" (busy)" if busy else ""),
-                    summary="keep the request: "
-                    + ("busy, no downsizing" if busy else "no smaller shape fits the measured use"),
-                    evidence={
-                        "activity_target_percent": activity.target if activity else None,
-                        f"activity_p{rs.safety_percentile * 100:g}_percent": _r(safe_share * 100)
-                        if safe_share is not None
-                        else None,
-                        "busy_verdict_hours": busy_hours,
-                        "busy": str(busy),
-                    },
-                )
-            )
-    # Shares of recency-weighted GPU-time per 10 % band, from the activity histogram's 0.5-point buckets.
+
+
+def _keep(
+    policy: ReportPolicy,
+    *,
+    busy: bool,
+    activity: SignalStats | None,
+    safe_share: float | None,
+    busy_hours: int,
+) -> Recommendation:
+    """**keep**: no rule but the diagnosis' applied."""
+    rs = policy.rightsizing
+    return Recommendation(
+        kind="keep",
+        severity="ok",
+        short="keep" + (" (busy)" if busy else ""),
+        summary="keep the request: " + ("busy, no downsizing" if busy else "no smaller shape fits the measured use"),
+        evidence={
+            "activity_target_percent": activity.target if activity else None,
+            f"activity_p{rs.safety_percentile * 100:g}_percent": _r(safe_share * 100)
+            if safe_share is not None
+            else None,
+            "busy_verdict_hours": busy_hours,
+            "busy": str(busy),
+        },
+    )
+
+
+def _activity_bands(usage: WorkloadUsage) -> list[float]:
+    """Shares of recency-weighted GPU-time per 10 % band, from the activity histogram's 0.5-point buckets."""
     weights = usage.histograms["activity_percent"].weights
     bands = np.array([weights[20 * k : 20 * k + 20].sum() for k in range(9)] + [weights[180:].sum()])
-    return Workload(
-        namespace=usage.key.namespace,
-        kind=usage.key.kind,
-        name=usage.key.name,
-        owner_source=usage.owner_source,
-        pods=pod_count,
-        product=usage.product,
-        pools=sorted(usage.pools),
-        gpus_requested_per_pod=_r(requested) if requested else None,
-        requests_source=requests_source,  # type: ignore[arg-type]
-        history_seconds=history_seconds,
-        samples=samples,
-        coverage=_r(idx.size / (idx[-1] - idx[0] + 1), 4) if idx.size else 1.0,
-        confidence=_r(conf, 3),
-        status=status,  # type: ignore[arg-type]
-        busy=busy,
-        activity_signal=usage.activity_source,
-        signals=signals,
-        activity_histogram=[_r(b / bands.sum(), 4) for b in bands] if bands.sum() else [0.0] * 10,
-        cost=cost,
-        longest_idle_seconds=longest_idle,
-        verdicts=verdicts,
-        recommendations=recs,
-    )
+    return [_r(b / bands.sum(), 4) for b in bands] if bands.sum() else [0.0] * 10
 
 
 def _recommend(
@@ -201,14 +222,18 @@ def _recommend(
     busy: bool,
     longest_idle: float,
     pod_count: int,
-    price: float | None,
     conf: float,
+    verdicts: list[VerdictShare],
     busy_hours: int = 0,
     steps: int = 0,
     step_seconds: float = 0.0,
     cold_starts: list[float] | None = None,
 ) -> list[Recommendation]:
-    """The rules of the module docstring, in its order; each rule is one function below."""
+    """The rules of the module docstring, in its order; each rule is one function below. **keep** when no rule
+    but the diagnosis' applied."""
+    price = policy.prices.per_gpu_hour(product.name if product else usage.product) or policy.prices.per_gpu_hour(
+        usage.product
+    )
     margin = policy.rightsizing.margin_fraction
     avg_pods = _average_pods(usage)
     need = _gpus_needed(usage, product=product, margin=margin)
@@ -235,6 +260,10 @@ def _recommend(
     out += _replicas(usage, policy=policy, requested=requested, price=price, busy_hours=busy_hours)
     out += _scale_to_zero(usage, policy=policy, steps=steps, step_seconds=step_seconds, price=price,
                           requested=requested, longest_idle=longest_idle, cold_starts=cold_starts or [])  # fmt: skip
+    out += diagnosis_recommendations(verdicts, policy)
+    if not any(r.kind != "diagnosis" for r in out):
+        activity = signals.get("activity_percent")
+        out.append(_keep(policy, busy=busy, activity=activity, safe_share=share_target, busy_hours=busy_hours))
     return out
 
 
@@ -526,19 +555,6 @@ def _replicas(
     ]
 
 
-# Hours whose diagnosis says the SMs are doing real work: a workload with any is busy, never told to shrink.
-_BUSY_VERDICTS = frozenset(
-    v.value
-    for v in (
-        VerdictCode.COMPUTE_BOUND,
-        VerdictCode.MEMORY_BOUND,
-        VerdictCode.PRECISION,
-        VerdictCode.LOW_OCCUPANCY,
-        VerdictCode.THROTTLED,
-    )
-)
-
-
 def _average_pods(usage: WorkloadUsage) -> float:
     """Mean number of pods alive while the workload held GPUs (a cost multiplier)."""
     held = [p.held > 0 for p in usage.pods.values()]
@@ -565,68 +581,3 @@ def _smaller_product(policy: ReportPolicy, product: Product | None, *, fb_mib: f
         if fits and (best is None or cand_price < best[1]):
             best = (cand, cand_price)
     return best
-
-
-def _verdicts_over_time(usage: WorkloadUsage, policy: ReportPolicy) -> list[VerdictShare]:
-    """Diagnose each hour's mean signals; the share of hours per verdict, with one hour's explanation."""
-    if not usage.block_counts:
-        return []
-    blocks = len(next(iter(usage.block_counts.values())))
-    counts: Counter[str] = Counter()
-    examples: dict[str, str] = {}
-    for b in range(blocks):
-        values = {
-            f: usage.block_sums[f][b] / usage.block_counts[f][b]
-            for f in usage.block_counts
-            if usage.block_counts[f][b] > 0
-        }
-        if not values:
-            continue
-        verdict = _diagnose_rounded(tuple(sorted((f, round(float(v), 3)) for f, v in values.items())), policy)
-        counts[verdict.code.value] += 1
-        examples.setdefault(verdict.code.value, verdict.explanation)
-    total = sum(counts.values())
-    return [
-        VerdictShare(code=code, share=_r(n / total, 3), hours=n, example=examples[code])
-        for code, n in counts.most_common()
-    ]
-
-
-_MEMO: dict[tuple[int, tuple[tuple[str, float], ...]], object] = {}
-_POLICIES: dict[int, object] = {}  # NB: holds each policy the memo is keyed by, so its id is never reused
-
-
-def _diagnose_rounded(values: tuple[tuple[str, float], ...], policy: ReportPolicy):
-    """``diagnose`` of block means rounded to 0.001 (well inside every threshold's precision), memoised per
-    policy: a long window gives a workload hundreds of near-identical blocks."""
-    key = (id(policy.diagnosis), values)
-    verdict = _MEMO.get(key)
-    if verdict is None:
-        if len(_MEMO) > 100_000:
-            _MEMO.clear()
-            _POLICIES.clear()
-        _POLICIES[id(policy.diagnosis)] = policy.diagnosis
-        verdict = _MEMO[key] = diagnose(GpuSignals.model_validate(dict(values)), policy.diagnosis)
-    return verdict
-
-
-def _diagnosis_recs(verdicts: list[VerdictShare], policy: ReportPolicy) -> list[Recommendation]:
-    out = []
-    texts = policy.diagnosis.diagnosis.verdicts
-    for v in verdicts:
-        code = VerdictCode(v.code)
-        if code in _NOT_RECOMMENDED or v.share < _DIAGNOSIS_MIN_SHARE:
-            continue
-        text = texts[code]
-        severity = text.severity.value if text.severity.value != "ok" else "info"
-        title = "tensor cores idle: check precision" if code is VerdictCode.PRECISION else code.value
-        out.append(
-            Recommendation(
-                kind="diagnosis",
-                severity=severity,  # type: ignore[arg-type]
-                short=f"{v.code} {v.share:.0%}",
-                summary=f"{title} in {v.share:.0%} of hours: {text.next_step}",
-                evidence={"verdict": v.code, "share": v.share, "hours": v.hours, "example": v.example},
-            )
-        )
-    return out

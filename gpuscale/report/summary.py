@@ -21,6 +21,7 @@ Approximate:
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -68,18 +69,76 @@ def build_summary_report(h: SummaryHistory, *, policy: ReportPolicy, generated_a
     chunks, chunk = h.chunks, h.chunk_seconds
     steps_per_chunk = chunk / h.step_seconds
     decay = np.exp2((h.start + (np.arange(chunks) + 0.5) * chunk - h.end) / rs.half_life)
+    fold = _fold_series(h, policy=policy, decay=decay)
+    for key, usage in fold.usages.items():
+        usage.samples = int(fold.workload_samples[key].sum())
+        for p in usage.pods.values():
+            held = p.held > 0
+            # GPUs busy at once: a chunk's peak stands for its samples (an upper bound of the distribution)
+            usage.histograms["gpus_busy"].add(p.busy[held], weights=(decay * steps_per_chunk)[held])
+    workloads = workloads_of(
+        fold.usages,
+        pods=fold.pods,
+        requests=h.requests,
+        startups=h.startups,
+        policy=policy,
+        steps=chunks,
+        step_seconds=chunk,
+        cost_step_seconds=h.step_seconds,
+    )
+    price_of = price_lookup(policy)
+    idle_nodes = find_idle_nodes(fold.nodes, node_pools=h.node_pools, policy=policy)
+    incidents = _throttle_incidents(h, policy) + _counter_incidents(h, policy)
+    return Report(
+        generated_at=generated_at,
+        source=h.source,
+        mode="summary",
+        exact=EXACT_SUMMARY,
+        approximate=APPROXIMATE_SUMMARY,
+        window=Window(start=h.start, end=h.end, step_seconds=h.step_seconds),
+        currency=policy.prices.currency,
+        gaps=list(h.gaps),
+        workloads=workloads,
+        pools=[Group(name=k, cost=v.figures(price_of)) for k, v in sorted(fold.pools.items())],
+        namespaces=[Group(name=k, cost=v.figures(price_of)) for k, v in sorted(fold.namespaces.items())],
+        total=fold.total.figures(price_of),
+        idle_nodes=idle_nodes,
+        incidents=sorted(incidents, key=lambda i: (i.first_seen, i.node, i.gpu)),
+        timeline=[
+            TimelinePoint(
+                t=h.start + k * chunk,
+                allocated_gpus=round(float(fold.alloc_t[k] / steps_per_chunk), 3),
+                active_gpus=round(float(fold.active_t[k] / steps_per_chunk), 3),
+            )
+            for k in range(chunks)
+        ],
+    )
+
+
+@dataclass(slots=True)
+class _SummaryFold:
+    """What the (GPU, node, pod) series groups add up to: GPU-time per pool, namespace, node and in total, the
+    timeline's GPUs allocated and active per chunk, and each workload's usage and samples per chunk."""
+
+    total: CostAccumulator
+    alloc_t: np.ndarray
+    active_t: np.ndarray
+    pods: list[PodRef] = field(default_factory=list)
+    pod_ids: dict[PodRef, int] = field(default_factory=dict)
+    usages: dict[WorkloadKey, WorkloadUsage] = field(default_factory=dict)
+    pools: dict[str, CostAccumulator] = field(default_factory=dict)
+    namespaces: dict[str, CostAccumulator] = field(default_factory=dict)
+    nodes: dict[str, CostAccumulator] = field(default_factory=dict)
+    workload_samples: dict[WorkloadKey, np.ndarray] = field(default_factory=dict)
+
+
+def _fold_series(h: SummaryHistory, *, policy: ReportPolicy, decay: np.ndarray) -> _SummaryFold:
+    """Each (GPU, node, pod) group of series into the GPU-time figures and its workload's usage."""
+    chunks = h.chunks
     groups: dict[tuple[str, str, PodRef | None], dict[str, SeriesSummary]] = defaultdict(dict)
     for s in h.series:
         groups[(s.gpu, s.node, s.pod)][s.field] = s
-    pods: list[PodRef] = []
-    pod_ids: dict[PodRef, int] = {}
-    usages: dict[WorkloadKey, WorkloadUsage] = {}
-    pools: dict[str, CostAccumulator] = {}
-    namespaces: dict[str, CostAccumulator] = {}
-    nodes: dict[str, CostAccumulator] = {}
-    total = CostAccumulator(h.step_seconds)
-    alloc_t, active_t = np.zeros(chunks), np.zeros(chunks)
-    workload_samples: dict[WorkloadKey, np.ndarray] = {}
+    fold = _SummaryFold(CostAccumulator(h.step_seconds), np.zeros(chunks), np.zeros(chunks))
     for (gpu, node, pod), fields in groups.items():
         any_field = next(iter(fields.values()))
         product = any_field.product
@@ -90,54 +149,52 @@ def build_summary_report(h: SummaryHistory, *, policy: ReportPolicy, generated_a
         held = pod is not None
         fig = {"allocated": count.sum() if held else 0.0, "active": active.sum() if held else 0.0}
         fig["unallocated"] = 0.0 if held else count.sum()
-        for acc in (pools.setdefault(pool, CostAccumulator(h.step_seconds)), total):
+        for acc in (fold.pools.setdefault(pool, CostAccumulator(h.step_seconds)), fold.total):
             acc.add(gpu, product, **fig)
-        nodes.setdefault(node, CostAccumulator(h.step_seconds)).add(gpu, product, **fig)
+        fold.nodes.setdefault(node, CostAccumulator(h.step_seconds)).add(gpu, product, **fig)
         if pod is None:
             continue
-        alloc_t += count
-        active_t += active
-        namespaces.setdefault(pod.namespace, CostAccumulator(h.step_seconds)).add(
+        fold.alloc_t += count
+        fold.active_t += active
+        fold.namespaces.setdefault(pod.namespace, CostAccumulator(h.step_seconds)).add(
             gpu, product, allocated=fig["allocated"], active=fig["active"], unallocated=0.0
         )
-        owner = owner_of(h, pod)
-        key = WorkloadKey(pod.namespace, owner.kind, owner.name)
-        usage = usages.get(key)
-        if usage is None:
-            usage = usages[key] = new_usage(key, owner.source, half_life_seconds=rs.half_life, reference=h.end)
-            usage.sample_seconds = h.step_seconds
-            workload_samples[key] = np.zeros(chunks)
-        workload_samples[key] = np.maximum(workload_samples[key], count)
-        if pod not in pod_ids:
-            pod_ids[pod] = len(pods)
-            pods.append(pod)
-            peaks = h.pods.get(pod)
-            zeros = np.zeros(chunks, np.float32)
-            usage.pods[pod_ids[pod]] = PodSteps(
-                (peaks.held_max if peaks else zeros).astype(np.float32),
-                (peaks.busy_max if peaks else zeros).astype(np.float32),
-                (peaks.fb_max_mib if peaks else zeros).astype(np.float32),
-            )
+        usage = _pod_usage(fold, h, pod, count, policy=policy)
         _add_series(usage, fields, act, count, decay, product or "unknown", pool, gpu)
-    for key, usage in usages.items():
-        usage.samples = int(workload_samples[key].sum())
-        for p in usage.pods.values():
-            held = p.held > 0
-            # GPUs busy at once: a chunk's peak stands for its samples (an upper bound of the distribution)
-            usage.histograms["gpus_busy"].add(p.busy[held], weights=(decay * steps_per_chunk)[held])
-    workloads = workloads_of(
-        usages,
-        pods=pods,
-        requests=h.requests,
-        startups=h.startups,
-        policy=policy,
-        steps=chunks,
-        step_seconds=chunk,
-        cost_step_seconds=h.step_seconds,
-    )
-    price_of = price_lookup(policy)
-    idle_nodes = find_idle_nodes(nodes, node_pools=h.node_pools, policy=policy)
-    incidents = _throttle_incidents(h, policy)
+    return fold
+
+
+def _pod_usage(
+    fold: _SummaryFold, h: SummaryHistory, pod: PodRef, count: np.ndarray, *, policy: ReportPolicy
+) -> WorkloadUsage:
+    """The usage of the pod's workload (new on its first pod), with the pod's peaks added on its first series."""
+    chunks = h.chunks
+    owner = owner_of(h, pod)
+    key = WorkloadKey(pod.namespace, owner.kind, owner.name)
+    usage = fold.usages.get(key)
+    if usage is None:
+        rs = policy.rightsizing
+        usage = fold.usages[key] = new_usage(key, owner.source, half_life_seconds=rs.half_life, reference=h.end)
+        usage.sample_seconds = h.step_seconds
+        fold.workload_samples[key] = np.zeros(chunks)
+    fold.workload_samples[key] = np.maximum(fold.workload_samples[key], count)
+    if pod not in fold.pod_ids:
+        fold.pod_ids[pod] = len(fold.pods)
+        fold.pods.append(pod)
+        peaks = h.pods.get(pod)
+        zeros = np.zeros(chunks, np.float32)
+        usage.pods[fold.pod_ids[pod]] = PodSteps(
+            (peaks.held_max if peaks else zeros).astype(np.float32),
+            (peaks.busy_max if peaks else zeros).astype(np.float32),
+            (peaks.fb_max_mib if peaks else zeros).astype(np.float32),
+        )
+    return usage
+
+
+def _counter_incidents(h: SummaryHistory, policy: ReportPolicy) -> list[Incident]:
+    """One incident per chunk an Xid changed or ECC double-bit errors increased in, in ``h.incidents`` order."""
+    incidents: list[Incident] = []
+    chunk = h.chunk_seconds
     for i in h.incidents:
         if i.kind == "throttle":
             continue
@@ -160,30 +217,7 @@ def build_summary_report(h: SummaryHistory, *, policy: ReportPolicy, generated_a
                 meaning=meaning,
             )
         )
-    return Report(
-        generated_at=generated_at,
-        source=h.source,
-        mode="summary",
-        exact=EXACT_SUMMARY,
-        approximate=APPROXIMATE_SUMMARY,
-        window=Window(start=h.start, end=h.end, step_seconds=h.step_seconds),
-        currency=policy.prices.currency,
-        gaps=list(h.gaps),
-        workloads=workloads,
-        pools=[Group(name=k, cost=v.figures(price_of)) for k, v in sorted(pools.items())],
-        namespaces=[Group(name=k, cost=v.figures(price_of)) for k, v in sorted(namespaces.items())],
-        total=total.figures(price_of),
-        idle_nodes=idle_nodes,
-        incidents=sorted(incidents, key=lambda i: (i.first_seen, i.node, i.gpu)),
-        timeline=[
-            TimelinePoint(
-                t=h.start + k * chunk,
-                allocated_gpus=round(float(alloc_t[k] / steps_per_chunk), 3),
-                active_gpus=round(float(active_t[k] / steps_per_chunk), 3),
-            )
-            for k in range(chunks)
-        ],
-    )
+    return incidents
 
 
 def _throttle_incidents(h: SummaryHistory, policy: ReportPolicy) -> list[Incident]:

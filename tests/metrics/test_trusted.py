@@ -18,19 +18,17 @@ from pydantic import BaseModel
 from gpuscale.metrics.attribution import Attributor, Target
 from gpuscale.metrics.devices import DEVICE_SERIES, gpu_statuses, read_devices
 from gpuscale.metrics.diagnosis import (
-    _DCGM_FIELDS,
-    _INT_FIELDS,
     KNOWN_DCGM_NAMES,
     GpuSignals,
     Severity,
     Verdict,
     VerdictCode,
-    _reported,
     diagnose,
     load_policy,
     signals_from_dcgm,
     trusted,
 )
+from gpuscale.metrics.diagnosis.gpu_signals import _DCGM_FIELDS, _INT_FIELDS, _reported
 from gpuscale.metrics.rollups import inference_stats, pod_statuses_of_readings
 from gpuscale.metrics.store import MetricPoint
 from gpuscale.model import pod
