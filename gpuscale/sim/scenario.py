@@ -30,17 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from gpuscale.sim.load import (
-    A100_SXM4_80GB,
-    H100_SXM,
-    PROFILES,
-    ConstantLoad,
-    DiurnalLoad,
-    GpuModel,
-    LoadModel,
-    Profile,
-    TritonModel,
-)
+from gpuscale.sim.gpu_activity import A100_SXM4_80GB, H100_SXM, PROFILES, GpuModel, Profile
+from gpuscale.sim.load import ConstantLoad, DiurnalLoad, LoadModel
+from gpuscale.sim.serving_queue import TritonModel
 
 __all__ = [
     "DCGM_EXPORTER_NAMESPACE",

@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscale.policy_files import shipped
 from gpuscale.sim.exporters import SimExporters
-from gpuscale.sim.load import H100_SXM
+from gpuscale.sim.gpu_activity import H100_SXM
 from gpuscale.sim.scenario import Scenario, SimNode
 from tests.cluster.rest import Rest
 from tests.controller.fault_proxy import FaultProxy

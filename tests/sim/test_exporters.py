@@ -1,6 +1,6 @@
 """Simulated exporters: upstream text format, load → signal behaviour, queueing, placements, HTTP and faults.
 
-Scope: ``gpuscale.sim.scenario`` (placements, names, Kubernetes objects), ``gpuscale.sim.load`` (load models,
+Scope: ``gpuscale.sim.scenario`` (placements, names, Kubernetes objects), ``gpuscale.sim.load`` and its neighbours (load models,
 signals, queueing) and ``gpuscale.sim.exporters`` (renderers, ``ClusterSim``, ``ExporterServer``,
 ``SimExporters``). The format tests compare against the fixtures in ``tests/fixtures`` through
 ``prometheus_client``'s parser, so they pin what a real scraper sees: family order, HELP, TYPE and the
@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuscale.sim.device_gauges import gpu_signals
 from gpuscale.sim.exporters import (
     ClusterSim,
     ExporterServer,
@@ -28,21 +29,8 @@ from gpuscale.sim.exporters import (
     SimExporters,
     render_dcgm,
 )
-from gpuscale.sim.load import (
-    A100_SXM4_80GB,
-    H100_SXM,
-    ConstantLoad,
-    DiurnalLoad,
-    PiecewiseLinearLoad,
-    RepeatingLoad,
-    StepLoad,
-    TritonModel,
-    advance_backlog,
-    gpu_signals,
-    queue_wait_ratio,
-    replica_queue,
-    triton_rates,
-)
+from gpuscale.sim.gpu_activity import A100_SXM4_80GB, H100_SXM
+from gpuscale.sim.load import ConstantLoad, DiurnalLoad, PiecewiseLinearLoad, RepeatingLoad, StepLoad
 from gpuscale.sim.scenario import (
     MIG_ALL_BALANCED,
     GpuSlot,
@@ -51,6 +39,7 @@ from gpuscale.sim.scenario import (
     SimWorkload,
     demo_scenario,
 )
+from gpuscale.sim.serving_queue import TritonModel, advance_backlog, queue_wait_ratio, replica_queue, triton_rates
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 H100_FIXTURE = (FIXTURES / "dcgm" / "dcgm-exporter-h100-8gpu.prom").read_text()

@@ -11,10 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
-from gpuscale.sim.load import (
-    InstanceSignals,
-    SimGpuGauges,
-)
+from gpuscale.sim.device_gauges import InstanceSignals, SimGpuGauges
 from gpuscale.sim.scenario import (
     ContainerRef,
     GpuSlot,

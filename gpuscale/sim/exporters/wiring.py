@@ -14,9 +14,7 @@ from gpuscale.sim.exporters.dcgm import LabelStyle
 from gpuscale.sim.exporters.endpoints import ExporterServer, Faults
 from gpuscale.sim.exporters.llm import LlmFleet, LlmServer, LlmState, with_llm_endpoints
 from gpuscale.sim.exporters.simulation import ClusterSim
-from gpuscale.sim.load import (
-    LoadModel,
-)
+from gpuscale.sim.load import LoadModel
 from gpuscale.sim.scenario import (
     Placement,
     PodKey,
