@@ -12,11 +12,8 @@ from typing import Any, Literal, NamedTuple
 
 from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
 from gpuscale.sim.device_gauges import InstanceSignals, SimGpuGauges
-from gpuscale.sim.scenario import (
-    ContainerRef,
-    GpuSlot,
-    SimNode,
-)
+from gpuscale.sim.gpu_nodes import GpuSlot, SimNode
+from gpuscale.sim.workloads import ContainerRef
 
 LabelStyle = Literal["default", "pod_name"]
 
