@@ -301,8 +301,8 @@ def _deployment(scenario: Scenario, w: SimWorkload, pods: Sequence[Placement]) -
 
 def _replicaset(scenario: Scenario, w: SimWorkload, pods: Sequence[Placement]) -> dict[str, Any]:
     total, ready = _workload_status(pods)
-    template_hash = scenario.pod_template_hash(w)
-    labels = {**w.pod_labels, "pod-template-hash": template_hash}
+    pod_hash = scenario.pod_template_hash(w)
+    labels = {**w.pod_labels, "pod-template-hash": pod_hash}
     name = scenario.owner_name(w)
     return {
         "apiVersion": "apps/v1",
