@@ -58,9 +58,11 @@ from gpuscale.pipeline import cyclic_gc_paused
 from gpuscale.pricing import load_prices
 from gpuscale.settings import ControllerSettings
 from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS
+from gpuscale.sim.device_gauges import device_signals
 from gpuscale.sim.exporters import render_dcgm
-from gpuscale.sim.load import H100_SXM, activity, device_signals, unit_hash
-from gpuscale.sim.scenario import GpuSlot, SimNode
+from gpuscale.sim.gpu_activity import H100_SXM, activity
+from gpuscale.sim.gpu_nodes import GpuSlot, SimNode
+from gpuscale.sim.load import unit_hash
 from gpuscale.sources.kuberest import KubeRest
 from gpuscale.sources.objects import ObjectCache
 from gpuscale.sources.scrape import ScrapeSource

@@ -20,7 +20,7 @@ import time
 
 def pages(pods: int, *, seconds: int) -> list[str]:
     from gpuscale.sim.exporters.llm import LlmServer, LlmState, llm_rates, render_llm
-    from gpuscale.sim.load import replica_queue
+    from gpuscale.sim.serving_queue import replica_queue
 
     out = []
     for p in range(pods):

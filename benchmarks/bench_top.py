@@ -50,9 +50,11 @@ from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.metrics.diagnosis import load_policy
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.pipeline import cyclic_gc_paused
+from gpuscale.sim.device_gauges import device_signals
 from gpuscale.sim.exporters import render_dcgm
-from gpuscale.sim.load import H100_SXM, activity, device_signals, unit_hash
-from gpuscale.sim.scenario import GpuSlot, SimNode
+from gpuscale.sim.gpu_activity import H100_SXM, activity
+from gpuscale.sim.gpu_nodes import GpuSlot, SimNode
+from gpuscale.sim.load import unit_hash
 from gpuscale.sources.scrape import ScrapeSource
 from gpuscale.sources.targets import target_resolver
 from gpuscale.top.collect import SourcesCollector, inference_catalogue

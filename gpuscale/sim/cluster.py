@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.model import rfc3339
+from gpuscale.sim.demo_cluster import demo_scenario
 from gpuscale.sim.exporters import SimExporters
 from gpuscale.sim.exporters.llm import LlmServer
+from gpuscale.sim.kube_manifests import CREATION_TIMESTAMP
 from gpuscale.sim.kubeapi import SimKubeApi
-from gpuscale.sim.scenario import CREATION_TIMESTAMP, Scenario, demo_scenario
+from gpuscale.sim.scenario import Scenario
 
 # Objects the scenario owns: anything of these kinds it no longer renders is deleted.
 _OWNED_KINDS = ("Pod", "ReplicaSet", "Deployment", "StatefulSet", "DaemonSet", "Node", "Namespace")

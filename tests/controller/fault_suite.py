@@ -36,8 +36,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscale.policy_files import shipped
 from gpuscale.sim.exporters import SimExporters
-from gpuscale.sim.load import H100_SXM
-from gpuscale.sim.scenario import Scenario, SimNode
+from gpuscale.sim.gpu_activity import H100_SXM
+from gpuscale.sim.gpu_nodes import SimNode
+from gpuscale.sim.scenario import Scenario
 from tests.cluster.rest import Rest
 from tests.controller.fault_proxy import FaultProxy
 from tests.e2e.backends import free_port

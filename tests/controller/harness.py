@@ -20,9 +20,11 @@ from gpuscale.controller.writes import Planner
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.diagnosis import load_policy
 from gpuscale.sim.exporters import ManualClock, SimExporters
+from gpuscale.sim.gpu_activity import H100_SXM
+from gpuscale.sim.gpu_nodes import SimNode
 from gpuscale.sim.kubeapi import SimKubeApi
-from gpuscale.sim.load import H100_SXM
-from gpuscale.sim.scenario import Scenario, SimNode, SimWorkload
+from gpuscale.sim.scenario import Scenario
+from gpuscale.sim.workloads import SimWorkload
 from gpuscale.sources.kuberest import KubeRest
 from gpuscale.sources.objects import ObjectCache, WatchSpec
 from gpuscale.sources.scrape import ScrapeSource

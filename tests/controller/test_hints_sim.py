@@ -17,7 +17,7 @@ from gpuscale.controller.hints import (
     load_hints_policy,
 )
 from gpuscale.sim.load import ConstantLoad
-from gpuscale.sim.scenario import SimWorkload
+from gpuscale.sim.workloads import SimWorkload
 from tests.controller.harness import start_harness
 
 GANG = {"app": "train", "scheduling.x-k8s.io/pod-group": "train"}

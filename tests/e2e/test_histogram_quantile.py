@@ -20,8 +20,10 @@ from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.histograms import bucket_quantile
 from gpuscale.sim.exporters import ExporterServer, SimExporters
 from gpuscale.sim.exporters.llm import LlmServer
+from gpuscale.sim.gpu_nodes import SimNode
 from gpuscale.sim.load import ConstantLoad
-from gpuscale.sim.scenario import Scenario, SimNode, SimWorkload
+from gpuscale.sim.scenario import Scenario
+from gpuscale.sim.workloads import SimWorkload
 from gpuscale.sources.base import TermQuery
 from gpuscale.sources.prometheus import PrometheusSource
 from gpuscale.sources.scrape import ScrapeSource

@@ -37,8 +37,9 @@ from gpuscale.metrics.catalogue import DEFAULT_CATALOGUE_PATH, Catalogue, parse_
 from gpuscale.metrics.store import Snapshot
 from gpuscale.model import POD, pod
 from gpuscale.sim.cluster import SimCluster
+from gpuscale.sim.demo_cluster import demo_scenario
 from gpuscale.sim.load import ConstantLoad
-from gpuscale.sim.scenario import Scenario, demo_scenario
+from gpuscale.sim.scenario import Scenario
 from gpuscale.sources.base import MetricsSource, TermQuery
 from gpuscale.sources.kube import KubeCache, load_api_client
 from gpuscale.sources.prometheus import PrometheusSource

@@ -21,8 +21,10 @@ from gpuscale.model import parse_quantity
 from gpuscale.settings import AdapterSettings
 from gpuscale.sim.cluster import SimCluster
 from gpuscale.sim.exporters.llm import LlmServer
+from gpuscale.sim.gpu_nodes import SimNode
 from gpuscale.sim.load import ConstantLoad
-from gpuscale.sim.scenario import Scenario, SimNode, SimWorkload
+from gpuscale.sim.scenario import Scenario
+from gpuscale.sim.workloads import SimWorkload
 from tests.e2e.test_discovery import wait_for
 
 EXAMPLE = Path(__file__).parents[2] / "deploy" / "examples" / "vllm-hpa.yaml"

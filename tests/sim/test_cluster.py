@@ -8,7 +8,7 @@ import json
 from gpuscale.model import rfc3339
 from gpuscale.sim.cluster import SimCluster
 from gpuscale.sim.exporters import ManualClock
-from gpuscale.sim.scenario import CREATION_TIMESTAMP
+from gpuscale.sim.kube_manifests import CREATION_TIMESTAMP
 
 START = 1_800_000_000.0  # 2027-01-15T08:00:00Z, far from the scenario's placeholder
 

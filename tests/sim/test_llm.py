@@ -17,8 +17,11 @@ from gpuscale.metrics.exposition import parse_samples
 from gpuscale.model import pod
 from gpuscale.sim.exporters import ManualClock, SimExporters
 from gpuscale.sim.exporters.llm import LlmServer, LlmState, llm_rates, render_llm
-from gpuscale.sim.load import ConstantLoad, replica_queue
-from gpuscale.sim.scenario import Scenario, SimNode, SimWorkload
+from gpuscale.sim.gpu_nodes import SimNode
+from gpuscale.sim.load import ConstantLoad
+from gpuscale.sim.scenario import Scenario
+from gpuscale.sim.serving_queue import replica_queue
+from gpuscale.sim.workloads import SimWorkload
 from gpuscale.sources.scrape import ScrapeSource
 from tests.helpers import FIXTURES
 

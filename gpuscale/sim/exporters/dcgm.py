@@ -11,15 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
-from gpuscale.sim.load import (
-    InstanceSignals,
-    SimGpuGauges,
-)
-from gpuscale.sim.scenario import (
-    ContainerRef,
-    GpuSlot,
-    SimNode,
-)
+from gpuscale.sim.device_gauges import InstanceSignals, SimGpuGauges
+from gpuscale.sim.gpu_nodes import GpuSlot, SimNode
+from gpuscale.sim.workloads import ContainerRef
 
 LabelStyle = Literal["default", "pod_name"]
 

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client.utils import floatToGoString
 
-from gpuscale.sim.load import QueueState, advance_backlog, replica_queue
-from gpuscale.sim.scenario import Placement, PodKey
+from gpuscale.sim.serving_queue import QueueState, advance_backlog, replica_queue
+from gpuscale.sim.workloads import Placement, PodKey
 
 if TYPE_CHECKING:
     from gpuscale.sim.exporters.simulation import ClusterSim

@@ -10,30 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from gpuscale.sim.device_gauges import InstanceLoad, SimGpuGauges, device_signals
 from gpuscale.sim.exporters.dcgm import LabelStyle, render_dcgm
 from gpuscale.sim.exporters.triton import TritonState, render_triton
-from gpuscale.sim.load import (
-    Activity,
-    InstanceLoad,
-    LoadModel,
-    QueueState,
-    SimGpuGauges,
-    activity,
-    advance_backlog,
-    device_signals,
-    replica_queue,
-    smooth_noise,
-    triton_rates,
-    unit_hash,
-)
-from gpuscale.sim.scenario import (
-    ContainerRef,
-    GpuSlot,
-    Placement,
-    PodKey,
-    Scenario,
-    SimWorkload,
-)
+from gpuscale.sim.gpu_activity import Activity, activity
+from gpuscale.sim.gpu_nodes import GpuSlot
+from gpuscale.sim.load import LoadModel, smooth_noise, unit_hash
+from gpuscale.sim.scenario import Scenario
+from gpuscale.sim.serving_queue import QueueState, advance_backlog, replica_queue, triton_rates
+from gpuscale.sim.workloads import ContainerRef, Placement, PodKey, SimWorkload
 
 
 @dataclass(slots=True)

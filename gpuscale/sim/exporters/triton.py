@@ -8,11 +8,8 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuscale.sim.load import (
-    ModelRates,
-    SimGpuGauges,
-    TritonModel,
-)
+from gpuscale.sim.device_gauges import SimGpuGauges
+from gpuscale.sim.serving_queue import ModelRates, TritonModel
 
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
 

@@ -14,15 +14,9 @@ from gpuscale.sim.exporters.dcgm import LabelStyle
 from gpuscale.sim.exporters.endpoints import ExporterServer, Faults
 from gpuscale.sim.exporters.llm import LlmFleet, LlmServer, LlmState, with_llm_endpoints
 from gpuscale.sim.exporters.simulation import ClusterSim
-from gpuscale.sim.load import (
-    LoadModel,
-)
-from gpuscale.sim.scenario import (
-    Placement,
-    PodKey,
-    Scenario,
-    SimWorkload,
-)
+from gpuscale.sim.load import LoadModel
+from gpuscale.sim.scenario import Scenario
+from gpuscale.sim.workloads import Placement, PodKey, SimWorkload
 
 Listener = Callable[[list[dict[str, Any]]], Awaitable[None] | None]
 
