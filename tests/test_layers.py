@@ -125,6 +125,50 @@ def test_known_exceptions_still_exist():
             assert any(_within(name, (allowed,)) for name in imported), f"{file} no longer imports {allowed}"
 
 
+# Parts of one layer that must stay independent of each other: each planner of the controller decides from the
+# observed state alone (one planner's bug or slowness never changes another's plan; loop.py runs them side by
+# side), and the adapter's refresh scope (which objects a refresh fetches) never depends on its forecasts (what a
+# forecast serves) nor the other way round. Each row: (what, {part: its modules}); no part imports another's.
+INDEPENDENT = [
+    (
+        "controller planners",
+        {
+            "health remediation": ("gpuscale.controller.health",),
+            "autoscaler hints": ("gpuscale.controller.hints",),
+            "gang-aware capacity": ("gpuscale.controller.capacity",),
+        },
+    ),
+    (
+        "adapter refresh scope and forecasts",
+        {
+            "refresh scope": ("gpuscale.adapter.asked_for", "gpuscale.metrics.refresh_scope"),
+            "forecasts": (
+                "gpuscale.adapter.forecasts",
+                "gpuscale.metrics.demand",
+                "gpuscale.metrics.workload_demand",
+                "gpuscale.metrics.forecast",
+            ),
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "parts"), INDEPENDENT, ids=[row[0] for row in INDEPENDENT])
+def test_independent_parts_never_import_each_other(what, parts):
+    crossings = []
+    for part, members in parts.items():
+        others = tuple(m for other, ms in parts.items() if other != part for m in ms)
+        found = [path for path in MODULES if _within(_module_name(path), members)]
+        assert found, f"{what}: no module of {part} ({members}) exists; update INDEPENDENT"
+        for path in found:
+            crossings += [
+                f"{path.relative_to(ROOT)}:{line} ({part}) imports {name}"
+                for line, name in _imports(path)
+                if _within(name, others)
+            ]
+    assert not crossings, f"{what} depend on each other:\n" + "\n".join(sorted(set(crossings)))
+
+
 # Import names of the distributions pyproject.toml declares (only where the two differ).
 IMPORT_NAMES = {"PyYAML": "yaml", "kubernetes-asyncio": "kubernetes_asyncio", "prometheus-client": "prometheus_client"}
 # Imported at run time through a declared dependency that guarantees it (aiohttp requires multidict).

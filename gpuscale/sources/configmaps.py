@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from gpuscale.sources.kube import Reflector, _Kind
+from gpuscale.sources.kube import Reflector, WatchedKind
 
 __all__ = ["ConfigMapWatch"]
 
@@ -47,7 +47,7 @@ class ConfigMapWatch(Reflector):
         list_call = functools.partial(
             client.CoreV1Api(api_client).list_namespaced_config_map, namespace, field_selector=f"metadata.name={name}"
         )
-        self._kinds = (_Kind(KIND, list_call, self._replace, self._put, self._remove),)
+        self._kinds = (WatchedKind(KIND, list_call, self._replace, self._put, self._remove),)
 
     @property
     def last_error(self) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from gpuscale.metrics.refresh_scope import Scope, references
-from gpuscale.sources.kube import Reflector, _Kind, _name_of
+from gpuscale.sources.kube import Reflector, WatchedKind, namespaced_name
 
 __all__ = ["HpaCache"]
 
@@ -37,7 +37,7 @@ class HpaCache(Reflector):
         """Bumped on every change of the references (an HPA added, changed or removed)."""
         autoscaling = client.AutoscalingV2Api(api_client)
         self._kinds = (
-            _Kind(
+            WatchedKind(
                 "horizontalpodautoscalers",
                 autoscaling.list_horizontal_pod_autoscaler_for_all_namespaces,
                 self._replace,
@@ -56,16 +56,16 @@ class HpaCache(Reflector):
         return len(self._refs)
 
     def _replace(self, objects: list[dict[str, Any]]) -> None:
-        self._refs = {_name_of(o): tuple(references(o)) for o in objects}
+        self._refs = {namespaced_name(o): tuple(references(o)) for o in objects}
         self.generation += 1
 
     def _put(self, obj: Mapping[str, Any]) -> None:
         refs = tuple(references(obj))
-        key = _name_of(obj)
+        key = namespaced_name(obj)
         if self._refs.get(key) != refs:
             self._refs[key] = refs
             self.generation += 1
 
     def _remove(self, obj: Mapping[str, Any]) -> None:
-        if self._refs.pop(_name_of(obj), None) is not None:
+        if self._refs.pop(namespaced_name(obj), None) is not None:
             self.generation += 1

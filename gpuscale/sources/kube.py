@@ -462,7 +462,7 @@ class WatchExpired(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class _Kind:
+class WatchedKind:
     """One cached resource: how to list/watch it and how its objects enter the index."""
 
     name: str
@@ -472,7 +472,8 @@ class _Kind:
     remove: Callable[[dict[str, Any]], None]
 
 
-def _name_of(obj: Mapping[str, Any]) -> tuple[str, str]:
+def namespaced_name(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """An object's (namespace, name); ``""`` for a cluster-scoped object's namespace."""
     meta = obj.get("metadata") or {}
     return meta.get("namespace", ""), meta.get("name", "")
 
@@ -491,7 +492,7 @@ class Reflector:
     def __init__(self, *, watch_timeout_seconds: int = 300, backoff_max_seconds: float = 30) -> None:
         self._watch_timeout = int(watch_timeout_seconds)
         self._backoff_max = float(backoff_max_seconds)
-        self._kinds: tuple[_Kind, ...] = ()
+        self._kinds: tuple[WatchedKind, ...] = ()
         self._listed: set[str] = set()
         self._synced_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -576,7 +577,7 @@ class Reflector:
 
     # -- the loop
 
-    async def _run(self, kind: _Kind) -> None:
+    async def _run(self, kind: WatchedKind) -> None:
         backoff = self._backoff()
         resource_version: str | None = None
         while True:
@@ -631,7 +632,7 @@ class Reflector:
         """A loop's delays after errors: from 0.5 s, doubling up to ``backoff_max_seconds``, ±20 % jitter."""
         return Backoff(initial_seconds=_INITIAL_BACKOFF_SECONDS, max_seconds=self._backoff_max, jitter=0.2)
 
-    async def _list(self, kind: _Kind) -> str:
+    async def _list(self, kind: WatchedKind) -> str:
         """List every object of a kind (paged), replace its index, return the list's resourceVersion."""
         items: list[dict[str, Any]] = []
         resource_version = ""
@@ -665,7 +666,7 @@ class Reflector:
         log.debug("listed %d %s at resourceVersion %s", len(items), kind.name, resource_version)
         return resource_version
 
-    async def _watch(self, kind: _Kind, resource_version: str) -> tuple[str, int]:
+    async def _watch(self, kind: WatchedKind, resource_version: str) -> tuple[str, int]:
         """Apply one watch stream's events; return the resourceVersion to resume from and the event count."""
         events = 0
         async for event_type, obj in watch_events(
@@ -705,39 +706,39 @@ class KubeCache(_IndexedClusterObjects, Reflector):
         apps = client.AppsV1Api(api_client)
         index = self._index
         self._kinds = (
-            _Kind(
+            WatchedKind(
                 "pods",
                 core.list_pod_for_all_namespaces,
                 lambda objs: index.set_pods(PodInfo.from_object(o) for o in objs),
                 lambda obj: index.put_pod(PodInfo.from_object(obj)),
-                lambda obj: index.remove_pod(*_name_of(obj)),
+                lambda obj: index.remove_pod(*namespaced_name(obj)),
             ),
-            _Kind(
+            WatchedKind(
                 "namespaces",
                 core.list_namespace,
-                lambda objs: index.set_namespaces(_name_of(o)[1] for o in objs),
-                lambda obj: index.put_namespace(_name_of(obj)[1]),
-                lambda obj: index.remove_namespace(_name_of(obj)[1]),
+                lambda objs: index.set_namespaces(namespaced_name(o)[1] for o in objs),
+                lambda obj: index.put_namespace(namespaced_name(obj)[1]),
+                lambda obj: index.remove_namespace(namespaced_name(obj)[1]),
             ),
-            _Kind(
+            WatchedKind(
                 "nodes",
                 core.list_node,
-                lambda objs: index.set_nodes({_name_of(o)[1]: _labels(o) for o in objs}),
-                lambda obj: index.put_node(_name_of(obj)[1], _labels(obj)),
-                lambda obj: index.remove_node(_name_of(obj)[1]),
+                lambda objs: index.set_nodes({namespaced_name(o)[1]: _labels(o) for o in objs}),
+                lambda obj: index.put_node(namespaced_name(obj)[1], _labels(obj)),
+                lambda obj: index.remove_node(namespaced_name(obj)[1]),
             ),
             self._workload_kind("deployments", DEPLOYMENT, apps.list_deployment_for_all_namespaces),
             self._workload_kind("statefulsets", STATEFULSET, apps.list_stateful_set_for_all_namespaces),
         )
 
-    def _workload_kind(self, name: str, kind: str, list_call: Callable[..., Awaitable[Any]]) -> _Kind:
+    def _workload_kind(self, name: str, kind: str, list_call: Callable[..., Awaitable[Any]]) -> WatchedKind:
         index = self._index
-        return _Kind(
+        return WatchedKind(
             name,
             list_call,
             lambda objs: index.set_workloads(kind, (WorkloadInfo.from_object(kind, o) for o in objs)),
             lambda obj: index.put_workload(WorkloadInfo.from_object(kind, obj)),
-            lambda obj: index.remove_workload(kind, *_name_of(obj)),
+            lambda obj: index.remove_workload(kind, *namespaced_name(obj)),
         )
 
 

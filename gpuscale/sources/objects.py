@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuscale.errors import KindNotServed, SelectorError, SourceUnavailable
 from gpuscale.selectors import LabelSelector
-from gpuscale.sources.kube import Reflector, _Kind
+from gpuscale.sources.kube import Reflector, WatchedKind
 from gpuscale.sources.kuberest import KubeRest
 
 __all__ = ["ObjectCache", "WatchSpec"]
@@ -135,7 +135,7 @@ class ObjectCache(Reflector):
             kinds.append(self._kind(spec, path))
         self._kinds = tuple(kinds)
 
-    def _kind(self, spec: WatchSpec, path: str) -> _Kind:
+    def _kind(self, spec: WatchSpec, path: str) -> WatchedKind:
         bucket = self._buckets[spec]
         list_call = self._rest.list_call(path)
 
@@ -168,7 +168,7 @@ class ObjectCache(Reflector):
         # NB: the group qualifies the name (PodGroup.scheduling.volcano.sh, PodGroup.scheduling.x-k8s.io): the
         # reflector counts kinds by name to know it has listed them all.
         group = spec.api_version.rpartition("/")[0]
-        return _Kind(f"{spec.kind}{'.' + group if group else ''}{where}", call, replace, put, remove)
+        return WatchedKind(f"{spec.kind}{'.' + group if group else ''}{where}", call, replace, put, remove)
 
     async def start(self) -> None:
         """Start the list+watch loops. If the API cannot be reached for discovery yet, keep trying in the
