@@ -9,8 +9,10 @@ import shlex
 import signal
 import sys
 import time
+from importlib.resources import files
 
 import pytest
+import yaml
 
 from gpuscale.model import parse_quantity
 from tests.e2e.test_kubectl import KUBECTL, run
@@ -116,11 +118,15 @@ async def test_demo_prints_working_kubectl_commands_and_live_values():
         (get_hpa,) = [c for c in _printed(lines) if c.endswith("get hpa -n inference")]
         code, out, err = await run(*shlex.split(get_hpa))
         assert code == 0, err
-        header, row = out.splitlines()[0].split(), out.splitlines()[1].split()
+        # NB: columns are at least two spaces apart; TARGETS is "current/target, current/target" (two metrics)
+        header, row = (re.split(r"\s{2,}", line.strip()) for line in out.splitlines()[:2])
         assert header == ["NAME", "REFERENCE", "TARGETS", "MINPODS", "MAXPODS", "REPLICAS", "AGE"], out
         assert row[:2] == ["triton-bert", "Deployment/triton-bert"], out
-        current, target = row[2].split("/")
-        assert target == "1" and current != "<unknown>" and parse_quantity(current) >= 0, out
+        manifest = yaml.safe_load((files("gpuscale.replay") / "data" / "demo-hpa.yaml").read_text(encoding="utf-8"))
+        targets = [str(m["pods"]["target"]["averageValue"]) for m in manifest["spec"]["metrics"]]
+        pairs = [pair.split("/") for pair in row[2].split(", ")]
+        assert [target for _, target in pairs] == targets, out
+        assert all(current != "<unknown>" and parse_quantity(current) >= 0 for current, _ in pairs), out
         assert row[3:5] == ["1", "10"] and int(row[5]) >= 1, out
         # The simulated pods are as old as the demo (kubectl's AGE, from creationTimestamp), not 335d.
         (get_pods,) = [c for c in _printed(lines) if c.endswith("get pods -A -o wide")]
