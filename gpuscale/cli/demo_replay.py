@@ -133,7 +133,7 @@ class DemoReplay:
         loop = HpaLoop(self.hpa, session=session, adapter_url=adapter_url, kube_url=cluster.api.url)
         console.print(
             f"\n[bold]Autoscaling[/] {WORKLOAD} with the HPA [bold]{self.hpa.name}[/] "
-            f"(inference_queue_compute_ratio, target 1) on {len(self.trace)} requests of the Azure LLM conversation "
+            f"(targets: {targets_text(self.hpa)}) on {len(self.trace)} requests of the Azure LLM conversation "
             f"trace ({self.slice_s / 60:.0f} min, rate ×{factor:.0f}), {self.speedup:.0f}× faster than real time"
             + (", over and over until Ctrl-C:" if passes is None else ":")
         )
@@ -252,6 +252,21 @@ class DemoReplay:
             "settings": {"slo_queue_s": SLO_QUEUE_S, "slo_quantile": 0.5, "startup_s": self.startup_s},
             "results": [result],
         }
+
+
+def targets_text(hpa: HorizontalPodAutoscaler) -> str:
+    """Each metric of ``hpa`` with its target as the manifest writes it (``inference_queue_compute_ratio 250m``)."""
+    parts = []
+    for spec in hpa.spec.metrics:
+        target = spec.source.target
+        milli = target.average_value if target.average_value is not None else target.value
+        text = (
+            f"{target.average_utilization}%"
+            if milli is None
+            else (f"{milli // 1000}" if milli % 1000 == 0 else f"{milli}m")
+        )
+        parts.append(f"{spec.metric_name} {text}")
+    return ", ".join(parts)
 
 
 async def _follow(cluster: SimCluster, stop: asyncio.Event) -> None:

@@ -53,3 +53,13 @@ def test_the_demo_summary_page_renders_without_a_ttft(replay: DemoReplay, tmp_pa
     summary = replay.summary(timeline, [Event(30.0, 3, 4, "ScaleUp", "queue")], [0.1, 0.2, 0.3, 9.0])
     page = write_html(summary, tmp_path / "summary.html").read_text(encoding="utf-8")
     assert "<td>–</td>" in page and f"<td>{replay.hpa.name}</td>" in page
+
+
+def test_the_banner_names_the_shipped_hpas_metrics_and_targets(replay: DemoReplay) -> None:
+    from gpuscale.cli.demo_replay import targets_text
+
+    expected = [
+        f"{m['pods']['metric']['name']} {m['pods']['target']['averageValue']}"
+        for m in replay.manifest()["spec"]["metrics"]
+    ]
+    assert targets_text(replay.hpa) == ", ".join(expected)
