@@ -58,3 +58,18 @@ def test_a_second_definition_is_found(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "gpuscale")
     twice = {name for name, files in _definitions().items() if len(files) > 1}
     assert twice == {"module clash", "class Twice"}
+
+
+def test_no_private_name_crosses_a_module():
+    """A ``_name`` is its module's own: another module needing it gets it under a public name, so what a module
+    promises is what it exports (issue 33: private names had crossed modules six times)."""
+    crossings = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpuscale"):
+                crossings += [
+                    f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{alias.name}"
+                    for alias in node.names
+                    if alias.name.startswith("_") and not alias.name.startswith("__")
+                ]
+    assert not crossings, "private names imported across modules:\n" + "\n".join(crossings)

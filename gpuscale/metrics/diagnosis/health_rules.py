@@ -8,16 +8,16 @@ from __future__ import annotations
 from gpuscale.metrics.diagnosis.diagnosis_policy import DiagnosisPolicy, DiagnosisThresholds, HealthPolicy
 from gpuscale.metrics.diagnosis.gpu_signals import GpuSignals, decode_clock_events
 from gpuscale.metrics.diagnosis.verdict_codes import FindingCode, VerdictCode
-from gpuscale.metrics.diagnosis.verdicts import Finding, _num
+from gpuscale.metrics.diagnosis.verdicts import Finding, number_text
 
 
 def health_findings(signals: GpuSignals, policy: DiagnosisPolicy) -> list[Finding]:
     """Only the health findings of ``diagnose`` (Xids, memory-error counters): cheap on a healthy GPU, for
     callers that judge health on every GPU of a cluster (the controller) and need no workload verdict."""
-    return _health_findings(signals, policy.health)
+    return health_policy_findings(signals, policy.health)
 
 
-def _health_findings(s: GpuSignals, h: HealthPolicy) -> list[Finding]:
+def health_policy_findings(s: GpuSignals, h: HealthPolicy) -> list[Finding]:
     out: list[Finding] = []
     ecc, rows, failure = s.ecc_dbe_volatile, s.uncorrectable_remapped_rows, s.row_remap_failure
     if (
@@ -65,7 +65,7 @@ def _health_findings(s: GpuSignals, h: HealthPolicy) -> list[Finding]:
                 Finding(
                     code=FindingCode.UNHEALTHY if rule.severity == "fatal" else FindingCode.MEMORY_ERRORS,
                     severity=h.severity_of(rule.severity, rule.action),
-                    explanation=f"{what} {value} (> {_num(rule.above)}): {rule.severity}, action {rule.action}",
+                    explanation=f"{what} {value} (> {number_text(rule.above)}): {rule.severity}, action {rule.action}",
                     next_step=h.actions[rule.action],
                     action=rule.action,
                 )
@@ -87,7 +87,7 @@ def _conditions(s: GpuSignals) -> str:
     return "; " + ", ".join(parts) if parts else ""
 
 
-def _thermal_findings(s: GpuSignals, d: DiagnosisThresholds) -> list[Finding]:
+def thermal_findings(s: GpuSignals, d: DiagnosisThresholds) -> list[Finding]:
     out: list[Finding] = []
     if s.clock_event_reasons is not None:
         names = decode_clock_events(s.clock_event_reasons)
@@ -109,10 +109,10 @@ def _thermal_findings(s: GpuSignals, d: DiagnosisThresholds) -> list[Finding]:
     t = d.temperature
     hot = []
     if s.gpu_temp_c is not None and s.gpu_temp_c >= t.gpu_c:
-        hot.append(f"GPU {s.gpu_temp_c:.0f} °C (≥ {_num(t.gpu_c)} °C)")
+        hot.append(f"GPU {s.gpu_temp_c:.0f} °C (≥ {number_text(t.gpu_c)} °C)")
     # NB: MEMORY_TEMP is 0 on GPUs without a memory sensor (DE #460): 0 means "not reported".
     if s.memory_temp_c and s.memory_temp_c >= t.memory_c:
-        hot.append(f"memory {s.memory_temp_c:.0f} °C (≥ {_num(t.memory_c)} °C)")
+        hot.append(f"memory {s.memory_temp_c:.0f} °C (≥ {number_text(t.memory_c)} °C)")
     if hot:
         out.append(
             Finding(

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict
 from gpuscale.metrics.diagnosis.diagnosis_policy import DiagnosisPolicy, ServingCode
 from gpuscale.metrics.diagnosis.gpu_signals import GpuSignals
 from gpuscale.metrics.diagnosis.verdict_codes import Severity
-from gpuscale.metrics.diagnosis.verdicts import _pct
+from gpuscale.metrics.diagnosis.verdicts import percent_text
 
 
 class ServingSignals(BaseModel):
@@ -63,10 +63,12 @@ def diagnose_serving(serving: ServingSignals, gpu: GpuSignals, policy: Diagnosis
         batch = f" at batch {serving.batch_size:.0f}" if serving.batch_size is not None else ""
         return verdict(
             ServingCode.BATCH_LIMITED,
-            f"{serving.queue_depth:.0f} requests wait{batch} while SMs are {_pct(sm)} active",
+            f"{serving.queue_depth:.0f} requests wait{batch} while SMs are {percent_text(sm)} active",
         )
     if queued and sm is not None and sm >= sm_t.effective:
-        return verdict(ServingCode.SATURATED, f"{serving.queue_depth:.0f} requests wait on a GPU {_pct(sm)} SM-active")
+        return verdict(
+            ServingCode.SATURATED, f"{serving.queue_depth:.0f} requests wait on a GPU {percent_text(sm)} SM-active"
+        )
     if kv is not None and kv >= t.kv_cache_high_percent:
         return verdict(ServingCode.KV_CACHE_HIGH, f"KV cache {kv:.0f}% full")
     return None

@@ -15,10 +15,10 @@ class Severity(StrEnum):
 
     @property
     def rank(self) -> int:
-        return _SEVERITY_RANK[self]
+        return SEVERITY_RANK[self]
 
 
-_SEVERITY_RANK = {s: i for i, s in enumerate(Severity)}
+SEVERITY_RANK = {s: i for i, s in enumerate(Severity)}
 
 
 class VerdictCode(StrEnum):
@@ -55,6 +55,6 @@ class FindingCode(StrEnum):
     MODERATE = "moderate"
 
 
-_FINDING_RANK = {c: i for i, c in enumerate(FindingCode)}
+FINDING_RANK = {c: i for i, c in enumerate(FindingCode)}
 # The findings that can decide a verdict, and the verdict each decides.
-_VERDICT_OF = {f: VerdictCode(f.value) for f in FindingCode if f.value in set(VerdictCode)}
+VERDICT_OF_FINDING = {f: VerdictCode(f.value) for f in FindingCode if f.value in set(VerdictCode)}

@@ -42,30 +42,33 @@ class Verdict(BaseModel):
     missing: list[str] = Field(default_factory=list)
 
 
-_new_finding = trusted(Finding)
-_new_verdict = trusted(Verdict)
+new_finding = trusted(Finding)
+new_verdict = trusted(Verdict)
 
 
-def _pct(ratio: float) -> str:
+def percent_text(ratio: float) -> str:
     return f"{ratio * 100:.0f}%"
 
 
-def _num(value: float) -> str:
+def number_text(value: float) -> str:
     return f"{value:g}"
 
 
-def _busy_percent(s: GpuSignals) -> tuple[float, str] | None:
+def busy_reading(s: GpuSignals) -> tuple[float, str] | None:
     """Busy time in percent and how it was measured: GPU_UTIL, else GR_ENGINE_ACTIVE × 100 (rule 5)."""
     if s.gpu_util_percent is not None:
         return s.gpu_util_percent, f"GPU util {s.gpu_util_percent:.0f}%"
     if s.gr_engine_active is not None:
         where = f"MIG {s.mig_profile} instance: " if s.mig_profile else ""
-        return s.gr_engine_active * 100, f"GR engine active {_pct(s.gr_engine_active)} ({where}GPU_UTIL not reported)"
+        return (
+            s.gr_engine_active * 100,
+            f"GR engine active {percent_text(s.gr_engine_active)} ({where}GPU_UTIL not reported)",
+        )
     return None
 
 
-def _busy_and_gr(busy_text: str, s: GpuSignals) -> str:
+def busy_and_gr_text(busy_text: str, s: GpuSignals) -> str:
     """The busy text plus GR_ENGINE_ACTIVE when that was not already the busy measure."""
     if s.gpu_util_percent is not None and s.gr_engine_active is not None:
-        return f"{busy_text}, GR engine active {_pct(s.gr_engine_active)}"
+        return f"{busy_text}, GR engine active {percent_text(s.gr_engine_active)}"
     return busy_text

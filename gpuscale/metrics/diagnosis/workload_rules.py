@@ -17,18 +17,18 @@ from gpuscale.metrics.diagnosis.gpu_signals import (
     decode_clock_events,
 )
 from gpuscale.metrics.diagnosis.verdict_codes import FindingCode
-from gpuscale.metrics.diagnosis.verdicts import _busy_and_gr, _busy_percent, _num, _pct
+from gpuscale.metrics.diagnosis.verdicts import busy_and_gr_text, busy_reading, number_text, percent_text
 
 _Found = list[tuple[FindingCode, str]]
 _NO_SM = "SM_ACTIVE not reported (profiling metrics disabled)"
 
 
-def _workload(s: GpuSignals, d: DiagnosisThresholds) -> tuple[list[tuple[FindingCode, str]], list[str], str]:
+def workload_findings(s: GpuSignals, d: DiagnosisThresholds) -> tuple[list[tuple[FindingCode, str]], list[str], str]:
     """Workload findings as (code, explanation), the missing signals, and the explanation if undecided."""
     missing: list[str] = []
     if s.gpu_util_percent is None:
         missing.append(GPU_UTIL)
-    busy = _busy_percent(s)
+    busy = busy_reading(s)
     sm = s.sm_active
     if busy is None and sm is None:
         missing += [GR_ENGINE_ACTIVE, SM_ACTIVE]
@@ -59,8 +59,9 @@ def _workload(s: GpuSignals, d: DiagnosisThresholds) -> tuple[list[tuple[Finding
         found.append(
             (
                 FindingCode.MODERATE,
-                f"{_busy_and_gr(busy[1], s)}; "
-                f"{_NO_SM}, but SM activity cannot exceed GR engine activity (< {_pct(d.sm_active.effective)}): "
+                f"{busy_and_gr_text(busy[1], s)}; "
+                f"{_NO_SM}, but SM activity cannot exceed GR engine activity "
+                f"(< {percent_text(d.sm_active.effective)}): "
                 "not compute-bound, headroom left",
             )
         )
@@ -69,7 +70,7 @@ def _workload(s: GpuSignals, d: DiagnosisThresholds) -> tuple[list[tuple[Finding
     if not found:
         shown = busy[1] if busy else "activity unknown"
         if busy:
-            shown = _busy_and_gr(shown, s)
+            shown = busy_and_gr_text(shown, s)
         undecided_text = f"{shown}; {_NO_SM}: cannot tell busy from effective"
     return found, missing, undecided_text
 
@@ -78,7 +79,7 @@ def _idle(
     s: GpuSignals, d: DiagnosisThresholds, busy: tuple[float, str] | None, sm: float | None, missing: list[str]
 ) -> tuple[_Found, list[str], str]:
     """Rule 4 on a GPU below the idle thresholds: idle, or idle-holding-memory when it holds memory."""
-    activity = ", ".join(([busy[1]] if busy else []) + ([f"SM active {_pct(sm)}"] if sm is not None else []))
+    activity = ", ".join(([busy[1]] if busy else []) + ([f"SM active {percent_text(sm)}"] if sm is not None else []))
     mask = s.clock_event_reasons
     if mask is not None and any(n in d.clock_events.idle for n in decode_clock_events(mask)):
         activity += f", clock-event 0x{mask:X} ({', '.join(d.clock_events.idle)})"
@@ -91,7 +92,7 @@ def _idle(
             [
                 (
                     FindingCode.IDLE_HOLDING_MEMORY,
-                    f"{activity} but {s.fb_used_mib:.0f} MiB of GPU memory held (≥ {_num(held)} MiB): "
+                    f"{activity} but {s.fb_used_mib:.0f} MiB of GPU memory held (≥ {number_text(held)} MiB): "
                     "memory is allocated while nothing runs",
                 )
             ],
@@ -112,7 +113,7 @@ def _under_filled(
             found.append(
                 (
                     FindingCode.UNDER_FILLED,
-                    f"{busy[1]} but SM active {_pct(sm)} (< {_pct(ineffective)}): "
+                    f"{busy[1]} but SM active {percent_text(sm)} (< {percent_text(ineffective)}): "
                     "kernels are resident but the SMs are mostly empty",
                 )
             )
@@ -120,7 +121,7 @@ def _under_filled(
             found.append(
                 (
                     FindingCode.UNDER_FILLED,
-                    f"{busy[1]} but GR engine active {_pct(bound)} (< {_pct(ineffective)}); {_NO_SM}, "
+                    f"{busy[1]} but GR engine active {percent_text(bound)} (< {percent_text(ineffective)}); {_NO_SM}, "
                     "and it cannot exceed GR engine activity: the SMs are mostly empty",
                 )
             )
@@ -139,8 +140,8 @@ def _memory_bound(found: _Found, missing: list[str], s: GpuSignals, d: Diagnosis
         found.append(
             (
                 FindingCode.MEMORY_BOUND,
-                f"DRAM active {_pct(s.dram_active)} (≥ {_pct(d.dram_active.bandwidth_bound)}; about "
-                f"{_pct(peak)} is the practical peak): memory interface {state}",
+                f"DRAM active {percent_text(s.dram_active)} (≥ {percent_text(d.dram_active.bandwidth_bound)}; about "
+                f"{percent_text(peak)} is the practical peak): memory interface {state}",
             )
         )
 
@@ -162,8 +163,8 @@ def _by_sm_activity(
             found.append(
                 (
                     FindingCode.LOW_OCCUPANCY,
-                    f"SM active {_pct(sm)} but SM occupancy {_pct(s.sm_occupancy)} "
-                    f"(< {_pct(d.sm_occupancy.low)}): few warps resident per SM",
+                    f"SM active {percent_text(sm)} but SM occupancy {percent_text(s.sm_occupancy)} "
+                    f"(< {percent_text(d.sm_occupancy.low)}): few warps resident per SM",
                 )
             )
     if sm >= effective:
@@ -174,15 +175,16 @@ def _by_sm_activity(
             found.append(
                 (
                     FindingCode.PRECISION,
-                    f"SM active {_pct(sm)} (≥ {_pct(effective)}) but tensor pipe active {_pct(tensor)} "
-                    f"(< {_pct(d.tensor_active.low)}): the work runs on CUDA cores, not tensor cores",
+                    f"SM active {percent_text(sm)} (≥ {percent_text(effective)}) "
+                    f"but tensor pipe active {percent_text(tensor)} "
+                    f"(< {percent_text(d.tensor_active.low)}): the work runs on CUDA cores, not tensor cores",
                 )
             )
-        tensor_text = f", tensor {_pct(tensor)}" if tensor is not None else ""
+        tensor_text = f", tensor {percent_text(tensor)}" if tensor is not None else ""
         found.append(
             (
                 FindingCode.COMPUTE_BOUND,
-                f"SM active {_pct(sm)} (≥ {_pct(effective)}){tensor_text}: the SMs are doing real work",
+                f"SM active {percent_text(sm)} (≥ {percent_text(effective)}){tensor_text}: the SMs are doing real work",
             )
         )
     elif not found:
@@ -190,6 +192,6 @@ def _by_sm_activity(
         found.append(
             (
                 FindingCode.MODERATE,
-                f"{where}SM active {_pct(sm)} (< {_pct(effective)}): partly loaded, headroom left",
+                f"{where}SM active {percent_text(sm)} (< {percent_text(effective)}): partly loaded, headroom left",
             )
         )
