@@ -6,7 +6,7 @@
     ├── SelectorError          a label/field selector does not parse (→ 400 BadRequest)
     ├── SourceUnavailable      a source (exporter, Prometheus, Kubernetes API) could not be read
     │   └── KindNotServed      the Kubernetes API serves no such apiVersion/kind (a CRD not installed)
-    ├── Unauthenticated        (adapter/auth.py) no valid credential on a request (→ 401)
+    ├── Unauthenticated        (adapter/access_request.py) no valid credential on a request (→ 401)
     ├── CertificateRejected    (adapter/tls.py) a client certificate does not chain to a trusted CA
     └── MetricsError           the adapter cannot answer a metrics request
         ├── MetricNotFound     unknown metric, or no value for the requested objects (→ 404 NotFound)

@@ -107,8 +107,8 @@ class HintActions(SettingsGroup):
 
 
 class AuthenticationFlags(SettingsGroup):
-    """The ``--client-ca-file`` and ``--requestheader-*`` flags of the adapter's HTTPS port (adapter/auth.py). A part
-    left unset comes from the cluster's extension-apiserver-authentication ConfigMap.
+    """The ``--client-ca-file`` and ``--requestheader-*`` flags of the adapter's HTTPS port (adapter/auth_config.py).
+    A part left unset comes from the cluster's extension-apiserver-authentication ConfigMap.
 
     Empty header lists mean the defaults (X-Remote-User, X-Remote-Group, X-Remote-Extra-; no uid header).
     """

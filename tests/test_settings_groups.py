@@ -9,7 +9,7 @@ import argparse
 
 import pytest
 
-from gpuscale.adapter.auth import AuthenticationFlags as AuthFlagsOfTheAdapter
+from gpuscale.adapter.auth_config import AuthenticationFlags as AuthFlagsOfTheAdapter
 from gpuscale.cli.simulate import SimulateSettings
 from gpuscale.cli.top import TopSettings
 from gpuscale.controller.health import HealthActions as HealthActionsOfThePlanner

@@ -17,7 +17,8 @@ from aiohttp.typedefs import Middleware
 from gpuscale.adapter.answers import AnswerCache
 from gpuscale.adapter.app import make_app
 from gpuscale.adapter.asked_for import asked_for_middleware
-from gpuscale.adapter.auth import DelegatedAuth, flag_parts
+from gpuscale.adapter.auth import DelegatedAuth
+from gpuscale.adapter.auth_config import flag_parts
 from gpuscale.adapter.discovery import Discovery
 from gpuscale.adapter.forecasts import METRICS as FORECAST_METRICS
 from gpuscale.adapter.forecasts import ForecastCollector, WorkloadForecasts

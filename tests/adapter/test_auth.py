@@ -33,18 +33,20 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from gpuscale.adapter.app import make_app
-from gpuscale.adapter.auth import (
+from gpuscale.adapter.access_request import (
     ANONYMOUS,
-    AuthenticationConfigWatcher,
-    AuthenticationFlags,
-    DelegatedAuth,
     RequestAttributes,
     UserInfo,
-    config_from_configmap,
-    flag_parts,
     forbidden_message,
     request_attributes,
+)
+from gpuscale.adapter.app import make_app
+from gpuscale.adapter.auth import DelegatedAuth
+from gpuscale.adapter.auth_config import (
+    AuthenticationConfigWatcher,
+    AuthenticationFlags,
+    config_from_configmap,
+    flag_parts,
 )
 from gpuscale.adapter.discovery import Discovery
 from gpuscale.adapter.fastpath import FAST_PATH
