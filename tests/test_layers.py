@@ -64,8 +64,8 @@ KNOWN_EXCEPTIONS = {
     # The adapter's delegated authentication (TokenReview/SubjectAccessReview, the watched ConfigMap of CAs) and
     # its selector lookups use the Kubernetes client and watch cache directly; a protocol wired by cli/ would
     # remove these.
-    "gpuscale/adapter/auth.py": ("gpuscale.sources.kube", "gpuscale.sources.configmaps"),
-    "gpuscale/adapter/provider.py": ("gpuscale.sources.kube",),
+    "gpuscale/adapter/auth.py": ("gpuscale.sources.reflector", "gpuscale.sources.configmaps"),
+    "gpuscale/adapter/provider.py": ("gpuscale.sources.cluster_index",),
     # The controller's one writer (ENGINEERING.md §1: I/O in sources and in one actuator) and its leader lease.
     "gpuscale/controller/actuator.py": ("gpuscale.sources.kuberest",),
     "gpuscale/controller/leader.py": ("gpuscale.sources.kuberest",),

@@ -66,7 +66,7 @@ from gpuscale.adapter.tls import CABundle, CertificateRejected, ServerTLS, peer_
 from gpuscale.errors import ConfigError, GpuscaleError, SourceUnavailable
 from gpuscale.settings import AuthenticationFlags  # NB: the settings group, handed whole by cli/adapter.py
 from gpuscale.sources.configmaps import ConfigMapWatch
-from gpuscale.sources.kube import WatchExpired, read_json
+from gpuscale.sources.reflector import WatchExpired, read_json
 
 __all__ = [
     "ALWAYS_ALLOW_PATHS",

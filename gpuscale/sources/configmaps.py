@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from gpuscale.sources.kube import Reflector, WatchedKind
+from gpuscale.sources.reflector import Reflector, WatchedKind
 
 __all__ = ["ConfigMapWatch"]
 
