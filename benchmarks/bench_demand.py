@@ -116,7 +116,7 @@ def hpas(*, forecasts: bool = False) -> list[dict]:
 def cluster(gpus: int):  # type: ignore[no-untyped-def]
     """The watch cache the forecasts read: every pod, owned by its Deployment's ReplicaSet."""
     from gpuscale.selectors import LabelSelector
-    from gpuscale.sources.kube import PodInfo, StaticClusterObjects, WorkloadInfo
+    from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects, WorkloadInfo
 
     pods, workloads = [], {}
     for p in range(gpus // GPUS_PER_POD):

@@ -96,7 +96,7 @@ def _serve(mode: str, pods: int, per_hpa: int, interval: float | None, queue: mp
     from gpuscale.metrics.catalogue import load_catalogue
     from gpuscale.metrics.exposition import parse_samples
     from gpuscale.metrics.store import MetricsStore
-    from gpuscale.sources.kube import PodInfo, StaticClusterObjects
+    from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects
     from gpuscale.sources.scrape import ScrapeSource
 
     catalogue = load_catalogue()

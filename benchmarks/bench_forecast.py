@@ -35,7 +35,7 @@ from gpuscale.metrics.workload_demand import WorkloadDemand
 from gpuscale.model import POD, ObjectRef
 from gpuscale.pipeline import cyclic_gc_paused
 from gpuscale.selectors import LabelSelector
-from gpuscale.sources.kube import PodInfo, StaticClusterObjects, WorkloadInfo
+from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects, WorkloadInfo
 
 
 def fleet(model: str, workloads: int) -> tuple[WorkloadForecasts, Callable[[], Snapshot]]:

@@ -53,7 +53,7 @@ def _serve(port_queue: mp.Queue) -> None:  # the child process
     from gpuscale.metrics.catalogue import load_catalogue
     from gpuscale.metrics.exposition import parse_samples
     from gpuscale.metrics.store import MetricsStore
-    from gpuscale.sources.kube import PodInfo, StaticClusterObjects
+    from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects
     from gpuscale.sources.scrape import ScrapeSource
 
     catalogue = load_catalogue()

@@ -5,7 +5,7 @@ success (client-go's and kopf's rule). Jitter multiplies a delay by a factor dra
 that failed together do not retry in step. Pure: no clock and no sleep here, the caller sleeps; a seeded
 ``random.Random`` makes the jitter reproducible in tests.
 
-Used by the list+watch loops (sources/kube.py ``Reflector`` and its discovery retry), the report's Prometheus
+Used by the list+watch loops (sources/reflector.py ``Reflector`` and its discovery retry), the report's Prometheus
 retries (sources/history_fetch.py), the controller's writes (controller/actuator.py), its Lease (controller/leader.py)
 and the gang requests' wait between attempts (controller/pools.py ``GangPolicy``).
 """

@@ -65,8 +65,8 @@ KNOWN_EXCEPTIONS = {
     # its selector lookups use the Kubernetes client and watch cache directly; a protocol wired by cli/ would
     # remove these.
     "gpuscale/adapter/auth_config.py": ("gpuscale.sources.configmaps",),
-    "gpuscale/adapter/delegation.py": ("gpuscale.sources.kube",),
-    "gpuscale/adapter/provider.py": ("gpuscale.sources.kube",),
+    "gpuscale/adapter/delegation.py": ("gpuscale.sources.reflector",),
+    "gpuscale/adapter/provider.py": ("gpuscale.sources.cluster_index",),
     # The controller's one writer (ENGINEERING.md §1: I/O in sources and in one actuator) and its leader lease.
     "gpuscale/controller/actuator.py": ("gpuscale.sources.kuberest",),
     "gpuscale/controller/leader.py": ("gpuscale.sources.kuberest",),

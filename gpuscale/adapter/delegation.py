@@ -18,7 +18,7 @@ import aiohttp
 from kubernetes_asyncio import client
 
 from gpuscale.errors import SourceUnavailable
-from gpuscale.sources.kube import WatchExpired, read_json
+from gpuscale.sources.reflector import WatchExpired, read_json
 
 __all__ = ["REVIEW_TIMEOUT_SECONDS", "SOURCE", "CachedLookup", "create_review"]
 

@@ -28,7 +28,7 @@ from gpuscale.metrics.catalogue import Catalogue, MetricDefinition
 from gpuscale.metrics.store import LabelledPart, MetricPoint, MetricsReader
 from gpuscale.model import DEPLOYMENT, NAMESPACE, NODE, POD, RESOURCE_CLAIM, STATEFULSET, ObjectRef
 from gpuscale.selectors import LabelSelector
-from gpuscale.sources.kube import ClusterObjects
+from gpuscale.sources.cluster_index import ClusterObjects
 
 WORKLOAD_KINDS = {"deployments.apps": DEPLOYMENT, "statefulsets.apps": STATEFULSET}
 CLAIMS = "resourceclaims.resource.k8s.io"

@@ -41,7 +41,8 @@ from gpuscale.settings import AdapterSettings
 from gpuscale.sources.base import MetricsSource, TargetHealth
 from gpuscale.sources.exporter_discovery import DiscoveryRules, discover
 from gpuscale.sources.hpas import HpaCache
-from gpuscale.sources.kube import KubeCache, load_api_client
+from gpuscale.sources.kube import KubeCache
+from gpuscale.sources.kubeconfig import load_api_client
 from gpuscale.sources.promapi import PrometheusClient, check_credentials
 from gpuscale.sources.scrape import ScrapeSource
 from gpuscale.sources.targets import parse_scrape_targets, target_resolver

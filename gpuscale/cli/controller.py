@@ -48,8 +48,9 @@ from gpuscale.pricing import load_prices
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import ControllerSettings
 from gpuscale.sources.base import MetricsSource
+from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects
 from gpuscale.sources.exporter_discovery import DiscoveryRules, discover
-from gpuscale.sources.kube import PodInfo, StaticClusterObjects, load_api_client
+from gpuscale.sources.kubeconfig import load_api_client
 from gpuscale.sources.kuberest import KubeRest
 from gpuscale.sources.objects import ObjectCache, WatchSpec
 from gpuscale.sources.promapi import check_credentials

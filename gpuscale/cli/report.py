@@ -174,7 +174,7 @@ _CONFIGMAP_LIMIT = 1024 * 1024  # a ConfigMap holds at most 1 MiB
 
 async def _kubernetes(settings: ReportSettings, history: Any, report_texts: dict[str, str] | None) -> None:
     """Owners from the Kubernetes API (before the report) or the ConfigMap write (after it)."""
-    from gpuscale.sources.kube import load_api_client
+    from gpuscale.sources.kubeconfig import load_api_client
 
     api = await load_api_client(settings.kube.kubeconfig)
     try:
@@ -232,7 +232,7 @@ def run_report(settings: ReportSettings) -> None:
     render = formatter(settings.output)
     now = time.time()
     if settings.kube.kubeconfig:
-        from gpuscale.sources.kube import check_kubeconfig
+        from gpuscale.sources.kubeconfig import check_kubeconfig
 
         check_kubeconfig(settings.kube.kubeconfig)  # NB: refused now, not once the fetch is done
     if settings.from_file:

@@ -61,7 +61,7 @@ from gpuscale.top.sorting import SORT_KEYS
 
 if TYPE_CHECKING:
     from gpuscale.metrics.catalogue import Catalogue
-    from gpuscale.sources.kube import ClusterObjects
+    from gpuscale.sources.cluster_index import ClusterObjects
 
 __all__ = ["TopSettings", "add_top_arguments", "run_top"]
 
@@ -236,7 +236,8 @@ async def _open_cluster(
     --kubeconfig."""
     if not settings.kubeconfig:
         return None, None
-    from gpuscale.sources.kube import KubeCache, load_api_client
+    from gpuscale.sources.kube import KubeCache
+    from gpuscale.sources.kubeconfig import load_api_client
 
     api = await load_api_client(settings.kubeconfig)
     closers.append(api.close)
@@ -347,7 +348,7 @@ async def _open(settings: TopSettings, policy: DiagnosisPolicy) -> _Opened:
         inference = inference_catalogue(catalogue)
         proxy = None
         if settings.discover_exporters:
-            from gpuscale.sources.kube import ApiServerSession
+            from gpuscale.sources.kubeconfig import ApiServerSession
 
             proxy = ApiServerSession(api)
             closers.append(proxy.close)

@@ -32,7 +32,7 @@ CAPACITY_ANNOTATION = "gpuscale.io/capacity-requests-per-second"
 
 
 class Workloads(Protocol):
-    """What forecasting needs of the watch cache (sources/kube.ClusterObjects satisfies it)."""
+    """What forecasting needs of the watch cache (sources/cluster_index.ClusterObjects satisfies it)."""
 
     @property
     def synced(self) -> bool: ...

@@ -2,7 +2,7 @@
 
 The same loop as every cache here (``kube.Reflector``: list, watch from its resourceVersion, 410 → relist,
 backoff honouring Retry-After), over a list selecting the one name by field, so the API sends nothing else. The
-adapter's delegated authentication (adapter/auth.py) reads ``kube-system/extension-apiserver-authentication``
+adapter's delegated authentication (adapter/auth_config.py) reads ``kube-system/extension-apiserver-authentication``
 this way: a CA rotation applies without a restart. Needs ``list`` and ``watch`` on that ConfigMap.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from gpuscale.sources.kube import Reflector, WatchedKind
+from gpuscale.sources.reflector import Reflector, WatchedKind
 
 __all__ = ["ConfigMapWatch"]
 

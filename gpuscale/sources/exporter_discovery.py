@@ -20,7 +20,7 @@ from urllib.parse import quote, urlsplit
 
 from gpuscale.model import ObjectRef, pod
 from gpuscale.selectors import LabelSelector
-from gpuscale.sources.kube import ClusterObjects, PodInfo
+from gpuscale.sources.cluster_index import ClusterObjects, PodInfo
 
 SCRAPE_ANNOTATION = "gpuscale.io/scrape"
 PORT_ANNOTATION = "gpuscale.io/port"

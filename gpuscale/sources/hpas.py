@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from gpuscale.metrics.refresh_scope import Scope, references
-from gpuscale.sources.kube import Reflector, WatchedKind, namespaced_name
+from gpuscale.sources.reflector import Reflector, WatchedKind, namespaced_name
 
 __all__ = ["HpaCache"]
 

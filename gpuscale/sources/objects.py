@@ -19,8 +19,8 @@ from typing import Any
 
 from gpuscale.errors import KindNotServed, SelectorError, SourceUnavailable
 from gpuscale.selectors import LabelSelector
-from gpuscale.sources.kube import Reflector, WatchedKind
 from gpuscale.sources.kuberest import KubeRest
+from gpuscale.sources.reflector import Reflector, WatchedKind
 
 __all__ = ["ObjectCache", "WatchSpec"]
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from gpuscale.errors import ConfigError
 from gpuscale.metrics.attribution import Target
 from gpuscale.model import ObjectRef, pod
-from gpuscale.sources.kube import ClusterObjects
+from gpuscale.sources.cluster_index import ClusterObjects
 
 
 def parse_scrape_targets(values: list[str]) -> dict[str, ObjectRef | None]:

@@ -12,7 +12,7 @@ from gpuscale.selectors import LabelSelector
 from gpuscale.top.document import Scope, View
 
 if TYPE_CHECKING:
-    from gpuscale.sources.kube import ClusterObjects
+    from gpuscale.sources.cluster_index import ClusterObjects
 
 __all__ = ["Selection", "resolve_selection"]
 
@@ -111,7 +111,7 @@ def resolve_selection(
 
 def _context_namespace(kubeconfig: str) -> str:
     """The current context's namespace in a kubeconfig, else "default" (as kubectl)."""
-    from gpuscale.sources.kube import current_context, read_kubeconfig
+    from gpuscale.sources.kubeconfig import current_context, read_kubeconfig
 
     try:
         namespace = (current_context(read_kubeconfig(kubeconfig)) or {}).get("namespace")

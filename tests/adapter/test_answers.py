@@ -25,7 +25,7 @@ from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.store import MetricsStore
 from gpuscale.pipeline import Pipeline
-from gpuscale.sources.kube import PodInfo, StaticClusterObjects
+from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects
 from gpuscale.sources.scrape import ScrapeSource
 from tests.adapter.test_api import CUSTOM, EXTERNAL, NOW, ROUTES, make_cluster, store  # noqa: F401  (a fixture)
 

@@ -16,7 +16,7 @@ from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.metrics.attribution import Target
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.selectors import LabelSelector
-from gpuscale.sources.kube import PodInfo, StaticClusterObjects, WorkloadInfo
+from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects, WorkloadInfo
 from tests.adapter import hpa
 from tests.helpers import H100, H100_NODE, T0, TRITON, TRITON_POD, TRITON_T0, fixture_store
 

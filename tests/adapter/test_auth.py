@@ -64,7 +64,8 @@ from gpuscale.adapter.transport import AdapterRunner, RejectionLog
 from gpuscale.errors import ConfigError
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.sim.kubeapi import SimKubeApi
-from gpuscale.sources.kube import PodInfo, StaticClusterObjects, load_api_client
+from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects
+from gpuscale.sources.kubeconfig import load_api_client
 from tests.helpers import H100, H100_NODE, T0, fixture_store
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"

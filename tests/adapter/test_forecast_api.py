@@ -21,7 +21,7 @@ from gpuscale.metrics.store import MetricPoint, MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import WorkloadDemand, measured_startup
 from gpuscale.model import POD, ObjectRef
 from gpuscale.selectors import LabelSelector
-from gpuscale.sources.kube import PodInfo, StaticClusterObjects, WorkloadInfo
+from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects, WorkloadInfo
 from tests.adapter import hpa
 
 CUSTOM = "/apis/custom.metrics.k8s.io/v1beta2/namespaces/serving"

@@ -7,10 +7,10 @@ Each test is written against the real API server first (the ``control_plane`` fi
 answers; the same test then runs against SimKubeApi, so a difference between the two is a failing test that
 names the call. The calls are those the product sends:
 
-* sources/kube.py, sources/objects.py (the reflectors): paged lists (``limit``/``continue``), watches from the
-  list's resourceVersion with ``allowWatchBookmarks`` and ``timeoutSeconds``, 410 Gone (an ERROR event) for a
-  resourceVersion older than the server keeps, ``labelSelector`` and ``fieldSelector`` (``metadata.name``,
-  ``spec.nodeName``, an Event's ``source``).
+* sources/reflector.py (the list+watch under kube.py, objects.py, hpas.py): paged lists (``limit``/``continue``),
+  watches from the list's resourceVersion with ``allowWatchBookmarks`` and ``timeoutSeconds``, 410 Gone (an ERROR
+  event) for a resourceVersion older than the server keeps, ``labelSelector`` and ``fieldSelector``
+  (``metadata.name``, ``spec.nodeName``, an Event's ``source``).
 * controller/actuator.py through sources/kuberest.py: POST (409 AlreadyExists), PATCH as JSON patch (``test``
   ops, ``add`` on an existing member, ``~1`` escapes, ``remove``), merge patch (``null`` removes, a
   ``metadata.resourceVersion`` precondition → 409 Conflict) and strategic merge patch (node status conditions

@@ -41,7 +41,8 @@ from gpuscale.sim.demo_cluster import demo_scenario
 from gpuscale.sim.load import ConstantLoad
 from gpuscale.sim.scenario import Scenario
 from gpuscale.sources.base import MetricsSource, TermQuery
-from gpuscale.sources.kube import KubeCache, load_api_client
+from gpuscale.sources.kube import KubeCache
+from gpuscale.sources.kubeconfig import load_api_client
 from gpuscale.sources.prometheus import PrometheusSource
 from gpuscale.sources.scrape import ScrapeSource
 from gpuscale.sources.targets import target_resolver

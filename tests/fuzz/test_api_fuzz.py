@@ -35,7 +35,7 @@ from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.adapter.transport import AdapterRunner, RejectionLog
 from gpuscale.metrics.attribution import Target
 from gpuscale.metrics.catalogue import load_catalogue
-from gpuscale.sources.kube import StaticClusterObjects
+from gpuscale.sources.cluster_index import StaticClusterObjects
 from tests.adapter.test_api import make_cluster
 from tests.fuzz import fuzz_settings
 from tests.fuzz.test_selector_fuzz import _token_soup, selectors

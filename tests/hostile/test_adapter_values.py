@@ -47,7 +47,7 @@ from gpuscale.metrics.workload_demand import WorkloadDemand
 from gpuscale.model import POD, ObjectRef, pod
 from gpuscale.pipeline import Pipeline
 from gpuscale.selectors import LabelSelector
-from gpuscale.sources.kube import PodInfo, StaticClusterObjects, WorkloadInfo
+from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects, WorkloadInfo
 from tests.adapter import hpa
 
 CUSTOM = "/apis/custom.metrics.k8s.io"

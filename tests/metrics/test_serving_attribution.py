@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gpuscale.metrics.attribution import Target
 from gpuscale.model import node, pod
-from gpuscale.sources.kube import PodInfo, StaticClusterObjects
+from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects
 from gpuscale.sources.targets import target_resolver
 from tests.helpers import FIXTURES, T0, fixture_store
 

@@ -11,7 +11,7 @@ import logging
 
 from gpuscale.sim.kubeapi import SimKubeApi
 from gpuscale.sources.configmaps import ConfigMapWatch
-from gpuscale.sources.kube import load_api_client
+from gpuscale.sources.kubeconfig import load_api_client
 
 
 def configmap(name: str, data: dict[str, str]) -> dict:

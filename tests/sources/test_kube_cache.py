@@ -18,15 +18,10 @@ from kubernetes_asyncio.config import new_client_from_config
 from gpuscale.errors import ConfigError, SourceUnavailable
 from gpuscale.selectors import LabelSelector
 from gpuscale.sim.kubeapi import SimKubeApi
-from gpuscale.sources import kube
-from gpuscale.sources.kube import (
-    ClusterObjects,
-    KubeCache,
-    PodInfo,
-    StaticClusterObjects,
-    WorkloadInfo,
-    load_api_client,
-)
+from gpuscale.sources import reflector
+from gpuscale.sources.cluster_index import ClusterObjects, PodInfo, StaticClusterObjects, WorkloadInfo
+from gpuscale.sources.kube import KubeCache
+from gpuscale.sources.kubeconfig import load_api_client
 
 
 async def eventually(predicate: Callable[[], bool], *, timeout: float = 5.0, what: str = "condition") -> None:
@@ -196,7 +191,7 @@ async def test_lookups_never_call_the_api(cache, sim):
 
 
 async def test_lists_are_paged(cache, sim, monkeypatch):
-    monkeypatch.setattr(kube, "_LIST_PAGE_SIZE", 2)
+    monkeypatch.setattr(reflector, "_LIST_PAGE_SIZE", 2)
     await cache.refresh_once()
     assert len(cache.pods()) == 4
     pod_lists = [r.path_qs for r in sim.requests if r.path_qs.startswith("/api/v1/pods?")]
@@ -261,7 +256,7 @@ async def test_watch_resumes_after_its_timeout(cache, sim):
 
 
 async def test_relist_after_410_never_loses_a_delete(cache, sim, caplog):
-    caplog.set_level("INFO", logger="gpuscale.sources.kube")
+    caplog.set_level("INFO", logger="gpuscale.sources.reflector")
     await cache.start()
     await cache.wait_synced(5)
     port = int(sim.url.rsplit(":", 1)[1])
@@ -463,7 +458,7 @@ def test_select_pods_through_the_label_index_equals_a_scan_as_pods_come_go_and_c
     """The label index answers exactly what checking every pod of the namespace does, through any changes."""
     import random
 
-    from gpuscale.sources.kube import StaticClusterObjects
+    from gpuscale.sources.cluster_index import StaticClusterObjects
 
     rng = random.Random(21)
     cluster = StaticClusterObjects(pods=[], namespaces=["a", "b"])
