@@ -164,7 +164,7 @@ class AuthenticationConfigWatcher:
     run with each new config. ``start()`` launches the loop (a no-op when the flags give everything or there is
     no ApiClient); ``wait_synced`` waits for the first list. A ConfigMap that cannot be parsed is logged and
     ignored (the previous config stays); a deleted or absent one trusts nothing from the cluster. The loop is
-    the one every cache shares (``sources.configmaps.ConfigMapWatch`` on ``kube.Reflector``).
+    the one every cache shares (``sources.configmaps.ConfigMapWatch`` on ``reflector.Reflector``).
     """
 
     def __init__(

@@ -1,6 +1,6 @@
 """One named ConfigMap kept current by list+watch, handed to a callback as its ``data``.
 
-The same loop as every cache here (``kube.Reflector``: list, watch from its resourceVersion, 410 → relist,
+The same loop as every cache here (``reflector.Reflector``: list, watch from its resourceVersion, 410 → relist,
 backoff honouring Retry-After), over a list selecting the one name by field, so the API sends nothing else. The
 adapter's delegated authentication (adapter/auth_config.py) reads ``kube-system/extension-apiserver-authentication``
 this way: a CA rotation applies without a restart. Needs ``list`` and ``watch`` on that ConfigMap.

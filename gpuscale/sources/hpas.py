@@ -2,7 +2,7 @@
 
 The adapter's demand-driven refresh (metrics/refresh_scope.py) fetches at the full rate only the (metric, namespace)
 scopes some HPA references; this cache is where those come from. It is the same list+watch loop as the pod
-cache (``kube.Reflector``: paged list, watch from its resourceVersion, 410 → relist, backoff), over
+cache (``reflector.Reflector``: paged list, watch from its resourceVersion, 410 → relist, backoff), over
 ``autoscaling/v2`` HorizontalPodAutoscalers in every namespace, and keeps only each HPA's references.
 
 The adapter's ServiceAccount needs ``list`` and ``watch`` on ``horizontalpodautoscalers.autoscaling``
