@@ -30,7 +30,6 @@ OVER: dict[str, str] = {
     # roots' longest steps.
     "gpuscale/sources/kube.py": "to split: cluster index, Reflector, kubeconfig",
     "gpuscale/adapter/auth.py": "to split: authentication config, authenticator, authorizer",
-    "gpuscale/cli/controller.py:start_controller": "to split into named steps like start_adapter",
     "gpuscale/cli/demo.py:run_demo": "to split into named steps",
     "gpuscale/cli/demo_replay.py:DemoReplay.run": "to split into named steps",
 }
