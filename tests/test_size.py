@@ -26,12 +26,9 @@ OVER: dict[str, str] = {
     "gpuscale/metrics/exposition.py:_parse": "hot parser: one loop over every exposition line",
     "gpuscale/selectors.py": "one grammar: label and field selectors, their lexer, parser and matcher",
     # Still to split by concern (issue 33): the watch cache with its index, Reflector and kubeconfig loading; the
-    # adapter's delegated authentication (config watcher, authenticator, authorizer, reviewers); the composition
-    # roots' longest steps.
+    # adapter's delegated authentication (config watcher, authenticator, authorizer, reviewers).
     "gpuscale/sources/kube.py": "to split: cluster index, Reflector, kubeconfig",
     "gpuscale/adapter/auth.py": "to split: authentication config, authenticator, authorizer",
-    "gpuscale/cli/demo.py:run_demo": "to split into named steps",
-    "gpuscale/cli/demo_replay.py:DemoReplay.run": "to split into named steps",
 }
 
 
