@@ -25,11 +25,6 @@ OVER: dict[str, str] = {
     "gpuscale/metrics/exposition.py": "hot parser: Prometheus text 0.0.4 and OpenMetrics",
     "gpuscale/metrics/exposition.py:_parse": "hot parser: one loop over every exposition line",
     "gpuscale/selectors.py": "one grammar: label and field selectors, their lexer, parser and matcher",
-    # Still to split by concern (issue 33): the composition roots' longest steps.
-    "gpuscale/cli/adapter.py": "to split: the interval rules and checks out of the composition",
-    "gpuscale/cli/controller.py:start_controller": "to split into named steps like start_adapter",
-    "gpuscale/cli/demo.py:run_demo": "to split into named steps",
-    "gpuscale/cli/demo_replay.py:DemoReplay.run": "to split into named steps",
 }
 
 

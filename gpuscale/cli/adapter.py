@@ -18,24 +18,30 @@ from gpuscale.adapter.answers import AnswerCache
 from gpuscale.adapter.app import make_app
 from gpuscale.adapter.asked_for import asked_for_middleware
 from gpuscale.adapter.auth import DelegatedAuth
-from gpuscale.adapter.auth_config import flag_parts
 from gpuscale.adapter.discovery import Discovery
 from gpuscale.adapter.forecasts import METRICS as FORECAST_METRICS
 from gpuscale.adapter.forecasts import ForecastCollector, WorkloadForecasts
 from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
-from gpuscale.adapter.tls import ServerTLS, serving_cert_files
+from gpuscale.adapter.tls import ServerTLS
 from gpuscale.adapter.transport import AdapterRunner, RejectionLog
+from gpuscale.cli.adapter_rules import (
+    CheckedStart,
+    asked_for_wait_seconds,
+    check_start,
+    read_timeout,
+    retry_after_seconds,
+    scrape_history_seconds,
+)
 from gpuscale.errors import ConfigError, one_line
 from gpuscale.metrics.attribution import Attributor
-from gpuscale.metrics.catalogue import Catalogue, load_catalogue
+from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.metrics.demand import DemandBook, DemandSettings
 from gpuscale.metrics.refresh_scope import RefreshScope
 from gpuscale.metrics.store import MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import WorkloadDemand
 from gpuscale.model import ObjectRef, format_duration
 from gpuscale.pipeline import Pipeline
-from gpuscale.policy_files import check_policies_dir
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import AdapterSettings
 from gpuscale.sources.base import MetricsSource, TargetHealth
@@ -43,9 +49,9 @@ from gpuscale.sources.exporter_discovery import DiscoveryRules, discover
 from gpuscale.sources.hpas import HpaCache
 from gpuscale.sources.kube import KubeCache
 from gpuscale.sources.kubeconfig import load_api_client
-from gpuscale.sources.promapi import PrometheusClient, check_credentials
+from gpuscale.sources.promapi import PrometheusClient
 from gpuscale.sources.scrape import ScrapeSource
-from gpuscale.sources.targets import parse_scrape_targets, target_resolver
+from gpuscale.sources.targets import target_resolver
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -117,50 +123,7 @@ class ScopedRefresh:
         return f"HorizontalPodAutoscaler list/watch failing, {what} ({one_line(failing[0].error or 'no answer', 120)})"
 
 
-# --- the interval rules ---------------------------------------------------------------------------------------
-
-
-def retry_after_seconds(settings: AdapterSettings) -> int:
-    """What a 503 tells the HPA controller to wait before asking again: one refresh, at least a second."""
-    return max(1, round(settings.refresh_interval))
-
-
-def asked_for_wait_seconds(settings: AdapterSettings) -> float:
-    """How long a request for a scope not fetched yet waits: one refresh (whose reads are bounded by the interval,
-    ``read_timeout``) that may have just begun, then the one that fetches it, plus its build."""
-    return 2 * settings.refresh_interval + 5
-
-
-def scrape_history_seconds(settings: AdapterSettings, catalogue: Catalogue) -> float:
-    """How far back the scrape source keeps samples: the catalogue's longest rate window plus two refreshes, so a
-    window is always full when the refresh that reads it runs late."""
-    return catalogue.longest_window + 2 * settings.refresh_interval
-
-
-def read_timeout(flag: str, timeout: float, settings: AdapterSettings) -> float:
-    """A read may not outlast the refresh it belongs to; say so when a timeout the user gave is cut."""
-    interval = settings.refresh_interval
-    if timeout > interval and flag.removeprefix("--").replace("-", "_") in settings.model_fields_set:
-        log.warning(
-            "%s %s is longer than --refresh-interval %s: reads time out after %s",
-            flag,
-            format_duration(timeout),
-            format_duration(interval),
-            format_duration(interval),
-        )
-    return min(timeout, interval)
-
-
 # --- the composition --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Checked:
-    """What the start reads from files and flags before it connects or listens anywhere."""
-
-    catalogue: Catalogue
-    explicit: dict[str, ObjectRef | None]
-    server_tls: ServerTLS | None
 
 
 @dataclass
@@ -269,28 +232,6 @@ def make_pipeline(
     )
 
 
-def check_start(settings: AdapterSettings, catalogue: Catalogue | None) -> _Checked:
-    """Every file a flag names, read before anything connects or listens: a bad one ends the start (one line, exit 2)
-    instead of surfacing after --insecure-port already serves, or as a first refresh that never works."""
-    if settings.files.policies:
-        check_policies_dir(settings.files.policies)
-    catalogue = catalogue or load_catalogue(settings.files.config, policies=settings.files.policies)
-    explicit = parse_scrape_targets(settings.scrape_url)
-    if not explicit and not settings.discover_exporters and not settings.prometheus.url:
-        raise ConfigError(
-            "give at least one --scrape-url (an exporter /metrics URL), --discover-exporters or --prometheus-url"
-        )
-    check_credentials(settings.prometheus)
-    server_tls: ServerTLS | None = None
-    if settings.https_port is not None:
-        flag_parts(settings.authentication)
-        files = serving_cert_files(
-            cert_file=settings.tls_cert_file, key_file=settings.tls_private_key_file, cert_dir=settings.cert_dir
-        )
-        server_tls = ServerTLS(files.cert_file, files.key_file)
-    return _Checked(catalogue, explicit, server_tls)
-
-
 async def make_cluster(
     settings: AdapterSettings, resources: contextlib.AsyncExitStack
 ) -> tuple[ApiClient | None, KubeCache | None]:
@@ -307,7 +248,7 @@ async def make_cluster(
     return api, cluster
 
 
-def make_source(settings: AdapterSettings, checked: _Checked, cluster: KubeCache | None) -> _Source:
+def make_source(settings: AdapterSettings, checked: CheckedStart, cluster: KubeCache | None) -> _Source:
     """Prometheus (``--prometheus-url``), or the exporters scraped (``--scrape-url``, and with
     ``--discover-exporters`` the pods the watch cache finds, looked up again before each refresh)."""
     explicit, catalogue = checked.explicit, checked.catalogue
@@ -405,7 +346,7 @@ def make_forecasts(
 
 async def make_servers(
     settings: AdapterSettings,
-    checked: _Checked,
+    checked: CheckedStart,
     api: ApiClient | None,
     app: Callable[..., web.Application],
     selfmetrics: AdapterMetrics,

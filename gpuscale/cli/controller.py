@@ -24,14 +24,14 @@ from gpuscale.controller.drain import DrainPolicy
 from gpuscale.controller.expander import unmeasured_pools
 from gpuscale.controller.gangs import GANG_KINDS
 from gpuscale.controller.health import HELD_BACK, RECORD, HealthPlanner
-from gpuscale.controller.hints import HintsPlanner, idle_gpus, load_hints_policy
+from gpuscale.controller.hints import HintsPlanner, HintsPolicy, idle_gpus, load_hints_policy
 from gpuscale.controller.leader import LeaseElector
 from gpuscale.controller.loop import Controller
 from gpuscale.controller.metrics import ControllerMetrics
 from gpuscale.controller.observe import TelemetryFeed
 from gpuscale.controller.pools import PoolsPolicy, load_pools_policy, mean_activity_by_pool, pools_of
 from gpuscale.controller.provisioning import PROVISIONING_KINDS
-from gpuscale.controller.remediation_policy import load_remediation_policy
+from gpuscale.controller.remediation_policy import RemediationPolicy, load_remediation_policy
 from gpuscale.controller.telemetry import (
     TELEMETRY_SERIES,
     ClusterTelemetry,
@@ -42,9 +42,9 @@ from gpuscale.controller.writes import ClusterView, Planner
 from gpuscale.errors import ConfigError
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.devices import device_queries
-from gpuscale.metrics.diagnosis import load_policy
+from gpuscale.metrics.diagnosis import DiagnosisPolicy, load_policy
 from gpuscale.policy_files import check_policies_dir
-from gpuscale.pricing import load_prices
+from gpuscale.pricing import PriceTable, load_prices
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import ControllerSettings
 from gpuscale.sources.base import MetricsSource
@@ -254,82 +254,51 @@ def _expander_evidence(metrics: ControllerMetrics, policy: PoolsPolicy, prices, 
     return observe
 
 
-async def start_controller(settings: ControllerSettings) -> RunningController:
+@dataclass
+class ControllerPolicies:
+    """The policy files the planners read, loaded (and the directory checked) before anything connects."""
+
+    diagnosis: DiagnosisPolicy
+    remediation: RemediationPolicy
+    hints: HintsPolicy
+    pools: PoolsPolicy
+    prices: PriceTable
+
+
+def load_controller_policies(settings: ControllerSettings) -> ControllerPolicies:
     policies = settings.files.policies
     if policies:
         check_policies_dir(policies)
-    diagnosis = load_policy(policies)
-    remediation = load_remediation_policy(policies)
-    hints_policy = load_hints_policy(policies)
-    pools_policy = load_pools_policy(policies)
-    prices = load_prices(policies)
+    return ControllerPolicies(
+        load_policy(policies),
+        load_remediation_policy(policies),
+        load_hints_policy(policies),
+        load_pools_policy(policies),
+        load_prices(policies),
+    )
+
+
+async def start_controller(settings: ControllerSettings) -> RunningController:
+    """Start in named steps (``load_controller_policies``, ``make_watch``, ``make_feed``, ``make_planners``,
+    ``make_elector``). Each step appends what it opens to ``closers``, so a failure at any step closes what the
+    earlier ones opened, newest first, and ``RunningController.stop`` closes them the same way."""
+    policies = load_controller_policies(settings)
     # NB: a bad token file is refused at start-up, not by a first refresh of a controller that then runs blind
     check_credentials(settings.prometheus)
     closers: list[Callable[[], Awaitable[object]]] = []
     try:
-        api = await load_api_client(settings.kube.kubeconfig)
-        closers.append(api.close)
-        rest = KubeRest(api)
+        rest, cache = await make_watch(settings, policies.pools, closers)
         identity = _identity(settings)
-        cache = ObjectCache(rest, watch_specs(settings, pools_policy))
-        await cache.start()
-        closers.append(cache.stop)
-        sources, attributor, rediscover = _sources(settings, cache)
-        history = TelemetryHistory(
-            window_seconds=remediation.window,
-            idle_below=hints_policy.idle.below,
-            forget_after_seconds=max(3600.0, hints_policy.idle.for_seconds * 2),
-        )
-        feed = TelemetryFeed(
-            sources,
-            attributor,
-            history,
-            max_age_seconds=max(60.0, 3 * settings.interval),
-            before_refresh=rediscover,
-        )
-        closers.append(feed.close)
+        sources, feed = make_feed(settings, policies, cache, closers)
         health_by_source = lambda: [  # noqa: E731
             *((s.name, h) for s in sources for h in s.health()),
             *((cache.name, h) for h in cache.health()),
         ]
         metrics = ControllerMetrics(health_by_source)
         metrics.dry_run.set(1 if settings.dry_run else 0)
-        planners: list[Planner] = []
-        health: HealthPlanner | None = None
-        if settings.health:
-            health = HealthPlanner(
-                remediation,
-                diagnosis,
-                settings.health_actions,
-                DrainPolicy(),
-                identity=COMPONENT,
-                state_namespace=settings.namespace,
-                state_name=STATE_CONFIGMAP,
-            )
-            planners.append(health)
-        if settings.hints:
-            being_replaced = health.remediates if health is not None else None
-            planners.append(HintsPlanner(hints_policy, settings.hint_actions, being_replaced=being_replaced))
-        if settings.gangs and pools_policy.gangs.enabled:
-            planners.append(GangCapacityPlanner(pools_policy, prices=prices))
-        observers = [_observer(metrics, hints_policy.idle.for_seconds, remediation.pool_labels)]
-        if settings.expander and pools_policy.expander.enabled:
-            activity = pool_activity(pools_policy)
-            planners.append(ExpanderPlanner(pools_policy, prices=prices, activity=activity))
-            observers.append(_expander_evidence(metrics, pools_policy, prices, activity))
+        planners, observers = make_planners(settings, policies, metrics)
         actuator = KubeActuator(rest, dry_run=settings.dry_run, component=COMPONENT, instance=identity)
-        elector = None
-        # NB: a dry run writes nothing, the Lease included: it never competes with (or waits for) the acting replica.
-        if settings.leader_elect and not settings.dry_run:
-            elector = LeaseElector(
-                rest,
-                namespace=settings.namespace,
-                name=settings.lease_name,
-                identity=identity,
-                lease_duration=settings.lease_duration,
-                renew_deadline=settings.renew_deadline,
-                retry_period=settings.retry_period,
-            )
+        elector = make_elector(settings, rest, identity)
         controller = Controller(
             view=cache,
             telemetry=feed,
@@ -350,6 +319,92 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
             with contextlib.suppress(Exception):
                 await close()
         raise
+
+
+async def make_watch(
+    settings: ControllerSettings, pools_policy: PoolsPolicy, closers: list[Callable[[], Awaitable[object]]]
+) -> tuple[KubeRest, ObjectCache]:
+    """The Kubernetes API client and the watch caches of the kinds the planners read (``watch_specs``)."""
+    api = await load_api_client(settings.kube.kubeconfig)
+    closers.append(api.close)
+    rest = KubeRest(api)
+    cache = ObjectCache(rest, watch_specs(settings, pools_policy))
+    await cache.start()
+    closers.append(cache.stop)
+    return rest, cache
+
+
+def make_feed(
+    settings: ControllerSettings,
+    policies: ControllerPolicies,
+    cache: ObjectCache,
+    closers: list[Callable[[], Awaitable[object]]],
+) -> tuple[list[MetricsSource], TelemetryFeed]:
+    """The telemetry sources and the feed that refreshes them into per-node history, as long as the remediation
+    window and the idle rule need."""
+    sources, attributor, rediscover = _sources(settings, cache)
+    history = TelemetryHistory(
+        window_seconds=policies.remediation.window,
+        idle_below=policies.hints.idle.below,
+        forget_after_seconds=max(3600.0, policies.hints.idle.for_seconds * 2),
+    )
+    feed = TelemetryFeed(
+        sources,
+        attributor,
+        history,
+        max_age_seconds=max(60.0, 3 * settings.interval),
+        before_refresh=rediscover,
+    )
+    closers.append(feed.close)
+    return sources, feed
+
+
+def make_planners(
+    settings: ControllerSettings, policies: ControllerPolicies, metrics: ControllerMetrics
+) -> tuple[list[Planner], list[Callable[[ClusterView, ClusterTelemetry, float], None]]]:
+    """The planners turned on (health, hints, gangs, expander, in that order) and the observers that export what
+    each reconcile sees."""
+    pools_policy, prices = policies.pools, policies.prices
+    planners: list[Planner] = []
+    health: HealthPlanner | None = None
+    if settings.health:
+        health = HealthPlanner(
+            policies.remediation,
+            policies.diagnosis,
+            settings.health_actions,
+            DrainPolicy(),
+            identity=COMPONENT,
+            state_namespace=settings.namespace,
+            state_name=STATE_CONFIGMAP,
+        )
+        planners.append(health)
+    if settings.hints:
+        being_replaced = health.remediates if health is not None else None
+        planners.append(HintsPlanner(policies.hints, settings.hint_actions, being_replaced=being_replaced))
+    if settings.gangs and pools_policy.gangs.enabled:
+        planners.append(GangCapacityPlanner(pools_policy, prices=prices))
+    observers = [_observer(metrics, policies.hints.idle.for_seconds, policies.remediation.pool_labels)]
+    if settings.expander and pools_policy.expander.enabled:
+        activity = pool_activity(pools_policy)
+        planners.append(ExpanderPlanner(pools_policy, prices=prices, activity=activity))
+        observers.append(_expander_evidence(metrics, pools_policy, prices, activity))
+    return planners, observers
+
+
+def make_elector(settings: ControllerSettings, rest: KubeRest, identity: str) -> LeaseElector | None:
+    """The Lease election (``--leader-elect``); none in a dry run."""
+    # NB: a dry run writes nothing, the Lease included: it never competes with (or waits for) the acting replica.
+    if not settings.leader_elect or settings.dry_run:
+        return None
+    return LeaseElector(
+        rest,
+        namespace=settings.namespace,
+        name=settings.lease_name,
+        identity=identity,
+        lease_duration=settings.lease_duration,
+        renew_deadline=settings.renew_deadline,
+        retry_period=settings.retry_period,
+    )
 
 
 async def _serve(running: RunningController, settings: ControllerSettings) -> web.AppRunner:

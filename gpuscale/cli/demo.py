@@ -18,6 +18,7 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -161,6 +162,9 @@ def _human(metric: str, quantity: str) -> str:
 
 
 async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
+    """The demo in named steps: the simulated cluster, the adapter on it (``demo_adapter_settings``), the commands
+    to paste (``print_commands``), one raw answer and the table (``print_first_answers``), then the replay with a
+    summary after its first pass (``after_first_pass``)."""
     console = Console()
     if console.width < 150:  # NB: piped output defaults to 80 columns; the table needs ~150
         console = Console(width=150)
@@ -175,18 +179,7 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
     async with SimCluster(llm=demo_llm_servers(), termination_grace_s=grace_s) as cluster:
         cluster.api.create(replay.manifest())  # NB: so `kubectl get hpa` shows it; its loop writes the status
         adapter = await start_adapter(
-            AdapterSettings(
-                # NB: every exporter found through the API, as in a cluster, and no fixed --scrape-url: a fixed URL
-                # of a Triton pod the HPA removes would be scraped on, failing (HTTP 404) for the rest of the demo.
-                discover_exporters=True,
-                kubeconfig=cluster.kubeconfig,
-                insecure_port=settings.port,
-                bind_address="127.0.0.1",
-                refresh_interval=settings.refresh_interval,
-                log_level=settings.log_level,
-                config=config,
-                policies=settings.policies,
-            ),
+            demo_adapter_settings(settings, kubeconfig=cluster.kubeconfig, config=config),
             port_flags={"insecure": "--port"},
         )
         try:
@@ -194,49 +187,10 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
             # Rates need two scrapes; wait for the second refresh so the first table is complete.
             while adapter.pipeline.refreshes < 2:
                 await asyncio.sleep(0.1)
-            top = f"{gpuscale_command()} top pods"
-            if settings.policies:
-                top += f" --policies {shlex.quote(str(Path(settings.policies).absolute()))}"
-            commands = _commands(adapter.url, cluster.kubeconfig, top)
-            for path in await _until_served(adapter.url, _raw_paths(commands)):
-                console.print(f"[yellow]not served yet after 60 s (see the adapter's /readyz):[/] {path}")
-            console.print(f"[bold]gpuscale adapter[/] serving the metrics APIs on {adapter.url}")
-            console.print(
-                f"simulated cluster: {len(cluster.scenario.nodes)} GPU nodes, kubeconfig {cluster.kubeconfig}"
-            )
-            console.print("Paste these in another terminal to see exactly what the HPA sees:\n")
-            for what, cmd in commands:
-                console.print(f"  [dim]# {what}[/]\n  {cmd}", soft_wrap=True, highlight=False)
-            console.print()
-            example = f"{adapter.url}/apis/custom.metrics.k8s.io/v1beta2/namespaces/inference/pods/*/gpu_utilization"
+            await print_commands(console, settings, adapter.url, cluster)
             namespaces = sorted({w.namespace for w in cluster.scenario.workloads})
             async with aiohttp.ClientSession() as session:
-                async with session.get(example) as resp:
-                    console.print("[dim]# one raw response:[/]")
-                    console.print_json(json.dumps(await resp.json()))
-                console.print(await _table(session, adapter.url, namespaces))
-
-                async def after_pass(number: int, summary: dict) -> None:
-                    if number > 1:
-                        return  # NB: the summary and its page are the first pass's; later ones only scroll by
-                    console.print(await _table(session, adapter.url, namespaces))
-                    page = write_html(summary, out_dir / "summary.html")
-                    if replay.ready_after:
-                        console.print(
-                            f"New pods were counted ready {replay.startup_s:.0f} s after a scale-up (trace time: the "
-                            "next HPA sync; the simulated Deployment starts pods at once, real ones load their model "
-                            "first).",
-                            highlight=False,
-                        )
-                    console.print(f"HTML summary of the autoscaling replay written to {page}")
-                    if settings.keep_running:
-                        console.print(
-                            "\n[bold]Still serving[/]: the simulated cluster, the adapter and the HPA loop keep "
-                            "running, the trace slice replayed again and again, so every command above keeps working "
-                            "and `kubectl get hpa` follows the load. Ctrl-C to stop.\n",
-                            highlight=False,
-                        )
-
+                await print_first_answers(console, session, adapter.url, namespaces)
                 await replay.run(
                     cluster,
                     session=session,
@@ -244,10 +198,98 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
                     console=console,
                     stop=stop,
                     passes=None if settings.keep_running else 1,
-                    on_pass=after_pass,
+                    on_pass=after_first_pass(
+                        console,
+                        session,
+                        settings,
+                        replay,
+                        adapter_url=adapter.url,
+                        namespaces=namespaces,
+                        out_dir=out_dir,
+                    ),
                 )
         finally:
             await adapter.stop()
+
+
+def demo_adapter_settings(settings: DemoSettings, *, kubeconfig: str, config: str | None) -> AdapterSettings:
+    """The adapter as the `adapter` command would run it in the simulated cluster, on the demo's port."""
+    return AdapterSettings(
+        # NB: every exporter found through the API, as in a cluster, and no fixed --scrape-url: a fixed URL
+        # of a Triton pod the HPA removes would be scraped on, failing (HTTP 404) for the rest of the demo.
+        discover_exporters=True,
+        kubeconfig=kubeconfig,
+        insecure_port=settings.port,
+        bind_address="127.0.0.1",
+        refresh_interval=settings.refresh_interval,
+        log_level=settings.log_level,
+        config=config,
+        policies=settings.policies,
+    )
+
+
+async def print_commands(console: Console, settings: DemoSettings, adapter_url: str, cluster: SimCluster) -> None:
+    """The `kubectl get --raw` and `gpuscale top` commands to paste, once the adapter serves what they ask for."""
+    top = f"{gpuscale_command()} top pods"
+    if settings.policies:
+        top += f" --policies {shlex.quote(str(Path(settings.policies).absolute()))}"
+    commands = _commands(adapter_url, cluster.kubeconfig, top)
+    for path in await _until_served(adapter_url, _raw_paths(commands)):
+        console.print(f"[yellow]not served yet after 60 s (see the adapter's /readyz):[/] {path}")
+    console.print(f"[bold]gpuscale adapter[/] serving the metrics APIs on {adapter_url}")
+    console.print(f"simulated cluster: {len(cluster.scenario.nodes)} GPU nodes, kubeconfig {cluster.kubeconfig}")
+    console.print("Paste these in another terminal to see exactly what the HPA sees:\n")
+    for what, cmd in commands:
+        console.print(f"  [dim]# {what}[/]\n  {cmd}", soft_wrap=True, highlight=False)
+    console.print()
+
+
+async def print_first_answers(
+    console: Console, session: aiohttp.ClientSession, adapter_url: str, namespaces: list[str]
+) -> None:
+    """One raw response of the custom metrics API, then the table of what the HPA sees."""
+    example = f"{adapter_url}/apis/custom.metrics.k8s.io/v1beta2/namespaces/inference/pods/*/gpu_utilization"
+    async with session.get(example) as resp:
+        console.print("[dim]# one raw response:[/]")
+        console.print_json(json.dumps(await resp.json()))
+    console.print(await _table(session, adapter_url, namespaces))
+
+
+def after_first_pass(
+    console: Console,
+    session: aiohttp.ClientSession,
+    settings: DemoSettings,
+    replay: DemoReplay,
+    *,
+    adapter_url: str,
+    namespaces: list[str],
+    out_dir: Path,
+) -> Callable[[int, dict], Awaitable[None]]:
+    """What the replay awaits after each pass: after the first, the table again and the HTML summary in
+    ``out_dir``."""
+
+    async def after_pass(number: int, summary: dict) -> None:
+        if number > 1:
+            return  # NB: the summary and its page are the first pass's; later ones only scroll by
+        console.print(await _table(session, adapter_url, namespaces))
+        page = write_html(summary, out_dir / "summary.html")
+        if replay.ready_after:
+            console.print(
+                f"New pods were counted ready {replay.startup_s:.0f} s after a scale-up (trace time: the "
+                "next HPA sync; the simulated Deployment starts pods at once, real ones load their model "
+                "first).",
+                highlight=False,
+            )
+        console.print(f"HTML summary of the autoscaling replay written to {page}")
+        if settings.keep_running:
+            console.print(
+                "\n[bold]Still serving[/]: the simulated cluster, the adapter and the HPA loop keep "
+                "running, the trace slice replayed again and again, so every command above keeps working "
+                "and `kubectl get hpa` follows the load. Ctrl-C to stop.\n",
+                highlight=False,
+            )
+
+    return after_pass
 
 
 __all__ = ["format_quantity", "run_demo"]

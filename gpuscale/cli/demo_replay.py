@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 from rich.console import Console
 
-from gpuscale.cli.hpa_loop import HpaLoop
+from gpuscale.cli.hpa_loop import HpaLoop, SyncResult
 from gpuscale.errors import SourceUnavailable
 from gpuscale.hpa import SYNC_PERIOD_SECONDS, parse_manifests
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
@@ -46,6 +46,19 @@ TRACE_FILE = "azure-conv-15-45min.csv.gz"
 WORKLOAD = "inference/triton-bert"
 MEAN_REPLICAS = 2.7  # the slice's mean rate in replicas' worth of the simulated Triton's capacity
 SLO_QUEUE_S = 0.05  # the demo's SLO on the mean queue time (Triton bert: a few ms of compute)
+
+
+@dataclass
+class _ReplayState:
+    """What the replay carries from one sync to the next: the pass's record, the scale-ups whose pods are not all
+    ready yet, when a line was last printed and how many whole passes are done."""
+
+    timeline: list[ReplaySample] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    queue_times: list[float] = field(default_factory=list)
+    waiting: list[tuple[float, int]] = field(default_factory=list)  # (scale-up time, replicas asked for)
+    last_print: float = -1e9
+    done: int = 0  # whole passes replayed
 
 
 @dataclass
@@ -123,30 +136,17 @@ class DemoReplay:
         on_pass: Callable[[int, dict[str, Any]], Awaitable[None]],
     ) -> None:
         """Replay the slice ``passes`` times (``None``: until ``stop``); print a line per change and every few
-        trace-minutes; after each whole pass, await ``on_pass(number, summary document of that pass)``."""
-        workload = cluster.exporters.scenario.workload(WORKLOAD)
-        sim_now = cluster.exporters.sim.now
-        load, factor = self.load_model(
-            start_s=sim_now - cluster.exporters.sim.start, capacity_rps=workload.capacity_rps
-        )
-        cluster.exporters.set_load(WORKLOAD, load)
+        trace-minutes; after each whole pass, await ``on_pass(number, summary document of that pass)``.
+
+        In named steps: the load offered and the banner (``_offer_load``), then per sync period the pass ended
+        (``_end_pass``), the HPA's sync and what it is recorded as (``_record``)."""
+        load_at = self._offer_load(cluster, console, forever=passes is None)
         loop = HpaLoop(self.hpa, session=session, adapter_url=adapter_url, kube_url=cluster.api.url)
-        console.print(
-            f"\n[bold]Autoscaling[/] {WORKLOAD} with the HPA [bold]{self.hpa.name}[/] "
-            f"(targets: {targets_text(self.hpa)}) on {len(self.trace)} requests of the Azure LLM conversation "
-            f"trace ({self.slice_s / 60:.0f} min, rate ×{factor:.0f}), {self.speedup:.0f}× faster than real time"
-            + (", over and over until Ctrl-C:" if passes is None else ":")
-        )
         follower = asyncio.create_task(_follow(cluster, stop))
-        timeline: list[ReplaySample] = []
-        events: list[Event] = []
-        queue_times: list[float] = []
-        waiting: list[tuple[float, int]] = []  # (scale-up time, replicas asked for) not yet all ready
+        state = _ReplayState()
         self.ready_after = []
         started = time.monotonic()
         period = SYNC_PERIOD_SECONDS / self.speedup
-        last_print = -1e9
-        done = 0  # whole passes replayed
         try:
             k = 0
             while not stop.is_set():
@@ -157,64 +157,100 @@ class DemoReplay:
                 if stop.is_set():
                     break
                 now = (time.monotonic() - started) * self.speedup  # the controller's clock, in trace seconds
-                if now >= (done + 1) * self.slice_s:
-                    done += 1
-                    await on_pass(done, self.summary(timeline, events, queue_times))
-                    timeline, events, queue_times = [], [], []
-                    if passes is not None and done >= passes:
-                        break
-                    console.print(
-                        f"  [dim]pass {done + 1}: the slice again from its first minute (the load runs on into it; "
-                        "the HPA carries on)[/]",
-                        highlight=False,
-                    )
-                at = now - done * self.slice_s  # where in the slice this sync is
+                if now >= (state.done + 1) * self.slice_s and not await self._end_pass(
+                    state, console, passes=passes, on_pass=on_pass
+                ):
+                    break
+                at = now - state.done * self.slice_s  # where in the slice this sync is
                 try:
                     result = await loop.sync(now)
                 except SourceUnavailable as e:  # NB: the controller logs and retries next sync; so does the demo
                     console.print(f"  [dim]{_clock(at)}  sync failed: {e}[/]")
                     continue
-                d = result.decision
                 signals = await _signals(loop, session, adapter_url)
-                ready = sum(1 for p in result.pods if p.ready and not p.deleting)
-                self.ready_after += [now - t for t, n in waiting if ready >= n]
-                waiting = [(t, n) for t, n in waiting if ready < n]
-                if d.desired_replicas > d.current_replicas:
-                    waiting.append((now, d.desired_replicas))
-                sample = ReplaySample(
-                    at,
-                    d.desired_replicas,
-                    ready,
-                    len(result.pods),
-                    signals["queue"],
-                    0,
-                    signals["util"],
-                    signals["sm"],
-                )
-                timeline.append(sample)
-                queue_times.append(signals["queue_time"])
-                if d.rescale:
-                    why = "; ".join(
-                        f"{p.metric}={p.usage_milli / 1000:g}" if p.replicas is not None else p.error
-                        for p in d.proposals
-                    )
-                    events.append(Event(at, d.current_replicas, d.desired_replicas, d.reason, why))
-                if d.rescale or now - last_print >= 120:
-                    last_print = now
-                    console.print(
-                        _line(
-                            at,
-                            load.rate_at(sim_now - cluster.exporters.sim.start + now / self.speedup),
-                            d,
-                            ready,
-                            signals,
-                        ),
-                        highlight=False,
-                    )
+                self._record(state, result, signals, now=now, at=at, load_at=load_at, console=console)
         finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await follower
+
+    def _offer_load(self, cluster: SimCluster, console: Console, *, forever: bool) -> Callable[[float], float]:
+        """Set the slice as the workload's load and print the banner; returns the offered rate (req/s) at a
+        trace-second of the controller's clock."""
+        workload = cluster.exporters.scenario.workload(WORKLOAD)
+        sim_now = cluster.exporters.sim.now
+        load, factor = self.load_model(
+            start_s=sim_now - cluster.exporters.sim.start, capacity_rps=workload.capacity_rps
+        )
+        cluster.exporters.set_load(WORKLOAD, load)
+        console.print(
+            f"\n[bold]Autoscaling[/] {WORKLOAD} with the HPA [bold]{self.hpa.name}[/] "
+            f"(targets: {targets_text(self.hpa)}) on {len(self.trace)} requests of the Azure LLM conversation "
+            f"trace ({self.slice_s / 60:.0f} min, rate ×{factor:.0f}), {self.speedup:.0f}× faster than real time"
+            + (", over and over until Ctrl-C:" if forever else ":")
+        )
+        return lambda now: load.rate_at(sim_now - cluster.exporters.sim.start + now / self.speedup)
+
+    async def _end_pass(
+        self,
+        state: _ReplayState,
+        console: Console,
+        *,
+        passes: int | None,
+        on_pass: Callable[[int, dict[str, Any]], Awaitable[None]],
+    ) -> bool:
+        """A whole pass is done: hand its summary to ``on_pass`` and start the next; False when it was the last."""
+        state.done += 1
+        await on_pass(state.done, self.summary(state.timeline, state.events, state.queue_times))
+        state.timeline, state.events, state.queue_times = [], [], []
+        if passes is not None and state.done >= passes:
+            return False
+        console.print(
+            f"  [dim]pass {state.done + 1}: the slice again from its first minute (the load runs on into it; "
+            "the HPA carries on)[/]",
+            highlight=False,
+        )
+        return True
+
+    def _record(
+        self,
+        state: _ReplayState,
+        result: SyncResult,
+        signals: dict[str, float],
+        *,
+        now: float,
+        at: float,
+        load_at: Callable[[float], float],
+        console: Console,
+    ) -> None:
+        """One sync into the pass's timeline and events, the pods counted ready since a scale-up, and its line
+        printed on a change or every two trace-minutes."""
+        d = result.decision
+        ready = sum(1 for p in result.pods if p.ready and not p.deleting)
+        self.ready_after += [now - t for t, n in state.waiting if ready >= n]
+        state.waiting = [(t, n) for t, n in state.waiting if ready < n]
+        if d.desired_replicas > d.current_replicas:
+            state.waiting.append((now, d.desired_replicas))
+        sample = ReplaySample(
+            at,
+            d.desired_replicas,
+            ready,
+            len(result.pods),
+            signals["queue"],
+            0,
+            signals["util"],
+            signals["sm"],
+        )
+        state.timeline.append(sample)
+        state.queue_times.append(signals["queue_time"])
+        if d.rescale:
+            why = "; ".join(
+                f"{p.metric}={p.usage_milli / 1000:g}" if p.replicas is not None else p.error for p in d.proposals
+            )
+            state.events.append(Event(at, d.current_replicas, d.desired_replicas, d.reason, why))
+        if d.rescale or now - state.last_print >= 120:
+            state.last_print = now
+            console.print(_line(at, load_at(now), d, ready, signals), highlight=False)
 
     def summary(self, timeline: list[ReplaySample], events: list[Event], queue_times: list[float]) -> dict[str, Any]:
         period = SYNC_PERIOD_SECONDS
