@@ -4,10 +4,10 @@ Each field's name becomes ``--field-name``; its description is the help text; li
 (``--scrape-url A --scrape-url B``); durations accept "5s", "1m30s" or seconds. Settings are passed as
 arguments to whatever needs them — never through a global.
 
-A concept several commands share (the Prometheus connection, Kubernetes access, logging, policy files; the
-controller's health and hint actions and the adapter's authentication flags) is one ``SettingsGroup``, declared
-once and composed into each command's settings as a field (``group(...)``, which may give the command its own
-defaults or help text); its fields' flags are the group's ``flag_prefix`` plus the field name
+A concept several commands share (the Prometheus connection, the exporters scraped, Kubernetes access, logging,
+policy files; the controller's health and hint actions and the adapter's authentication flags) is one
+``SettingsGroup``, declared once and composed into each command's settings as a field (``group(...)``, which may
+give the command its own defaults or help text); its fields' flags are the group's ``flag_prefix`` plus the field name
 (``PrometheusConnection.token_file`` is ``--prometheus-token-file`` in every command). A command is built from the
 flat flag names (``AdapterSettings(prometheus_url=…)``, or the parsed command line), and the group is handed whole
 to what needs it (``settings.prometheus``); a group's field also reads by its flag name (``settings.log_level``).
@@ -55,6 +55,17 @@ class KubeAccess(SettingsGroup):
     """How a command reaches the Kubernetes API."""
 
     kubeconfig: str | None = Field(None, description="kubeconfig (default: the in-cluster service account)")
+
+
+class ExporterScrape(SettingsGroup):
+    """Which exporters a command scrapes itself (sources/scrape.py builds the scrape source from it) and its limits:
+    the adapter, the controller and ``top`` read the same exporters the same way."""
+
+    scrape_url: list[str] = Field(default_factory=list, description="exporter /metrics URL to scrape (repeatable)")
+    discover_exporters: bool = Field(False, description="scrape the exporter pods found through the Kubernetes API")
+    dcgm_exporter_selector: str = Field("app=nvidia-dcgm-exporter", description="label selector of dcgm-exporter pods")
+    scrape_timeout: Seconds = Field(3.0, gt=0, description="timeout of one exporter scrape")
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
 
 
 class Logging(SettingsGroup):
@@ -172,15 +183,13 @@ class CommandSettings(BaseModel):
 
 class AdapterSettings(CommandSettings):
     # --- where metrics come from ---
-    scrape_url: list[str] = Field(
-        default_factory=list,
-        description="exporter /metrics URL to scrape (repeatable); 'NAMESPACE/POD=URL' names the pod that serves it, "
+    scrape: ExporterScrape = group(
+        ExporterScrape,
+        scrape_url="exporter /metrics URL to scrape (repeatable); 'NAMESPACE/POD=URL' names the pod that serves it, "
         "otherwise the pod is found by IP and port through the Kubernetes API",
+        discover_exporters="scrape the dcgm-exporter and Triton pods found through the Kubernetes API",
+        scrape_timeout="per-exporter scrape timeout (at most --refresh-interval)",
     )
-    discover_exporters: bool = Field(
-        False, description="scrape the dcgm-exporter and Triton pods found through the Kubernetes API"
-    )
-    dcgm_exporter_selector: str = Field("app=nvidia-dcgm-exporter", description="label selector of dcgm-exporter pods")
     triton_selector: str = Field(
         "gpuscale.io/scrape=triton",
         description="label selector of inference pods to scrape (pods annotated gpuscale.io/scrape=true are too)",
@@ -213,8 +222,6 @@ class AdapterSettings(CommandSettings):
     kube: KubeAccess = group(KubeAccess, kubeconfig="kubeconfig for pod labels (default: in-cluster config if any)")
     files: CatalogueFiles = group(CatalogueFiles)
     refresh_interval: Seconds = Field(5.0, gt=0, description="how often to scrape and refresh the store")
-    scrape_timeout: Seconds = Field(3.0, gt=0, description="per-exporter scrape timeout (at most --refresh-interval)")
-    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
     demand_driven: bool = Field(
         True,
         description="with --prometheus-url and the Kubernetes API: refresh at the full rate only the metrics and "
@@ -319,17 +326,15 @@ class DemoSettings(CommandSettings):
 class ControllerSettings(CommandSettings):
     # --- where it reads from ---
     kube: KubeAccess = group(KubeAccess)
-    scrape_url: list[str] = Field(
-        default_factory=list, description="dcgm-exporter /metrics URL to scrape (repeatable; the node from its labels)"
+    scrape: ExporterScrape = group(
+        lambda: ExporterScrape(scrape_timeout=5.0),
+        scrape_url="dcgm-exporter /metrics URL to scrape (repeatable; the node from its labels)",
+        discover_exporters="scrape the dcgm-exporter pods found through the Kubernetes API (their node: the pod's)",
+        scrape_timeout="timeout of one exporter scrape or Prometheus query",
     )
-    discover_exporters: bool = Field(
-        False, description="scrape the dcgm-exporter pods found through the Kubernetes API (their node: the pod's)"
-    )
-    dcgm_exporter_selector: str = Field("app=nvidia-dcgm-exporter", description="label selector of dcgm-exporter pods")
     prometheus: PrometheusConnection = group(
         PrometheusConnection, url="read DCGM series from this Prometheus-compatible server"
     )
-    scrape_timeout: Seconds = Field(5.0, gt=0, description="timeout of one exporter scrape or Prometheus query")
     files: PolicyFiles = group(
         PolicyFiles,
         policies="directory whose health.yaml, diagnosis.yaml, remediation.yaml override the shipped ones",
@@ -436,6 +441,7 @@ __all__ = [
     "CommandSettings",
     "ControllerSettings",
     "DemoSettings",
+    "ExporterScrape",
     "HealthActions",
     "HintActions",
     "KubeAccess",

@@ -20,6 +20,7 @@ from gpuscale.settings import (
     AuthenticationFlags,
     ControllerSettings,
     DemoSettings,
+    ExporterScrape,
     HealthActions,
     HintActions,
     PrometheusConnection,
@@ -93,3 +94,49 @@ def test_a_command_keeps_its_own_help_for_a_shared_field(capsys):
 def test_a_bad_group_value_names_its_flag():
     with pytest.raises(ConfigError, match=r"^--prometheus-url: 'prom:9090' is not an http"):
         _parsed(ControllerSettings, "--prometheus-url", "prom:9090")
+
+
+@pytest.mark.parametrize(
+    ("model", "required", "timeout"),
+    [(AdapterSettings, {}, 3.0), (ControllerSettings, {}, 5.0), (TopSettings, {"view": "pods"}, 3.0)],
+)
+def test_the_exporter_flags_are_one_group_with_each_commands_own_timeout(model, required, timeout):
+    settings = model(scrape_url=["http://e:9400/metrics"], **required)
+    assert settings.scrape == ExporterScrape(scrape_url=["http://e:9400/metrics"], scrape_timeout=timeout)
+    assert (settings.scrape_url, settings.scrape_timeout) == (["http://e:9400/metrics"], timeout)
+
+
+def test_a_bad_exporter_flag_names_its_flag():
+    with pytest.raises(ConfigError, match=r"^--scrape-timeout: "):
+        _parsed(ControllerSettings, "--scrape-url", "http://e:9400/metrics", "--scrape-timeout", "-1")
+
+
+def test_the_controller_scrapes_with_the_group_handed_whole():
+    from gpuscale.cli.controller import _sources
+
+    settings = _parsed(
+        ControllerSettings,
+        *("--scrape-url", "http://e:9400/metrics", "--scrape-timeout", "7s", "--max-body-bytes", "4096"),
+    )
+    [scrape], _, _ = _sources(settings)
+    # NB: --max-body-bytes is new to the controller (it came with the group) and must reach the scrape
+    assert (scrape.urls, scrape._timeout.total, scrape._max_body) == (["http://e:9400/metrics"], 7.0, 4096)
+
+
+def test_top_discovers_with_its_dcgm_exporter_selector():
+    import asyncio
+
+    from gpuscale.cli.top import _discovered_through_the_api
+    from gpuscale.errors import SourceUnavailable
+    from gpuscale.sources.cluster_index import StaticClusterObjects
+
+    class Proxy:
+        host = "https://api:6443"
+
+        async def refresh_token(self) -> None:
+            return None
+
+    flags = ExporterScrape(discover_exporters=True, dcgm_exporter_selector="team=gpu-exporter")
+    rediscover = _discovered_through_the_api(StaticClusterObjects(), Proxy(), None, {}, flags)
+    with pytest.raises(SourceUnavailable, match="labels team=gpu-exporter or"):
+        asyncio.run(rediscover())

@@ -255,21 +255,21 @@ def make_source(settings: AdapterSettings, checked: CheckedStart, cluster: KubeC
     targets = dict(explicit)
     if settings.prometheus.url:
         return _Source(_prometheus_source(settings, catalogue), targets, None)
-    scrape = ScrapeSource(
+    scrape = ScrapeSource.from_flags(
+        settings.scrape,
         explicit,
         series=catalogue.series_names,
         windowed_series=catalogue.windowed_series,
         history_seconds=scrape_history_seconds(settings, catalogue),
-        timeout_seconds=read_timeout("--scrape-timeout", settings.scrape_timeout, settings),
-        max_body_bytes=settings.max_body_bytes,
+        timeout_seconds=read_timeout("--scrape-timeout", settings.scrape.scrape_timeout, settings),
         publish_early=True,
         off_loop=True,
     )
-    if not settings.discover_exporters:
+    if not settings.scrape.discover_exporters:
         return _Source(scrape, targets, None)
     assert cluster is not None  # NB: make_cluster refuses --discover-exporters without the API
     rules = DiscoveryRules(
-        LabelSelector.parse(settings.dcgm_exporter_selector), LabelSelector.parse(settings.triton_selector)
+        LabelSelector.parse(settings.scrape.dcgm_exporter_selector), LabelSelector.parse(settings.triton_selector)
     )
 
     def rediscover() -> None:

@@ -154,20 +154,20 @@ def _sources(
         from gpuscale.sources.prometheus import PrometheusSource
 
         source: MetricsSource = PrometheusSource(
-            PrometheusClient.connect(settings.prometheus, timeout_seconds=settings.scrape_timeout),
+            PrometheusClient.connect(settings.prometheus, timeout_seconds=settings.scrape.scrape_timeout),
             queries=device_queries(TELEMETRY_SERIES),
             fresh_within_seconds=max(60.0, 3 * settings.interval),
         )
         return [source], Attributor(target_resolver({}, None)), None
     from gpuscale.sources.scrape import ScrapeSource
 
-    explicit = parse_scrape_targets(settings.scrape_url)
-    scrape = ScrapeSource(explicit, series=set(TELEMETRY_SERIES), timeout_seconds=settings.scrape_timeout)
-    if not settings.discover_exporters or view is None:
+    explicit = parse_scrape_targets(settings.scrape.scrape_url)
+    scrape = ScrapeSource.from_flags(settings.scrape, explicit, series=set(TELEMETRY_SERIES))
+    if not settings.scrape.discover_exporters or view is None:
         return [scrape], Attributor(target_resolver(explicit, None)), None
     targets = dict(explicit)
     exporters = _ExporterPods()
-    rules = DiscoveryRules(LabelSelector.parse(settings.dcgm_exporter_selector), LabelSelector.nothing())
+    rules = DiscoveryRules(LabelSelector.parse(settings.scrape.dcgm_exporter_selector), LabelSelector.nothing())
 
     def rediscover() -> None:
         selected = [

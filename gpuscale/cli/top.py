@@ -44,6 +44,7 @@ from gpuscale.selectors import LabelSelector
 from gpuscale.settings import (
     CatalogueFiles,
     CommandSettings,
+    ExporterScrape,
     KubeAccess,
     Logging,
     PrometheusConnection,
@@ -99,16 +100,14 @@ class TopOptions(CommandSettings):
     watch_interval: Seconds = Field(2.0, gt=0, description="time between refreshes with --watch")
     iterations: int | None = Field(None, gt=0, description="with --watch: stop after this many refreshes")
     # --- where data comes from ---
-    scrape_url: list[str] = Field(
-        default_factory=list,
-        description="exporter /metrics URL to scrape (repeatable; as for the adapter, 'NAMESPACE/POD=URL' names "
+    scrape: ExporterScrape = group(
+        ExporterScrape,
+        scrape_url="exporter /metrics URL to scrape (repeatable; as for the adapter, 'NAMESPACE/POD=URL' names "
         "the pod serving it)",
-    )
-    discover_exporters: bool = Field(
-        False,
-        description="find dcgm-exporter pods (app=nvidia-dcgm-exporter) and annotated inference pods through the "
-        "Kubernetes API (--kubeconfig) and scrape each through the API server's pod proxy: no Prometheus and no "
+        discover_exporters="find dcgm-exporter pods (--dcgm-exporter-selector) and annotated inference pods through "
+        "the Kubernetes API (--kubeconfig) and scrape each through the API server's pod proxy: no Prometheus and no "
         "route to pod IPs needed",
+        scrape_timeout="timeout of one scrape or API request",
     )
     prometheus: PrometheusConnection = group(
         PrometheusConnection, url="read the exporters' series from this Prometheus instead"
@@ -119,14 +118,12 @@ class TopOptions(CommandSettings):
         "(e.g. through 'kubectl proxy': http://127.0.0.1:8001); no per-GPU view",
     )
     kube: KubeAccess = group(KubeAccess, kubeconfig="kubeconfig: pod → node, pod and node labels, namespace checks")
-    scrape_timeout: Seconds = Field(3.0, gt=0, description="timeout of one scrape or API request")
     rate_interval: Seconds = Field(
         1.0,
         ge=0,
         description="without --watch: when inference servers are scraped, scrape again after this long so "
         "request rates and the queue:compute ratio have a value (0 = one scrape)",
     )
-    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest exporter response accepted")
     files: CatalogueFiles = group(
         CatalogueFiles,
         config="metric catalogue YAML (default: metrics.yaml of --policies, else shipped); validated with "
@@ -252,7 +249,7 @@ async def _open_cluster(
 
 
 def _discovered_through_the_api(
-    cluster: ClusterObjects, proxy: Any, scrape: Any, explicit: dict[str, Any]
+    cluster: ClusterObjects, proxy: Any, scrape: Any, explicit: dict[str, Any], flags: ExporterScrape
 ) -> Callable[[], Awaitable[None]]:
     """``--discover-exporters``: before each refresh, the exporter pods the API lists, as pod-proxy URLs on
     ``scrape`` (and in ``explicit``, so each value belongs to its pod)."""
@@ -260,10 +257,9 @@ def _discovered_through_the_api(
     from gpuscale.settings import AdapterSettings
     from gpuscale.sources.exporter_discovery import DiscoveryRules, discover, through_pod_proxy
 
-    defaults = AdapterSettings.model_fields
     rules = DiscoveryRules(
-        LabelSelector.parse(defaults["dcgm_exporter_selector"].default),
-        LabelSelector.parse(defaults["triton_selector"].default),
+        LabelSelector.parse(flags.dcgm_exporter_selector),
+        LabelSelector.parse(AdapterSettings.model_fields["triton_selector"].default),
     )
 
     async def rediscover() -> None:
@@ -304,15 +300,14 @@ def _metrics_sources(
         return [source], {}
     from gpuscale.sources.scrape import ScrapeSource
 
-    explicit = parse_scrape_targets(settings.scrape_url)
+    explicit = parse_scrape_targets(settings.scrape.scrape_url)
     windowed = inference.windowed_series if inference is not None else frozenset()
-    scrape = ScrapeSource(
+    scrape = ScrapeSource.from_flags(
+        settings.scrape,
         explicit,
         series=set(DEVICE_SERIES) | (inference.series_names if inference is not None else set()),
         windowed_series=windowed,
         history_seconds=(inference.longest_window if inference is not None else 60.0) + 2 * settings.watch_interval,
-        timeout_seconds=settings.scrape_timeout,
-        max_body_bytes=settings.max_body_bytes,
         session=session,
     )
     return [scrape], explicit
@@ -359,7 +354,7 @@ async def _open(settings: TopSettings, policy: DiagnosisPolicy) -> _Opened:
         before_refresh = None
         if proxy is not None:
             assert cluster is not None
-            before_refresh = _discovered_through_the_api(cluster, proxy, sources[0], explicit)
+            before_refresh = _discovered_through_the_api(cluster, proxy, sources[0], explicit, settings.scrape)
         collector = SourcesCollector(
             sources,
             Attributor(target_resolver(explicit, cluster)),

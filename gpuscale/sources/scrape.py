@@ -19,13 +19,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import aiohttp
 
 from gpuscale.errors import ExpositionError, SourceUnavailable, one_line
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.histograms import BUCKET_SUFFIX, quantiles
+from gpuscale.settings import ExporterScrape
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
 from gpuscale.sources.bounded import read_bounded, size_text
 from gpuscale.sources.loop_thread import IoLoop
@@ -133,6 +134,13 @@ class ScrapeSource:
         self._session = session
         self._own_session = session is None
         self._clock = clock
+
+    @classmethod
+    def from_flags(cls, flags: ExporterScrape, urls: Iterable[str], **options: Any) -> ScrapeSource:
+        """The scrape source of a command's exporter flags (its deadline and body cap); ``options``: the keyword
+        arguments of what the command scrapes for (series, history, session…), or its own deadline."""
+        limits = {"timeout_seconds": flags.scrape_timeout, "max_body_bytes": flags.max_body_bytes}
+        return cls(urls, **{**limits, **options})
 
     @property
     def urls(self) -> list[str]:
