@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 from gpuscale.metrics.aggregation import build_snapshot
 from gpuscale.metrics.attribution import Attributor, Target
@@ -22,6 +26,21 @@ TRITON_T0 = FIXTURES / "triton" / "triton-t0.prom"
 H100_NODE = "ip-10-0-131-77.ec2.internal"
 TRITON_POD = pod("inference", "triton-inference-7d9f8b6c5-x2k4q")
 T0 = 1_790_000_000.0  # an arbitrary epoch second for the first scrape
+
+_T = TypeVar("_T")
+
+
+async def reaped(proc: asyncio.subprocess.Process, waiting: Awaitable[_T], timeout: float) -> _T:
+    """``waiting`` (e.g. ``proc.communicate()``) within ``timeout``; if it fails or times out, the child is killed
+    and reaped here, on this loop, so no live transport is left for the garbage collector to close after the loop
+    has closed (which prints an 'Event loop is closed' traceback at the end of a run and reads like a failure)."""
+    try:
+        return await asyncio.wait_for(waiting, timeout)
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
 
 
 def fixture_store(

@@ -33,7 +33,7 @@ from aiohttp import web
 from gpuscale.cli.main import main
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.top.document import GpuTopList
-from tests.helpers import H100, H100_NODE, TRITON
+from tests.helpers import H100, H100_NODE, TRITON, reaped
 
 KUBECTL = shutil.which("kubectl")
 WIDTH = 120
@@ -70,7 +70,7 @@ async def top(*args: str, timeout: float = 30, env: dict[str, str] | None = None
         stderr=asyncio.subprocess.PIPE,
         env=env or child_env(),
     )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    out, err = await reaped(proc, proc.communicate(), timeout)
     assert proc.returncode is not None
     return Run(proc.returncode, out.decode(), err.decode())
 
@@ -148,7 +148,7 @@ async def top_on_terminal(columns: int, *args: str, timeout: float = 30) -> Run:
         os.close(main_fd)
         return b"".join(chunks)
 
-    out, (_, err) = await asyncio.wait_for(asyncio.gather(asyncio.to_thread(read_all), proc.communicate()), timeout)
+    out, (_, err) = await reaped(proc, asyncio.gather(asyncio.to_thread(read_all), proc.communicate()), timeout)
     assert proc.returncode is not None
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode()).replace("\r", "")
     return Run(proc.returncode, text, err.decode())

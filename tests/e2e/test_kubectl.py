@@ -21,6 +21,7 @@ import yaml
 
 from gpuscale.sim.cluster import SimCluster
 from tests.adapter import hpa
+from tests.helpers import reaped
 from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -39,7 +40,7 @@ async def run(*args: str, timeout: float = 20) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
     )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    out, err = await reaped(proc, proc.communicate(), timeout)
     return proc.returncode, out.decode(), err.decode()
 
 
