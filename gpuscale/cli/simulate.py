@@ -362,8 +362,9 @@ async def _prometheus_history(settings: SimulateSettings, hpas, catalogue, *, sk
                 reason = e.reason if isinstance(e, SourceUnavailable) else str(e)
                 raise SourceUnavailable(client.display_url, f"range query for {name} failed: {reason}") from None
             for series in result:
-                pod = series.get("metric", {}).get("pod") if isinstance(series, dict) else None
-                if pod:
+                labels = series.get("metric") if isinstance(series, dict) else None
+                pod = labels.get("pod") if isinstance(labels, dict) else None
+                if isinstance(pod, str) and pod:
                     samples.setdefault(name, {})[pod] = _points(series.get("values"), client.display_url, name)
     finally:
         await client.close()

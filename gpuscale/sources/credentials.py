@@ -9,6 +9,7 @@ the kubeconfig entry) that named it: ``<file>: <flag>: <reason>``.
 
 from __future__ import annotations
 
+import re
 import ssl
 
 from gpuscale.errors import ConfigError
@@ -17,11 +18,25 @@ from gpuscale.files import PEM_LIMIT_BYTES, TOKEN_LIMIT_BYTES, decode_utf8, name
 __all__ = ["read_pem", "read_token", "verifying_context"]
 
 
+_TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")  # RFC 6750 b64token
+
+
 def read_token(path: str, *, flag: str) -> str:
     """The bearer token in ``path`` without surrounding whitespace (client-go trims it too), at most
     TOKEN_LIMIT_BYTES of UTF-8."""
     with named_by(flag):
-        return decode_utf8(read_bytes(path, limit_bytes=TOKEN_LIMIT_BYTES, what="bearer token"), path=path).strip()
+        token = decode_utf8(read_bytes(path, limit_bytes=TOKEN_LIMIT_BYTES, what="bearer token"), path=path).strip()
+        # NB: the token becomes an Authorization header: a newline inside would make the HTTP client raise for
+        # every request, a non-ASCII one be sent as bytes the server cannot match, an empty one send none at all
+        if not token:
+            raise ConfigError("the bearer token file is empty", path=path)
+        if not _TOKEN68.fullmatch(token):
+            raise ConfigError(
+                "not a bearer token: only letters, digits and - . _ ~ + / (then '=') may appear, "
+                "no spaces, control or non-ASCII characters",
+                path=path,
+            )
+        return token
 
 
 def read_pem(path: str, *, flag: str, what: str) -> bytes:

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from gpuscale.backoff import doubling_delay
+from gpuscale.backoff import Backoff
 from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.settings import PrometheusConnection
 from gpuscale.sources.bounded import read_bounded, size_text
@@ -59,6 +59,10 @@ _TOO_LARGE = re.compile(
     re.IGNORECASE,
 )
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+RETRY_MAX_SECONDS = 30.0
+"""The longest wait between two attempts of one call."""
 
 
 class CredentialFileError(Exception):
@@ -323,9 +327,11 @@ class PrometheusClient:
         """The ``data`` of a successful answer. Retries timeouts, refused connections and HTTP 429/5xx with doubling
         backoff; TooManySamples for a refusal by size; SourceUnavailable otherwise, with the server's words."""
         last = ""
+        # NB: capped and jittered as every other retry loop: --retries 10 doubling from 1 s would wait 17 minutes
+        backoff = Backoff(initial_seconds=self._backoff_seconds, max_seconds=RETRY_MAX_SECONDS, jitter=0.2)
         for attempt in range(self._retries + 1):
             if attempt:
-                await self._sleep(doubling_delay(attempt - 1, initial_seconds=self._backoff_seconds))
+                await self._sleep(backoff.next_delay())
             self.queries += 1
             try:
                 headers, ssl_context = self.credentials()
@@ -409,9 +415,11 @@ class PrometheusClient:
             {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"},
             method="GET",
         )
-        if not isinstance(data, list):
-            raise SourceUnavailable(self.display_url, f"label values of {label}: not a list", kind="malformed")
-        return [str(v) for v in data]
+        if not isinstance(data, list) or not all(isinstance(v, str) for v in data):
+            raise SourceUnavailable(
+                self.display_url, f"label values of {label}: not a list of strings", kind="malformed"
+            )
+        return data
 
     def _result(self, data: Any, promql: str) -> list[dict[str, Any]]:
         if not isinstance(data, dict) or not isinstance(data.get("result"), list):
