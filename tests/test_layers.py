@@ -134,9 +134,21 @@ INDEPENDENT = [
     (
         "controller planners",
         {
-            "health remediation": ("gpuscale.controller.health",),
+            # NB: each planner with the modules only it uses; the shared ones (drain, pools, telemetry, writes,
+            # events) belong to none
+            "health remediation": (
+                "gpuscale.controller.health",
+                "gpuscale.controller.gpu_problems",
+                "gpuscale.controller.remediation_policy",
+            ),
             "autoscaler hints": ("gpuscale.controller.hints",),
-            "gang-aware capacity": ("gpuscale.controller.capacity",),
+            "gang-aware capacity": (
+                "gpuscale.controller.capacity",
+                "gpuscale.controller.gangs",
+                "gpuscale.controller.cliques",
+                "gpuscale.controller.expander",
+                "gpuscale.controller.provisioning",
+            ),
         },
     ),
     (

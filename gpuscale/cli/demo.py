@@ -13,6 +13,7 @@ and the HPA keeps scaling with the load.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shlex
 import sys
@@ -56,23 +57,33 @@ def gpuscale_command() -> str:
     return shlex.join([sys.executable, "-m", "gpuscale"])
 
 
-async def _until_served(server: str, paths: list[str], *, timeout_s: float = 60.0) -> list[str]:
+async def _pause(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep ``seconds`` unless Ctrl-C comes first; True once it has (every wait of the start stays interruptible)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
+
+
+async def _until_served(server: str, paths: list[str], stop: asyncio.Event, *, timeout_s: float = 60.0) -> list[str]:
     """Wait until every API path the demo prints answers with values, so a command pasted at once works: the
     adapter finds its exporters through the API as in a cluster, so its first refreshes can come before the
-    first scrape of a pod; and rates need two scrapes. Returns the paths still not served at the deadline."""
+    first scrape of a pod; and rates need two scrapes. Returns the paths still not served at the deadline (none
+    after Ctrl-C)."""
     deadline = time.monotonic() + timeout_s
     pending = list(paths)
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         while pending and time.monotonic() < deadline:
             waiting = []
             for path in pending:
-                async with session.get(server + path) as resp:
-                    body = await resp.json(content_type=None) if resp.status == 200 else None
+                body = None
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                    async with session.get(server + path) as resp:
+                        body = await resp.json(content_type=None) if resp.status == 200 else None
                 if not isinstance(body, dict) or body.get("items") == []:
                     waiting.append(path)
             pending = waiting
-            if pending:
-                await asyncio.sleep(0.2)
+            if pending and await _pause(stop, 0.2):
+                return []
     return pending
 
 
@@ -184,10 +195,14 @@ async def run_demo(settings: DemoSettings, stop: asyncio.Event) -> None:
         )
         try:
             await wait_ready(adapter)
-            # Rates need two scrapes; wait for the second refresh so the first table is complete.
+            # Rates need two scrapes; wait for the second refresh so the first table is complete (the adapter's
+            # /readyz and log say why if refreshes keep failing; Ctrl-C works throughout).
             while adapter.pipeline.refreshes < 2:
-                await asyncio.sleep(0.1)
-            await print_commands(console, settings, adapter.url, cluster)
+                if await _pause(stop, 0.1):
+                    return
+            await print_commands(console, settings, adapter.url, cluster, stop)
+            if stop.is_set():
+                return
             namespaces = sorted({w.namespace for w in cluster.scenario.workloads})
             async with aiohttp.ClientSession() as session:
                 await print_first_answers(console, session, adapter.url, namespaces)
@@ -228,13 +243,15 @@ def demo_adapter_settings(settings: DemoSettings, *, kubeconfig: str, config: st
     )
 
 
-async def print_commands(console: Console, settings: DemoSettings, adapter_url: str, cluster: SimCluster) -> None:
+async def print_commands(
+    console: Console, settings: DemoSettings, adapter_url: str, cluster: SimCluster, stop: asyncio.Event
+) -> None:
     """The `kubectl get --raw` and `gpuscale top` commands to paste, once the adapter serves what they ask for."""
     top = f"{gpuscale_command()} top pods"
     if settings.policies:
         top += f" --policies {shlex.quote(str(Path(settings.policies).absolute()))}"
     commands = _commands(adapter_url, cluster.kubeconfig, top)
-    for path in await _until_served(adapter_url, _raw_paths(commands)):
+    for path in await _until_served(adapter_url, _raw_paths(commands), stop):
         console.print(f"[yellow]not served yet after 60 s (see the adapter's /readyz):[/] {path}")
     console.print(f"[bold]gpuscale adapter[/] serving the metrics APIs on {adapter_url}")
     console.print(f"simulated cluster: {len(cluster.scenario.nodes)} GPU nodes, kubeconfig {cluster.kubeconfig}")

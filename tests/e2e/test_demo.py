@@ -16,6 +16,7 @@ import yaml
 
 from gpuscale.model import parse_quantity
 from tests.e2e.test_kubectl import KUBECTL, run
+from tests.helpers import reaped
 
 pytestmark = pytest.mark.e2e
 
@@ -159,3 +160,18 @@ async def test_demo_prints_working_kubectl_commands_and_live_values():
         if proc.returncode is None:
             proc.terminate()
             await proc.wait()
+
+
+async def test_ctrl_c_while_the_demo_starts_ends_it_at_once():
+    """Ctrl-C during the start (the adapter's second refresh, the printed paths being served; each wait checks for
+    it) ends the demo within seconds, exit 0, no traceback."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuscale.cli.main", "demo", "--port", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    await asyncio.sleep(2.0)  # NB: inside the start: the simulated cluster is up, the adapter is refreshing
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    out, _ = await reaped(proc, proc.communicate(), 30)
+    assert proc.returncode == 0 and time.monotonic() - started < 15, out.decode()[-2000:]
+    assert "Traceback" not in out.decode(), out.decode()[-2000:]

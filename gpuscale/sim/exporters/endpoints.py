@@ -139,6 +139,9 @@ class ExporterServer:
         may take it), its port serves the last body for ``after_s`` more seconds (a scraper that listed it just
         before it went finishes its round), then closes."""
         endpoint = self._endpoint(name)
+        if not endpoint.last_body:  # NB: never scraped: nothing true to serve in its grace period
+            await self.remove(name)
+            return
         del self._endpoints[name]
         last = endpoint.last_body
         endpoint.render = lambda: last
