@@ -145,11 +145,15 @@ def read_answer(body: Any, planned: PlannedQuery, *, source: str, label_sets: La
             f"unexpected resultType {short(repr(result_type), 60)} (the query must return an instant vector)",
             kind=MALFORMED,
         )
+    return Answer(answer.values, answer_warnings(body), body.get("isPartial") is True, answer.over_cap)
+
+
+def answer_warnings(body: dict[str, Any]) -> tuple[str, ...]:
+    """An answer's ``warnings``, as text: a lone string is one warning, at most 10 are kept, each cut short."""
     warnings = body.get("warnings") or []
     if not isinstance(warnings, list):
         warnings = [warnings]
-    words = tuple(short(str(w)) for w in warnings[:_WARNINGS_KEPT] if w)
-    return Answer(answer.values, words, body.get("isPartial") is True, answer.over_cap)
+    return tuple(short(str(w)) for w in warnings[:_WARNINGS_KEPT] if w)
 
 
 def _read_vector(result: list[Any], planned: PlannedQuery, source: str, sets: LabelSets) -> Answer:

@@ -40,6 +40,7 @@ from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.settings import PrometheusConnection
 from gpuscale.sources.bounded import read_bounded, size_text
 from gpuscale.sources.credentials import read_pem, read_token, verifying_context
+from gpuscale.sources.prom_answer import answer_warnings
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -63,6 +64,8 @@ _RETRY_STATUS = {429, 500, 502, 503, 504}
 
 RETRY_MAX_SECONDS = 30.0
 """The longest wait between two attempts of one call."""
+WARNINGS_KEPT = 100
+"""The most server warnings one client keeps over its calls."""
 
 
 class CredentialFileError(Exception):
@@ -373,9 +376,12 @@ class PrometheusClient:
                 raise SourceUnavailable(
                     self.display_url, f"{path} {_short(form)} refused: HTTP {status}: {message}", kind="http_status"
                 )
-            for w in body.get("warnings") or []:
-                self.warnings.append(f"{_short(form)}: {one_line(str(w), 200)}")
-            if body.get("isPartial"):
+            # NB: a hostile answer's warnings are as many as fit in the body cap: a few kept per answer, and a long
+            # fetch keeps at most WARNINGS_KEPT in all (the report lists them as gaps)
+            for w in answer_warnings(body):
+                if len(self.warnings) < WARNINGS_KEPT:
+                    self.warnings.append(f"{_short(form)}: {one_line(w, 200)}")
+            if body.get("isPartial") is True and len(self.warnings) < WARNINGS_KEPT:
                 self.warnings.append(f"{_short(form)}: the server answered with partial data (isPartial)")
             return body.get("data")
         raise SourceUnavailable(

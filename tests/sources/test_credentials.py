@@ -36,6 +36,10 @@ def test_a_ca_bundle_is_trusted(tmp_path) -> None:
         ("token_file", None, "{path}: --prometheus-token-file: cannot read bearer token: a FIFO (named pipe)"),
         ("token_file", b"x" * (64 * 1024 + 1), "{path}: --prometheus-token-file: bearer token larger than the 64 KiB"),
         ("token_file", b"\xff\n", "{path}: --prometheus-token-file: line 1: not UTF-8 text"),
+        ("token_file", b"\n \n", "{path}: --prometheus-token-file: the bearer token file is empty"),
+        ("token_file", b"abc\ndef\n", "{path}: --prometheus-token-file: not a bearer token"),
+        ("token_file", b"abc def", "{path}: --prometheus-token-file: not a bearer token"),
+        ("token_file", "tök".encode(), "{path}: --prometheus-token-file: not a bearer token"),
         ("ca_file", b"", "{path}: --prometheus-ca-file: the CA bundle is empty"),
         ("ca_file", b"-----BEGIN CERTIFICATE-----\nxx\n", "{path}: --prometheus-ca-file: not a PEM certificate bundle"),
         ("ca_file", None, "{path}: --prometheus-ca-file: cannot read CA bundle: a FIFO (named pipe)"),
@@ -53,3 +57,18 @@ def test_each_refusal_names_the_file_and_the_flag(tmp_path, argument: str, conte
         check_credentials(PrometheusConnection(**{argument: str(path)}))
     assert str(info.value).startswith(says.format(path=path)), str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_jwt_and_a_padded_token_are_bearer_tokens(tmp_path) -> None:
+    for token in ("eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln-_~+/", "dG9rZW4="):
+        (tmp_path / "token").write_text(token + "\n")
+        assert read_token(str(tmp_path / "token"), flag="--prometheus-token-file") == token
+
+
+def test_an_answers_warnings_are_text_few_and_short() -> None:
+    from gpuscale.sources.prom_answer import answer_warnings
+
+    assert answer_warnings({"warnings": "one string"}) == ("one string",)  # not one warning per character
+    many = answer_warnings({"warnings": [f"w{i}" * 1000 for i in range(10_000)]})
+    assert len(many) == 10 and all(len(w) <= 300 for w in many)
+    assert answer_warnings({"warnings": [None, {"a": 1}]}) == ("{'a': 1}",)
