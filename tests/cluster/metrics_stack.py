@@ -53,7 +53,10 @@ class DcgmExporter:
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                # NB: a scraper that timed out has closed the connection and counts that failure itself; the
+                # exporter need not print a BrokenPipeError traceback into a green run
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(body)
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -128,7 +131,10 @@ class NimContainers:
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                # NB: a scraper that timed out has closed the connection and counts that failure itself; the
+                # exporter need not print a BrokenPipeError traceback into a green run
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(body)
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -10,6 +10,7 @@ the time of the request (or a time the test fixes) over a ``window_s`` window (m
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import http.server
 import json
@@ -113,7 +114,8 @@ def resource_metrics_api(plane: ControlPlane) -> Iterator[ResourceMetrics]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # NB: the client gave up
+                self.wfile.write(data)
 
         def log_message(self, *args: object) -> None:
             pass

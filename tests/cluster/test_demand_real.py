@@ -58,7 +58,8 @@ class Exporter:
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(page)))
                 self.end_headers()
-                self.wfile.write(page)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # NB: the client gave up
+                    self.wfile.write(page)
 
             def log_message(self, *args: object) -> None:
                 pass
