@@ -153,7 +153,7 @@ def fleet():
                     st(
                         "Allocated",
                         "GPUs a pod holds (dcgm-exporter's pod label).",
-                        f'count(DCGM_FI_DEV_GPU_UTIL{{{GPU_SEL}, pod!=""}})',
+                        f'count(DCGM_FI_DEV_GPU_UTIL{{{GPU_SEL}, pod!=""}}) or vector(0)',
                     ),
                     st(
                         "Active (SM > 10 %)",
@@ -672,12 +672,15 @@ def cost():
                     st(
                         "Idle GPUs (controller)",
                         "GPUs the controller sees requested but idle for its idle window.",
-                        'sum(gpuscale_controller_idle_gpus{cluster=~"$cluster"})',
+                        # NB: the gauge has a series per node only while that node has idle GPUs; without
+                        # `or vector(0)` the panel says "No data" when none is idle (sum() has no grouping, so
+                        # vector(0)'s empty label set is exactly the one it stands in for).
+                        'sum(gpuscale_controller_idle_gpus{cluster=~"$cluster"}) or vector(0)',
                     ),
                     st(
                         "Allocated GPUs",
                         "GPUs a pod holds now.",
-                        f'count(DCGM_FI_DEV_GPU_UTIL{{{GPU_SEL}, pod!=""}})',
+                        f'count(DCGM_FI_DEV_GPU_UTIL{{{GPU_SEL}, pod!=""}}) or vector(0)',
                     ),
                     tb(
                         "Idle GPU-hours by namespace",

@@ -100,6 +100,31 @@ def _alert(name: str, expr: str, for_: str, severity: str, summary: str, descrip
     }
 
 
+# The NVLink error counters deploy/dcgm-exporter/counters.csv enables, by the kind of error each counts.
+NVLINK_ERROR_COUNTERS = {
+    "crc_flit": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "crc_data": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "replay": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "recovery": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+}
+
+
+def _nvlink_errors_expr() -> str:
+    """New NVLink errors per GPU over 15 minutes, all four counters summed.
+
+    NB: not ``increase({__name__=~"…"}[15m])``: increase() drops the metric name, so a GPU exporting two of the
+    counters gives two results with one label set and Prometheus refuses the whole rule ("vector cannot contain
+    metrics with the same labelset"): it could never fire. Each counter's increase is tagged with an
+    ``nvlink_error`` label instead, so ``or`` keeps all four; ``max`` folds duplicate scrapes of one counter (as the
+    other GPU alerts do) before ``sum`` adds the kinds up.
+    """
+    tagged = "\n  or ".join(
+        f'label_replace(increase({name}[15m]), "nvlink_error", "{kind}", "", "")'
+        for kind, name in NVLINK_ERROR_COUNTERS.items()
+    )
+    return f"sum by ({GPU_POD}) (max by ({GPU_POD}, nvlink_error) (\n  {tagged}\n)) > 0"
+
+
 # Which training job a pod belongs to, from kube-state-metrics (labels need --metric-labels-allowlist, see
 # docs/operating.md): a JobSet, a Kubeflow training job, a Volcano job, else the batch Job that owns it. The first
 # that names the pod wins (`or on (…)` keeps a later source only for pods no earlier one named).
@@ -287,8 +312,7 @@ def alert_rules(health: dict[str, Any]) -> list[dict]:
         ),
         _alert(
             "GPUNVLinkErrors",
-            f"max by ({GPU_POD}) (increase({{__name__=~"
-            '"DCGM_FI_DEV_NVLINK_(CRC_FLIT|CRC_DATA|REPLAY|RECOVERY)_ERROR_COUNT_TOTAL"}[15m])) > 0',
+            _nvlink_errors_expr(),
             "0m",
             "warning",
             f"NVLink errors on {gpu_where}",

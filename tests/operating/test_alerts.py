@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from tests.operating.enabled_counters import fill, parse_series, series_fields
+
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy" / "alerts"
 RULE_FILES = sorted(ALERTS.glob("*.rules.yaml"))
@@ -75,11 +77,27 @@ def test_prometheusrules_carry_exactly_the_rule_files(tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
 
 
-def _without_annotations(tmp_path: Path) -> Path:
-    """deploy/alerts copied with annotations removed: promtool compares annotations exactly, so the per-alert cases
-    test labels and timing, and annotations.test.yaml tests the texts on the files as shipped."""
+# Points each filled-in series gets: past the last evaluation of any case (healthy.test.yaml's 119m).
+FILLED_MINUTES = 180
+
+
+def _with_every_enabled_counter(tmp_path: Path) -> Path:
+    """deploy/alerts copied, each unit test's GPUs given every field deploy/dcgm-exporter enables (those a case does
+    not set read healthy: tests/operating/enabled_counters.py), as a GPU Operator with that counters file serves."""
     copy = tmp_path / "alerts"
     shutil.copytree(ALERTS, copy)
+    for f in (copy / "tests").glob("*.test.yaml"):
+        doc = yaml.safe_load(f.read_text())
+        doc["tests"] = [fill(case, minutes=FILLED_MINUTES) for case in doc["tests"]]
+        f.write_text(yaml.safe_dump(doc, width=1000))
+    return copy
+
+
+def _without_annotations(tmp_path: Path) -> Path:
+    """deploy/alerts copied with annotations removed: promtool compares annotations exactly, so the per-alert cases
+    test labels and timing, and annotations.test.yaml tests the texts on the files as shipped. Every enabled DCGM
+    field is fed (_with_every_enabled_counter)."""
+    copy = _with_every_enabled_counter(tmp_path)
     for f in copy.glob("*.rules.yaml"):
         doc = yaml.safe_load(f.read_text())
         for group in doc["groups"]:
@@ -96,8 +114,9 @@ def test_each_alert_fires_on_its_bad_case_and_not_on_its_neighbours(tmp_path, na
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_the_page_texts_carry_the_numbers():
-    done = promtool("test", "rules", str(UNIT_TESTS / "annotations.test.yaml"))
+def test_the_page_texts_carry_the_numbers(tmp_path):
+    copy = _with_every_enabled_counter(tmp_path)
+    done = promtool("test", "rules", str(copy / "tests" / "annotations.test.yaml"))
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -200,3 +219,25 @@ def test_every_dcgm_field_the_rules_and_dashboards_read_is_enabled_in_deploy():
     assert {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_EXP_XID_ERRORS_COUNT"} <= read
     missing = read - _enabled_counters(COUNTERS.read_text()).keys()
     assert not missing, f"read but not enabled in {COUNTERS.relative_to(ROOT)}: {sorted(missing)}"
+
+
+def test_every_gpu_of_every_unit_test_is_fed_every_enabled_dcgm_field(tmp_path):
+    """What the promtool cases run on: each GPU a case names carries all of counters.csv's fields (the NVLink error
+    counters among them), not only those the case is about."""
+    fields = set(series_fields())
+    assert {
+        f"DCGM_FI_DEV_NVLINK_{k}_ERROR_COUNT_TOTAL" for k in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY")
+    } <= fields
+    copy = _with_every_enabled_counter(tmp_path)
+    gpus = 0
+    for f in sorted((copy / "tests").glob("*.test.yaml")):
+        for case in yaml.safe_load(f.read_text())["tests"]:
+            per_gpu: dict[str, set[str]] = {}
+            for entry in case["input_series"]:
+                name, labels = parse_series(entry["series"])
+                if name.startswith("DCGM_") and "UUID" in labels:
+                    per_gpu.setdefault(labels["UUID"], set()).add(name)
+            for uuid, names in per_gpu.items():
+                assert names == fields, f"{f.name} {case['name']!r} {uuid}: missing {sorted(fields - names)}"
+            gpus += len(per_gpu)
+    assert gpus >= 30

@@ -129,9 +129,44 @@ async def test_every_panel_parses_reads_only_exposed_metrics_and_has_data(tmp_pa
                 data = await api(session, prom.url, "/api/v1/query", query=query, time=str(END))
                 if not data["result"]:
                     problems.append(f"{path.name} variable {v['name']}: no values")
+        problems += await _counts_say_zero_when_nothing_matches(session, prom.url)
         print("panels per dashboard:", counts)
         assert len(counts) == 7 and all(counts.values())
         assert not problems, "\n".join(problems)
+
+
+# Stat panels that count things which may simply be none yet: each must show 0 then, not "No data".
+ZERO_WHEN_NONE = {
+    ("cost.json", "Idle GPUs (controller)"),
+    ("cost.json", "Allocated GPUs"),
+    ("cost.json", "Allocated GPUs idle now"),
+    ("fleet.json", "Allocated"),
+    ("fleet.json", "Active (SM > 10 %)"),
+}
+
+
+async def _counts_say_zero_when_nothing_matches(session: aiohttp.ClientSession, url: str) -> list[str]:
+    """Every stat panel with an ``or vector(0)`` fallback answers one sample: the count over the fleet at END, and 0
+    three hours before, where the Prometheus holds no series at all (the fleet starts two hours before END). One
+    sample both times proves the fallback matches the aggregation's grouping (a grouped count would add a stray 0)."""
+    problems, seen = [], set()
+    for path in DASHBOARDS:
+        for p in panels(json.loads(path.read_text())):
+            if p["type"] != "stat" or not p["targets"][0]["expr"].endswith("or vector(0)"):
+                continue
+            seen.add((path.name, p["title"]))
+            expr = substitute(p["targets"][0]["expr"])
+            for at, zero in ((END, False), (END - 3 * HOUR, True)):
+                result = (await api(session, url, "/api/v1/query", query=expr, time=str(at)))["result"]
+                values = [float(r["value"][1]) for r in result]
+                if len(values) != 1 or (zero and values != [0.0]):
+                    problems.append(
+                        f"{path.name} panel {p['title']!r} at {at}: {values} (want one sample{', 0' if zero else ''})"
+                    )
+    missing = ZERO_WHEN_NONE - seen
+    if missing:
+        problems.append(f"count panels without a 0 fallback: {sorted(missing)}")
+    return problems
 
 
 def test_metric_names_finds_what_a_query_reads():
