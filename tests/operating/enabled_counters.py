@@ -122,12 +122,17 @@ def _promtool_values(value: Healthy, points: int) -> str:
     return f"{value.start:g}+{value.per_minute:g}x{points}" if value.per_minute else f"{value.start:g}x{points}"
 
 
-def fill(case: dict, *, minutes: int) -> dict:
+def _points(values: str) -> int:
+    """How many samples a promtool ``values:`` string expands to ('0x5 3x10' → 6 + 11)."""
+    return sum(int(t.rsplit("x", 1)[1]) + 1 if "x" in t else 1 for t in values.split())
+
+
+def fill(case: dict) -> dict:
     """``case`` (a promtool test with a 1-minute interval) with every enabled field of every GPU it names.
 
     A GPU is a UUID on a DCGM series; its identity labels (node, index, model, MIG instance, pod) are those of the
     first series that names it. A field the case sets for a GPU is left alone, so each case still decides what is
-    wrong; the rest read healthy for ``minutes``. Label fields (the driver version) are left out: the case's own
+    wrong; the rest read healthy for as long as the case's longest series. Label fields (the driver version) are left out: the case's own
     series do not carry them, and a label on only some of a GPU's series would split it in two.
     """
     assert case.get("interval", "1m") == "1m", case.get("name")
@@ -138,6 +143,7 @@ def fill(case: dict, *, minutes: int) -> dict:
         if name.startswith("DCGM_") and "UUID" in labels:
             gpus.setdefault(labels["UUID"], {k: v for k, v in labels.items() if k not in PER_SERIES})
             have.add((name, labels["UUID"]))
+    minutes = max(_points(entry["values"]) for entry in case.get("input_series", [])) - 1 if gpus else 0
     extra = []
     for uuid, identity in gpus.items():
         for field in series_fields():

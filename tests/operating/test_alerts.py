@@ -77,10 +77,6 @@ def test_prometheusrules_carry_exactly_the_rule_files(tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
 
 
-# Points each filled-in series gets: past the last evaluation of any case (healthy.test.yaml's 119m).
-FILLED_MINUTES = 180
-
-
 def _with_every_enabled_counter(tmp_path: Path) -> Path:
     """deploy/alerts copied, each unit test's GPUs given every field deploy/dcgm-exporter enables (those a case does
     not set read healthy: tests/operating/enabled_counters.py), as a GPU Operator with that counters file serves."""
@@ -88,7 +84,7 @@ def _with_every_enabled_counter(tmp_path: Path) -> Path:
     shutil.copytree(ALERTS, copy)
     for f in (copy / "tests").glob("*.test.yaml"):
         doc = yaml.safe_load(f.read_text())
-        doc["tests"] = [fill(case, minutes=FILLED_MINUTES) for case in doc["tests"]]
+        doc["tests"] = [fill(case) for case in doc["tests"]]
         f.write_text(yaml.safe_dump(doc, width=1000))
     return copy
 
