@@ -33,6 +33,32 @@ CUSTOM = "/apis/custom.metrics.k8s.io"
 EXTERNAL = "/apis/external.metrics.k8s.io"
 
 
+def serve_text(
+    address: str, render: Callable[[str], str], *, port: int | None = None
+) -> http.server.ThreadingHTTPServer:
+    """An exporter's /metrics on ``address`` (``port``, else a free one), answering every GET with
+    ``render(address)``, in a thread."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = render(address).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            # NB: a scraper that timed out has closed the connection and counts that failure itself; the
+            # exporter need not print a BrokenPipeError traceback into a green run
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((address, port or free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 class DcgmExporter:
     """dcgm-exporter's /metrics for every pod of ``app=llm`` in NS: one GPU each, GPU_UTIL and SM_ACTIVE set by
     the test (``util`` percent, ``sm_active`` ratio), labelled as dcgm-exporter labels a pod's GPU."""
@@ -44,26 +70,8 @@ class DcgmExporter:
         self.sm_active_of: dict[str, float] = {}
         """SM activity of the pods of other apps (label ``app``) in NS, e.g. the HPA parity cases' Deployments."""
         self.waiting = 0.0
-        exporter = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = exporter.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                # NB: a scraper that timed out has closed the connection and counts that failure itself; the
-                # exporter need not print a BrokenPipeError traceback into a green run
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.server = serve_text("127.0.0.1", lambda _: self.render())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def render(self) -> str:
         apps = ",".join(["llm", *self.sm_active_of])
@@ -113,33 +121,16 @@ class NimContainers:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
-        containers = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                app = containers._app_of.get(self.server.server_address[0], "llm")
-                waiting, own = containers.waiting, ""
-                if app in containers.waiting_of:
-                    waiting, own = containers.waiting_of[app], f',app="{app}"'
-                body = (
-                    "# HELP num_requests_waiting Number of requests waiting to be processed.\n"
-                    "# TYPE num_requests_waiting gauge\n"
-                    f'num_requests_waiting{{model_name="meta/llama-3.1-8b-instruct"{own}}} {waiting:g}\n'
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                # NB: a scraper that timed out has closed the connection and counts that failure itself; the
-                # exporter need not print a BrokenPipeError traceback into a green run
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return Handler
+    def _body(self, ip: str) -> str:
+        app = self._app_of.get(ip, "llm")
+        waiting, own = self.waiting, ""
+        if app in self.waiting_of:
+            waiting, own = self.waiting_of[app], f',app="{app}"'
+        return (
+            "# HELP num_requests_waiting Number of requests waiting to be processed.\n"
+            "# TYPE num_requests_waiting gauge\n"
+            f'num_requests_waiting{{model_name="meta/llama-3.1-8b-instruct"{own}}} {waiting:g}\n'
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
@@ -150,9 +141,7 @@ class NimContainers:
                 if ip:
                     self._app_of[ip] = pod["metadata"]["labels"].get("app", "")
                 if ip and ip not in self._servers:
-                    server = http.server.ThreadingHTTPServer((ip, 8000), self._handler())
-                    threading.Thread(target=server.serve_forever, daemon=True).start()
-                    self._servers[ip] = server
+                    self._servers[ip] = serve_text(ip, self._body, port=8000)
 
     def stop(self) -> None:
         self._stop.set()
