@@ -213,7 +213,7 @@ def _file_safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-def _spawn(name: str, args: list[str], workdir: Path) -> _Process:
+def _spawn(name: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None) -> _Process:
     log = workdir / f"{name}.log"
     with log.open("wb") as out:
         popen = subprocess.Popen(
@@ -222,6 +222,7 @@ def _spawn(name: str, args: list[str], workdir: Path) -> _Process:
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=workdir,
+            env=env,
             preexec_fn=_die_with_parent,
         )
     return _Process(name, popen, log)

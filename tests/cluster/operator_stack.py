@@ -24,13 +24,11 @@ address and its EndpointSlices and Endpoints name that.
 from __future__ import annotations
 
 import base64
-import contextlib
 import gzip
 import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -41,7 +39,7 @@ from pathlib import Path
 import trustme
 import yaml
 
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import ControlPlane, _Process, _spawn
 from tests.cluster.kubelet import now_rfc3339
 from tests.cluster.metrics_stack import serve_text, until
 from tests.cluster.rest import Rest
@@ -117,7 +115,7 @@ class OperatorStack:
     controller: str  # host:port of the controller's pods
     config: dict  # the Prometheus configuration as the operator generated it
     rule_files: list[Path]
-    logs: dict[str, Path] = field(default_factory=dict)
+    processes: dict[str, _Process] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
 
     def api(self, path: str, **params: str) -> object:
@@ -132,9 +130,7 @@ class OperatorStack:
             return r.read().decode()
 
     def tail(self, name: str, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.logs[name].read_text(errors="replace").splitlines()[-lines:])
-        return ""
+        return self.processes[name].tail(lines)
 
 
 def _apply(plane: ControlPlane, docs: list[dict] | Path, *, what: str) -> None:
@@ -326,21 +322,6 @@ def _time_compressed(rule_file: str) -> str:
     return yaml.safe_dump(doc)
 
 
-def _spawn(args: list[str], log: Path, *, env: dict | None = None) -> subprocess.Popen:
-    with log.open("wb") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 def _ready(url: str, context: object = None) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2, context=context) as r:  # type: ignore[arg-type]
@@ -387,27 +368,26 @@ def start_operator_stack(
 
     exporter = FullExporter()
     adapter_port, controller_port = free_port(), free_port()
-    procs: dict[str, subprocess.Popen] = {}
-    logs = {name: work / f"{name}.log" for name in ("adapter", "controller", "operator", "prometheus")}
+    procs: dict[str, _Process] = {}
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
-        procs["adapter"] = _spawn([
+        procs["adapter"] = _spawn("adapter", [
             sys.executable, "-m", "gpuscale.cli.main", "adapter", "--kubeconfig", str(plane.admin),
             "--scrape-url", f"{EXPORTER_NS}/nvidia-dcgm-exporter-0={exporter.url}",
             "--bind-address", host, "--secure-port", str(adapter_port),
             "--tls-cert-file", str(cert), "--tls-private-key-file", str(key),
             "--refresh-interval", "1s", "--log-level", "warning",
-        ], logs["adapter"], env=env)  # fmt: skip
-        procs["controller"] = _spawn([
+        ], work, env=env)  # fmt: skip
+        procs["controller"] = _spawn("controller", [
             sys.executable, "-m", "gpuscale.cli.main", "controller", "--kubeconfig", str(plane.admin),
             "--scrape-url", exporter.url, "--port", str(controller_port), "--bind-address", CONTROLLER_IP,
             "--interval", "1s", "--dry-run", "--no-leader-elect",
-        ], logs["controller"], env=env)  # fmt: skip
-        procs["operator"] = _spawn([
+        ], work, env=env)  # fmt: skip
+        procs["operator"] = _spawn("operator", [
             str(operator_dir / "operator"),
             f"--web.listen-address=127.0.0.1:{free_port()}", f"--prometheus-instance-namespaces={MONITORING_NS}",
             "--log-level=info",
-        ], logs["operator"], env={**os.environ, "KUBECONFIG": str(plane.admin)})  # fmt: skip
+        ], work, env={**os.environ, "KUBECONFIG": str(plane.admin)})  # fmt: skip
 
         for ns in ("gpuscale", CHART_NS):
             _adapter_service(rest, ns, host, adapter_port)
@@ -427,7 +407,7 @@ def start_operator_stack(
             return rest.get(path, labelSelector=f"prometheus-name={PROMETHEUS}").expect(200)["items"]
 
         def generated() -> dict | None:
-            assert procs["operator"].poll() is None, logs["operator"].read_text()[-3000:]
+            assert procs["operator"].popen.poll() is None, procs["operator"].tail(40)
             if sum(len(cm.get("data") or {}) for cm in rule_maps()) < rule_objects:
                 return None
             return _generated(rest, jobs)
@@ -454,15 +434,15 @@ def start_operator_stack(
         local = work / "prometheus.yaml"
         local.write_text(_for_a_process(config, certs=certs, rules=rules, token=token, kubeconfig=kubeconfig))
         prom_port = free_port()
-        procs["prometheus"] = _spawn([
+        procs["prometheus"] = _spawn("prometheus", [
             str(prometheus_dir / "prometheus"), f"--config.file={local}", f"--storage.tsdb.path={work / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=info",
-        ], logs["prometheus"])  # fmt: skip
+        ], work)  # fmt: skip
         url = f"http://127.0.0.1:{prom_port}"
 
         def ready() -> bool:
             for name, proc in procs.items():
-                assert proc.poll() is None, f"{name} exited:\n{logs[name].read_text()[-3000:]}"
+                assert proc.popen.poll() is None, f"{name} exited:\n{proc.tail(40)}"
             return _ready(f"{url}/-/ready") and _ready(f"http://{CONTROLLER_IP}:{controller_port}/healthz")
 
         until(ready, timeout=60, what="Prometheus and the controller ready")
@@ -475,12 +455,12 @@ def start_operator_stack(
             f"{CONTROLLER_IP}:{controller_port}",
             config,
             rule_files,
-            logs,
+            procs,
             timings,
         )
     finally:
         for proc in reversed(list(procs.values())):
-            _stop(proc)
+            proc.stop()
         exporter.stop()
         if not os.environ.get("GPUSCALE_KEEP_CLUSTER"):
             shutil.rmtree(work / "tsdb", ignore_errors=True)
