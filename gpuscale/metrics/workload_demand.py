@@ -54,6 +54,9 @@ class Inputs:
     horizon_s: float
     horizon_source: str  # annotation | measured | default
     capacity: float | None
+    # the newest sample the rate was computed from (None with no pods: a 0 needs no sample); a rate whose samples
+    # are no newer than the last recorded is the same reading again, not a new one (DemandBook.observe)
+    sampled_at: float | None = None
 
 
 # What each annotation may say (inclusive, in its unit); anything else is ignored, with one log line naming the
@@ -163,14 +166,15 @@ class WorkloadDemand:
             pods = self.cluster.pods_of(workload)  # NB: O(pods in the namespace): only for pods owned otherwise
         refs = [ObjectRef(POD, p.name, p.namespace) for p in pods]
         points = reader.points(self.rate_metric, refs)
-        fresh = [p.value for p in points.values() if not p.stale and p.timestamp >= now - self.max_age_s]
-        rate = sum(fresh) if fresh else (0.0 if not pods else None)
+        fresh = [p for p in points.values() if not p.stale and p.timestamp >= now - self.max_age_s]
+        rate = sum(p.value for p in fresh) if fresh else (0.0 if not pods else None)
+        sampled_at = max(p.timestamp for p in fresh) if fresh else None
         horizon, source = self._annotation(workload, STARTUP_ANNOTATION), "annotation"
         if horizon is None:
             horizon, source = measured_startup(pods), "measured"
         if horizon is None:
             horizon, source = self.default_startup_s, "default"
-        return Inputs(rate, horizon, source, self._annotation(workload, CAPACITY_ANNOTATION))
+        return Inputs(rate, horizon, source, self._annotation(workload, CAPACITY_ANNOTATION), sampled_at)
 
     def observe(
         self,
@@ -206,5 +210,6 @@ class WorkloadDemand:
             rates,
             {k: i.horizon_s for k, i in inputs.items()},
             {k: i.capacity for k, i in inputs.items() if i.capacity is not None},
+            sampled_at={k: i.sampled_at for k, i in inputs.items() if i.sampled_at is not None},
         )
         self.last_seconds = time.perf_counter() - started
