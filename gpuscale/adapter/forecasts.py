@@ -299,6 +299,18 @@ class ForecastCollector(Collector):
             "Request rate now (the last step) and forecast at the horizon (mean, p90).",
             labels=[*labels, "at"],
         )
+        model = GaugeMetricFamily(
+            "gpuscale_forecast_model",
+            "1 for the model that makes the served forecast: the configured one, or naive (the last value) while "
+            "the configured one's recent p90 loss at the horizon is not lower.",
+            labels=[*labels, "model"],
+        )
+        loss = GaugeMetricFamily(
+            "gpuscale_forecast_p90_loss",
+            "Mean pinball loss (q 0.9) of each candidate's p90 over its recent forecasts checked against what "
+            "followed (requests/s; lower is better): what the served model is chosen by.",
+            labels=[*labels, "model"],
+        )
         seconds = GaugeMetricFamily(
             "gpuscale_forecast_update_seconds",
             "Time the last refresh spent updating the forecasts (in its worker thread, off the event loop).",
@@ -321,7 +333,12 @@ class ForecastCollector(Collector):
                 rate.add_metric([*ids, "now"], forecast.now)
                 rate.add_metric([*ids, "mean"], forecast.mean)
                 rate.add_metric([*ids, "p90"], forecast.upper)
-        yield from (available, history, horizon, rate, seconds, failures)
+                if forecast.model:
+                    model.add_metric([*ids, forecast.model], 1.0)
+                for name, value in forecast.losses:
+                    if math.isfinite(value):
+                        loss.add_metric([*ids, name], value)
+        yield from (available, history, horizon, rate, model, loss, seconds, failures)
 
 
 def _nothing() -> None:

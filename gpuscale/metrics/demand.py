@@ -33,7 +33,13 @@ class DemandSettings:
     quantile: float = 0.9
     min_history_s: float = 600.0
     min_residuals: int = 20
-    residual_window: int = 240  # residuals kept per workload (1 h at 15 s)
+    # NB: residuals kept per workload (30 min at 15 s); 1 h over-covered on bursty traces (docs/forecast.md)
+    residual_window: int = 120
+    # serve the last value instead of the model unless the model's p90 loss was lower over the last
+    # ``loss_window`` checked forecasts (15 min at 15 s; Forecaster's ``choose``)
+    choose: bool = True
+    loss_window: int = 60
+    choice_margin: float = 1.0
     season_s: float = 86_400.0  # for the seasonal models
     max_gap_s: float = 120.0
     forget_after_s: float = 3_600.0
@@ -57,6 +63,8 @@ class WorkloadForecast:
     horizon_s: float
     capacity: float | None  # requests/s one replica serves, where known
     timestamp: float
+    model: str = ""  # the model that made it: the configured one or, when it forecast worse recently, naive
+    losses: tuple[tuple[str, float], ...] = ()  # each candidate's recent mean pinball loss of its p90
 
     @property
     def desired_replicas(self) -> float | None:
@@ -145,6 +153,10 @@ class DemandBook:
             residual_window=s.residual_window,
             min_history=max(1, math.ceil(s.min_history_s / s.step_s)),
             min_residuals=s.min_residuals,
+            name=s.model,
+            choose=s.choose,
+            loss_window=s.loss_window,
+            margin=s.choice_margin,
         )
         return _Workload(forecaster, bucket, horizon_s)
 
@@ -215,7 +227,9 @@ class DemandBook:
             f: Forecast | None = w.forecaster.forecast()
             if f is None:
                 return None
-            w.served = WorkloadForecast(w.last, f.mean, f.upper, w.horizon_s, w.capacity, w.last_step_end)
+            w.served = WorkloadForecast(
+                w.last, f.mean, f.upper, w.horizon_s, w.capacity, w.last_step_end, f.model, f.losses
+            )
         return w.served
 
     def current(self, key: Hashable) -> tuple[float, float] | None:
