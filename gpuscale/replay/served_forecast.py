@@ -17,6 +17,7 @@ under-reads a rise).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -154,6 +155,36 @@ def score(
         float(np.mean(y <= naive_upper)),
         float(np.mean([ours[k][1] for k in scored])),
     )
+
+
+# The adapter's forecast metrics (adapter/forecasts.py) a replay can be fed: name → its column in
+# ServedRun.forecasts.
+FORECAST_COLUMNS = {
+    "forecast_requests_per_second": 2,
+    "forecast_requests_per_second_p90": 3,
+    "forecast_desired_replicas": 4,
+}
+
+
+def forecast_series(
+    arrival_s: np.ndarray,
+    names: Iterable[str],
+    *,
+    horizon_s: float,
+    capacity: float | None,
+    origin: float = 0.0,
+    settings: DemandSettings | None = None,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each named forecast metric as the adapter would have served it on these arrivals: name → (times on the
+    clock ``origin`` + seconds from the first arrival, values), only where it was served."""
+    times, rates = trace_readings(arrival_s)
+    run = walk(times, rates, horizon_s=horizon_s, settings=settings, capacity=capacity)
+    out = {}
+    for name in names:
+        values = run.forecasts[:, FORECAST_COLUMNS[name]]
+        kept = ~np.isnan(values)
+        out[name] = (run.forecasts[kept, 0] + origin, values[kept])
+    return out
 
 
 def series_csv(times: np.ndarray, values: np.ndarray, *, origin: float = 0.0) -> str:
