@@ -40,6 +40,7 @@ class DemandSettings:
     choose: bool = True
     loss_window: int = 60
     choice_margin: float = 1.0
+    choice_confidence: float = 1.5
     season_s: float = 86_400.0  # for the seasonal models
     max_gap_s: float = 120.0
     forget_after_s: float = 3_600.0
@@ -157,6 +158,7 @@ class DemandBook:
             choose=s.choose,
             loss_window=s.loss_window,
             margin=s.choice_margin,
+            confidence=s.choice_confidence,
         )
         return _Workload(forecaster, bucket, horizon_s)
 

@@ -185,8 +185,9 @@ class _Track:
         self.losses: deque[float] = deque(maxlen=loss_window)
         self.loss_sum = 0.0
 
-    def check(self, step: int, y: float, quantile: float) -> None:
-        """Score the forecasts made for ``step`` against its value ``y``."""
+    def check(self, step: int, y: float, quantile: float) -> float | None:
+        """Score the forecasts made for ``step`` against its value ``y``: the pinball loss of its upper, if any."""
+        loss = None
         while self.pending and self.pending[0][0] <= step:
             target, predicted, upper = self.pending.popleft()
             if target != step:
@@ -203,6 +204,7 @@ class _Track:
                     self.loss_sum -= self.losses[0]
                 self.losses.append(loss)
                 self.loss_sum += loss
+        return loss
 
     def upper(self, predicted: float, quantile: float, min_residuals: int) -> float | None:
         """The upper quantile of a forecast made now, or None with too few residuals."""
@@ -248,6 +250,7 @@ class Forecaster:
         choose: bool = False,
         loss_window: int = 60,
         margin: float = 1.0,
+        confidence: float = 0.0,
     ) -> None:
         if horizon_steps < 1:
             raise ValueError("horizon_steps must be at least 1")
@@ -266,14 +269,29 @@ class Forecaster:
         self._tracks = [_Track(name, model, **windows)]
         if choose and not isinstance(model, Naive):
             self._tracks.append(_Track("naive", Naive(), **windows))
+        self.confidence = confidence
+        # model's loss − naive's, per step both were checked: the model serves only when these are below 0 by more
+        # than ``confidence`` standard errors (a run of luck in a noisy series is not evidence)
+        self._differences: deque[float] = deque(maxlen=loss_window)
+        self._difference_sum = 0.0
+        self._difference_squares = 0.0
 
     def observe(self, y: float) -> None:
         if not math.isfinite(y):
             raise ValueError(f"a rate must be a finite number, got {y!r}")
         step = self.steps
         h = self.horizon_steps
+        losses = [track.check(step, y, self.quantile) for track in self._tracks]
+        if len(losses) == 2 and losses[0] is not None and losses[1] is not None:
+            d = losses[0] - losses[1]
+            if len(self._differences) == self._differences.maxlen:
+                old = self._differences[0]
+                self._difference_sum -= old
+                self._difference_squares -= old * old
+            self._differences.append(d)
+            self._difference_sum += d
+            self._difference_squares += d * d
         for track in self._tracks:
-            track.check(step, y, self.quantile)
             track.model.update(y)
             predicted = track.model.predict(h)
             if predicted is not None:
@@ -291,6 +309,8 @@ class Forecaster:
             self.horizon_steps = horizon_steps
             for track in self._tracks:
                 track.clear()
+            self._differences.clear()
+            self._difference_sum = self._difference_squares = 0.0
 
     @property
     def residual_count(self) -> int:
@@ -301,9 +321,12 @@ class Forecaster:
         if len(self._tracks) == 1:
             return self._tracks[0]
         model, naive = self._tracks
-        if len(model.losses) == model.losses.maxlen and model.loss_sum < self.margin * naive.loss_sum:
-            return model
-        return naive
+        n = len(self._differences)
+        if n < (self._differences.maxlen or 0) or not model.loss_sum < self.margin * naive.loss_sum:
+            return naive
+        mean = self._difference_sum / n
+        variance = max(0.0, self._difference_squares / n - mean * mean)
+        return model if mean + self.confidence * math.sqrt(variance / n) < 0 else naive
 
     def forecast(self) -> Forecast | None:
         if self.steps < self.min_history or len(self._tracks[0].residuals) < self.min_residuals:
