@@ -36,7 +36,8 @@ class DemandSettings:
     # NB: residuals kept per workload (30 min at 15 s); 1 h over-covered on bursty traces (docs/forecast.md)
     residual_window: int = 120
     # serve the last value instead of the model unless the model's p90 loss was lower over the last
-    # ``loss_window`` checked forecasts (15 min at 15 s; Forecaster's ``choose``)
+    # ``loss_window`` checked forecasts (15 min at 15 s; Forecaster's ``choose``), by more than
+    # ``choice_confidence`` standard errors of the paired differences (1.5: docs/forecast.md, the stated margin)
     choose: bool = True
     loss_window: int = 60
     choice_margin: float = 1.0

@@ -232,7 +232,8 @@ class Forecaster:
 
     ``choose``: the last value (naive) runs beside the model, with its own residuals, and each forecast is made by
     whichever of the two had the lower pinball loss of its upper quantile over the last ``loss_window`` checked
-    forecasts (× ``margin`` for the model; naive until the model has a whole window of them, and on a tie). Each
+    forecasts: the model only with a whole window of them, a loss below ``margin`` × naive's, and the mean of the
+    paired differences (model − naive) below 0 by more than ``confidence`` standard errors; otherwise naive. Each
     upper was made before the step it forecast was seen, so the choice is judged out of sample, per series: on a
     series where the model's smoothing or trend only adds lag, the last value is served instead.
     """

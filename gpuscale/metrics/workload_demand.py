@@ -5,7 +5,9 @@ forecasts — the adapter's forecast metrics, `gpuscale top` — reads workloads
 
     demand    the sum over the workload's pods of a catalogue rate metric (``inference_requests_per_second``):
               pods with no fresh value do not count; a workload with pods but no fresh value at all is a gap
-              (nothing is recorded), one with no pods serves 0
+              (nothing is recorded), one with no pods serves 0; the newest sample time of the values summed goes
+              with it, so a rate whose samples did not advance (a stopped exporter's last value, fresh until its
+              max-age) is no new step (DemandBook.observe's ``sampled_at``)
     horizon   annotation gpuscale.io/startup-seconds, else the median over its Ready pods of
               Ready − status.startTime (measured start-up), else the configured default
     capacity  annotation gpuscale.io/capacity-requests-per-second (requests/s one replica serves at its target)
