@@ -1,4 +1,4 @@
-"""Predictive vs reactive HPAs, replayed (issues 26, 38): `gpuscale simulate` on each trace, with and without the forecast.
+"""Predictive vs reactive HPAs, replayed (issues 26, 38): `gpuscale simulate` on each trace, with and without forecast.
 
 For each trace this script writes (in a temporary directory):
   * the trace as a general service (``timestamp,service_time``): the image trace keeps its service times; the
