@@ -268,3 +268,6 @@ class DemandBook:
 
     def __len__(self) -> int:
         return len(self._workloads)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._workloads

@@ -19,7 +19,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -215,3 +215,44 @@ class WorkloadDemand:
             sampled_at={k: i.sampled_at for k, i in inputs.items() if i.sampled_at is not None},
         )
         self.last_seconds = time.perf_counter() - started
+
+    def backfill(
+        self, history: Mapping[ObjectRef, Sequence[tuple[float, float]]], *, namespaces: Collection[str]
+    ) -> int:
+        """Warm the book from a recorded rate (e.g. a Prometheus range query): ``history`` is pod → (time, requests/s)
+        samples, sorted. Each workload of ``namespaces`` that the book has no history of yet is fed its pods' summed
+        rate at every recorded time, oldest first, as refreshes then would have (each sample a new reading), so
+        its forecast can be served from the first live refresh instead of ``min_history_s`` later. Returns the
+        workloads warmed. NB: only the pods that exist now are summed (the history of a pod gone since is not
+        attributed); a workload the book already has is left alone (its live readings are newer)."""
+        if not self.cluster.synced:
+            return 0
+        readings: dict[float, dict[ObjectRef, float]] = {}
+        horizons: dict[ObjectRef, float] = {}
+        capacities: dict[ObjectRef, float] = {}
+        for namespace in sorted(frozenset(namespaces) & self.cluster.namespaces()):
+            owned = owners(namespace, self.cluster.pods(namespace))
+            for kind in (DEPLOYMENT, STATEFULSET):
+                for w in self.cluster.workloads(kind, namespace):
+                    key = ObjectRef(kind, w.name, w.namespace)
+                    if key in self.book:
+                        continue
+                    pods = owned.get(key)
+                    if pods is None:
+                        pods = self.cluster.pods_of(w)
+                    series = [history[ref] for p in pods if (ref := ObjectRef(POD, p.name, p.namespace)) in history]
+                    if not series:
+                        continue
+                    for samples in series:
+                        for t, v in samples:
+                            if math.isfinite(v) and v >= 0:
+                                at = readings.setdefault(t, {})
+                                at[key] = at.get(key, 0.0) + v
+                    inputs = self._inputs(self.store, w, self.clock(), owned)
+                    horizons[key] = inputs.horizon_s
+                    if inputs.capacity is not None:
+                        capacities[key] = inputs.capacity
+        for t in sorted(readings):
+            rates = readings[t]
+            self.book.observe(t, rates, horizons, capacities, sampled_at=dict.fromkeys(rates, t))
+        return len(horizons)
