@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import errno
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from gpuscale.adapter.asked_for import asked_for_middleware
 from gpuscale.adapter.auth import DelegatedAuth
 from gpuscale.adapter.discovery import Discovery
 from gpuscale.adapter.forecasts import METRICS as FORECAST_METRICS
-from gpuscale.adapter.forecasts import ForecastCollector, RateHistory, WorkloadForecasts
+from gpuscale.adapter.forecasts import ForecastCollector, WorkloadForecasts
 from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.adapter.tls import ServerTLS
@@ -34,14 +33,15 @@ from gpuscale.cli.adapter_rules import (
     retry_after_seconds,
     scrape_history_seconds,
 )
+from gpuscale.cli.forecast_history import rate_history
 from gpuscale.errors import ConfigError, one_line
 from gpuscale.metrics.attribution import Attributor
-from gpuscale.metrics.catalogue import Catalogue, MetricDefinition
+from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.metrics.demand import DemandBook, DemandSettings
 from gpuscale.metrics.refresh_scope import RefreshScope
 from gpuscale.metrics.store import MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import WorkloadDemand
-from gpuscale.model import POD, ObjectRef, format_duration
+from gpuscale.model import ObjectRef, format_duration
 from gpuscale.pipeline import Pipeline
 from gpuscale.selectors import LabelSelector
 from gpuscale.settings import AdapterSettings
@@ -343,57 +343,11 @@ def make_forecasts(
             clock=clock,
         ),
         rate_namespaces=(lambda: scoped.scope.fetching(metric.name)) if scoped is not None else lambda: None,
-        history=_rate_history(settings, catalogue, metric, cluster, rate) if settings.prometheus.url else None,
+        history=rate_history(settings, catalogue, metric, cluster, rate) if settings.prometheus.url else None,
     )
     selfmetrics.registry.register(ForecastCollector(forecasts))
     forecasts.count_dropped = selfmetrics.count_dropped
     return forecasts
-
-
-BACKFILL_TIMEOUT_SECONDS = 10.0
-
-
-def _rate_history(
-    settings: AdapterSettings, catalogue: Catalogue, metric: MetricDefinition, cluster: KubeCache, rate: DemandSettings
-) -> RateHistory:
-    """The forecasts' rate as Prometheus recorded it (one range query per namespaces first forecast), so a restarted
-    adapter serves forecasts from its first refresh instead of 10 minutes later (issue 38). Called from the
-    refresh's worker thread; the query runs on the serving loop, bounded by BACKFILL_TIMEOUT_SECONDS."""
-    from gpuscale.replay.metric_history import promql_for
-
-    promql = promql_for(metric, window_s=catalogue.window(metric))
-    # NB: the history a forecast needs, then its checked forecasts and a whole window of the model-or-last-value choice
-    span_s = rate.min_history_s + (rate.min_residuals + rate.loss_window + 12) * rate.step_s
-    loop = asyncio.get_running_loop()
-    loop_thread = threading.get_ident()
-
-    async def fetch(namespaces: frozenset[str], now: float) -> dict[ObjectRef, list[tuple[float, float]]]:
-        client = PrometheusClient.connect(settings.prometheus, timeout_seconds=BACKFILL_TIMEOUT_SECONDS)
-        try:
-            result = await client.query_range(promql, start=now - span_s, end=now - 1.0, step=rate.step_s)
-        finally:
-            await client.close()
-        # NB: the query sums by pod; a pod is placed by its name among the pods of these namespaces now
-        where = {p.name: p.namespace for namespace in namespaces for p in cluster.pods(namespace)}
-        out = {}
-        for series in result:
-            labels = series.get("metric") if isinstance(series, dict) else None
-            pod = labels.get("pod") if isinstance(labels, dict) else None
-            namespace = where.get(pod) if isinstance(pod, str) else None
-            if namespace is None:
-                continue
-            try:
-                out[ObjectRef(POD, pod, namespace)] = [(float(t), float(v)) for t, v in series.get("values") or []]
-            except (TypeError, ValueError):
-                continue  # NB: a malformed series is left out, like a missing one
-        return out
-
-    def history(namespaces: frozenset[str], now: float) -> dict[ObjectRef, list[tuple[float, float]]]:
-        if threading.get_ident() == loop_thread:
-            raise RuntimeError("the rate history is read from the refresh's worker thread only")
-        return asyncio.run_coroutine_threadsafe(fetch(namespaces, now), loop).result(BACKFILL_TIMEOUT_SECONDS + 5)
-
-    return history
 
 
 async def make_servers(
