@@ -1,20 +1,20 @@
-"""Predictive vs reactive HPAs, replayed (issue 26): `gpuscale simulate --external` on each trace.
+"""Predictive vs reactive HPAs, replayed (issues 26, 38): `gpuscale simulate` on each trace, with and without forecast.
 
 For each trace this script writes (in a temporary directory):
   * the trace as a general service (``timestamp,service_time``): the image trace keeps its service times; the
     LLM traces (Azure code and conv, Mooncake) get one per request from its tokens — 0.1 s + 50 µs per prompt
     token + 25 ms per generated token (a decode step shared in a batch) — and a replica serves 8 at once;
     the synthetic diurnal days are Poisson arrivals from benchmarks/diurnal.py with lognormal service times;
-  * the forecast the adapter would have served, walking forward through the trace (gpuscale/replay/served_forecast.py:
-    every 5 s refresh the rate over the last 60 s into the adapter's demand book, model and settings; the
-    horizon the median start-up, as the adapter measures it):
-    ``forecast_desired_replicas`` = p90 ÷ capacity per replica, capacity = 75 % of concurrency ÷ mean
-    service time; only the steps where the forecast exists (absent during the first 10 minutes);
+  * nothing for the forecast: simulate computes the one the predictive HPAs name, as the adapter would have
+    served it (gpuscale/replay/served_forecast.py: every 5 s refresh the rate over the last 60 s into the
+    adapter's demand book, model and settings; ``--forecast-horizon`` the median start-up, as the adapter
+    measures it): ``forecast_desired_replicas`` = p90 ÷ ``--forecast-capacity``, 75 % of concurrency ÷ mean
+    service time; absent during the first 10 minutes;
   * reactive HPAs on the Pods queue depth (targets 1, 2, 4 per pod; 1 and 2 also with a slow scale-down, one pod
     per 2 minutes; 2 also with scale-ups limited to doubling per minute) and on the Pods request rate (AverageValue =
     the capacity per replica: the forecast's arithmetic on the rate now), and each of them again with the External
     forecast metric added (AverageValue 1) — the recommended two-metric form;
-then runs `gpuscale simulate --trace … --hpa … --external forecast_desired_replicas=@… --startup DIST --output
+then runs `gpuscale simulate --trace … --hpa … --forecast-capacity C --forecast-horizon H --startup DIST --output
 json` twice per trace (without and with the forecast) with start-ups drawn from a lognormal distribution, and
 prints one Markdown table per trace — queue-wait p95, SLO-violation minutes (p95 queue wait > 2 s in a minute),
 GPU-hours and max pods of each HPA without and with the forecast — and a summary: the best reactive and the best
@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import diurnal
 
 from gpuscale.replay.distributions import parse_distribution
-from gpuscale.replay.served_forecast import series_csv, served_forecast
 from gpuscale.replay.traces import Trace, read_trace
 
 ROOT = Path(__file__).parents[1]
@@ -137,14 +136,15 @@ spec:
 
 
 def simulate(
-    directory: Path, trace: Path, hpas: list[Path], startup: str, external: Path | None, *, initial: int
+    directory: Path, trace: Path, hpas: list[Path], startup: str, forecast: tuple[float, float] | None, *, initial: int
 ) -> list[dict]:
     command = [sys.executable, "-m", "gpuscale", "simulate", "--trace", str(trace), "--output", "json"]
     command += ["--concurrency", str(CONCURRENCY), "--startup", startup, "--initial-replicas", str(initial)]
     for h in hpas:
         command += ["--hpa", str(h)]
-    if external is not None:
-        command += ["--external", f"forecast_desired_replicas=@{external}"]
+    if forecast is not None:  # NB: simulate computes the forecast the HPA names, as the adapter would serve it
+        capacity, horizon = forecast
+        command += ["--forecast-capacity", f"{capacity:.6g}", "--forecast-horizon", f"{horizon:.6g}"]
     done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=directory)
     if done.returncode:
         raise SystemExit(f"gpuscale simulate failed ({done.returncode}): {done.stderr.strip()}")
@@ -190,13 +190,10 @@ def main() -> None:
             # the adapter's measured horizon: the median start-up of the pods it has seen
             draws = parse_distribution(startup, flag="--startup").draw(np.random.default_rng(0), 1000)
             horizon = float(np.median(draws))
-            times, values = served_forecast(arrivals, horizon_s=horizon, capacity=capacity)
-            external = d / "forecast.csv"
-            external.write_text(series_csv(times, values, origin=ORIGIN))
             candidates = reactive_metrics(capacity)
             reactive, predictive = [], []
             for hpa_name, metrics in candidates.items():
-                for suffix, extra, paths in (("", "", reactive), ("+forecast", FORECAST_METRIC, predictive)):
+                for suffix, extra, paths in (("", "", reactive), ("-forecast", FORECAST_METRIC, predictive)):
                     path = d / f"{hpa_name}{suffix}.yaml"
                     path.write_text(hpa(hpa_name + suffix, metrics + extra))
                     paths.append(path)
@@ -205,7 +202,7 @@ def main() -> None:
             # forecast, which has no history yet) could avoid, and that dominated the comparison
             initial = max(1, math.ceil(np.searchsorted(arrivals, 60.0) / 60.0 / capacity))
             plain = simulate(d, trace, reactive, startup, None, initial=initial)
-            forecast = simulate(d, trace, predictive, startup, external, initial=initial)
+            forecast = simulate(d, trace, predictive, startup, (capacity, horizon), initial=initial)
             minutes = plain[0]["slo"]["minutes"]
             print(
                 f"**{name}** — {len(arrivals):,} requests over {minutes} minutes, start-up {startup}, "

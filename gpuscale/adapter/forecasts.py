@@ -31,7 +31,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -63,6 +63,11 @@ METRICS: tuple[str, ...] = (NOW, *FORECASTS)
 _SURELY_SERVABLE = 9.2e15
 
 
+# (namespaces, now) → pod → its (time, requests/s) samples before ``now``: the rate's recorded history, for
+# backfilling a workload the book has no history of (cli/adapter.py reads it from Prometheus)
+RateHistory = Callable[[frozenset[str], float], Mapping[ObjectRef, Sequence[tuple[float, float]]]]
+
+
 @dataclass(frozen=True)
 class ForecastView:
     """One update's result, published whole: what requests and /metrics read until the next one."""
@@ -87,6 +92,7 @@ class WorkloadForecasts:
         *,
         rate_namespaces: Callable[[], Collection[str] | None] = lambda: None,
         count_dropped: Callable[[Mapping[tuple[str, str], int]], None] = lambda dropped: None,
+        history: RateHistory | None = None,
     ) -> None:
         self.demand = demand
         self.book = demand.book
@@ -100,6 +106,8 @@ class WorkloadForecasts:
         self._updating = threading.Lock()  # NB: the book is one workload history per key: never two updates at once
         self._updated_at = float("-inf")  # the newest snapshot updated from
         self._retired: ForecastView | None = None  # the view last replaced, freed off the loop
+        self.history = history
+        self._backfilled: set[str] = set()  # namespaces whose history was asked for once
 
     @property
     def inputs(self) -> Mapping[ObjectRef, Inputs]:
@@ -118,6 +126,8 @@ class WorkloadForecasts:
             started = time.perf_counter()
             try:
                 namespaces = self.rate_namespaces()
+                if self.history is not None:
+                    self._backfill(namespaces, snapshot.taken_at)
                 reader = MetricsStore()
                 reader.update(snapshot)
                 self.demand.observe(reader, now=snapshot.taken_at, namespaces=namespaces)
@@ -145,6 +155,23 @@ class WorkloadForecasts:
                     self.count_dropped(view.dropped)
 
         return publish
+
+    def _backfill(self, namespaces: Collection[str] | None, now: float) -> None:
+        """Warm the workloads of namespaces forecast for the first time from the rate's recorded history (once per
+        namespace; a failure is logged and the forecasts warm up live, as without a history)."""
+        if not self.cluster.synced:
+            return
+        present = self.cluster.namespaces()
+        new = (present if namespaces is None else present & frozenset(namespaces)) - self._backfilled
+        if not new or self.history is None:
+            return
+        self._backfilled |= new
+        try:
+            warmed = self.demand.backfill(self.history(frozenset(new), now), namespaces=new)
+        except Exception as e:  # NB: the history is a help, never a condition: live readings carry on
+            log.warning("forecast history not read (%s); forecasts warm up live", one_line(str(e) or repr(e), 200))
+            return
+        log.info("forecast history read for %d namespaces: %d workloads warmed", len(new), warmed)
 
     def observe(self, snapshot: Snapshot) -> None:
         """Update and publish at once (for callers without a worker thread, e.g. tests and benchmarks)."""
@@ -299,6 +326,18 @@ class ForecastCollector(Collector):
             "Request rate now (the last step) and forecast at the horizon (mean, p90).",
             labels=[*labels, "at"],
         )
+        model = GaugeMetricFamily(
+            "gpuscale_forecast_model",
+            "1 for the model that makes the served forecast: the configured one, or naive (the last value) while "
+            "the configured one's recent p90 loss at the horizon is not lower.",
+            labels=[*labels, "model"],
+        )
+        loss = GaugeMetricFamily(
+            "gpuscale_forecast_p90_loss",
+            "Mean pinball loss (q 0.9) of each candidate's p90 over its recent forecasts checked against what "
+            "followed (requests/s; lower is better): what the served model is chosen by.",
+            labels=[*labels, "model"],
+        )
         seconds = GaugeMetricFamily(
             "gpuscale_forecast_update_seconds",
             "Time the last refresh spent updating the forecasts (in its worker thread, off the event loop).",
@@ -321,7 +360,12 @@ class ForecastCollector(Collector):
                 rate.add_metric([*ids, "now"], forecast.now)
                 rate.add_metric([*ids, "mean"], forecast.mean)
                 rate.add_metric([*ids, "p90"], forecast.upper)
-        yield from (available, history, horizon, rate, seconds, failures)
+                if forecast.model:
+                    model.add_metric([*ids, forecast.model], 1.0)
+                for name, value in forecast.losses:
+                    if math.isfinite(value):
+                        loss.add_metric([*ids, name], value)
+        yield from (available, history, horizon, rate, model, loss, seconds, failures)
 
 
 def _nothing() -> None:

@@ -33,6 +33,7 @@ from gpuscale.cli.adapter_rules import (
     retry_after_seconds,
     scrape_history_seconds,
 )
+from gpuscale.cli.forecast_history import rate_history
 from gpuscale.errors import ConfigError, one_line
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue
@@ -314,9 +315,12 @@ def make_forecasts(
     cluster: KubeCache | None,
     scoped: ScopedRefresh | None,
     selfmetrics: AdapterMetrics,
+    *,
+    clock: Callable[[], float] = time.time,
 ) -> WorkloadForecasts | None:
     """The forecast_* metrics (docs/forecast.md): they need the workloads (the Kubernetes API) and the request-rate
-    metric in the catalogue; with a scoped refresh the rate is read only where a forecast is wanted."""
+    metric in the catalogue; with a scoped refresh the rate is read only where a forecast is wanted. ``clock``:
+    what a served value's age is measured against (a test's own)."""
     if not _forecasting(settings, cluster):
         return None
     assert cluster is not None
@@ -336,8 +340,10 @@ def make_forecasts(
             default_startup_s=settings.forecast_default_startup,
             # NB: a forecast is as old as its last step; the rate metric's own max-age plus one step
             max_age_s=catalogue.max_age(metric) + rate.step_s,
+            clock=clock,
         ),
         rate_namespaces=(lambda: scoped.scope.fetching(metric.name)) if scoped is not None else lambda: None,
+        history=rate_history(settings, catalogue, metric, cluster, rate) if settings.prometheus.url else None,
     )
     selfmetrics.registry.register(ForecastCollector(forecasts))
     forecasts.count_dropped = selfmetrics.count_dropped

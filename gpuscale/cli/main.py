@@ -116,6 +116,20 @@ def _simulate(args: argparse.Namespace) -> None:
     main_simulate(from_arguments(SimulateSettings, args))
 
 
+def _backtest_flags(parser: argparse.ArgumentParser) -> None:
+    from gpuscale.cli.backtest import BacktestSettings
+    from gpuscale.settings import add_arguments
+
+    add_arguments(parser, BacktestSettings)
+
+
+def _backtest(args: argparse.Namespace) -> None:
+    from gpuscale.cli.backtest import BacktestSettings, main_backtest
+    from gpuscale.settings import from_arguments
+
+    main_backtest(from_arguments(BacktestSettings, args))
+
+
 COMMANDS: dict[str, Command] = {
     "adapter": Command("serve custom.metrics.k8s.io / external.metrics.k8s.io", _adapter_flags, _adapter),
     "demo": Command("start a simulated GPU cluster and the adapter, show what the HPA sees", _demo_flags, _demo),
@@ -128,6 +142,11 @@ COMMANDS: dict[str, Command] = {
     "report": Command("right-sizing and idle GPU cost from utilization history", _report_flags, _report),
     "simulate": Command(
         "replay a request trace through HPA manifests: cost, queue time, SLO", _simulate_flags, _simulate
+    ),
+    "backtest": Command(
+        "the adapter's forecast on your traffic (trace, rate CSV or Prometheus): p90 loss vs the last value",
+        _backtest_flags,
+        _backtest,
     ),
 }
 

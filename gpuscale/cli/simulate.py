@@ -27,6 +27,8 @@ from gpuscale.hpa import SYNC_PERIOD_SECONDS, Readiness, parse_manifests
 from gpuscale.hpa.replicas import CPU_INITIALIZATION_PERIOD_SECONDS, INITIAL_READINESS_DELAY_SECONDS
 from gpuscale.hpa.spec import HorizontalPodAutoscaler
 from gpuscale.metrics.catalogue import load_catalogue
+from gpuscale.metrics.demand import DemandSettings
+from gpuscale.metrics.forecast import MODELS
 from gpuscale.policy_files import check_policies_dir
 from gpuscale.replay.budget import check_grid
 from gpuscale.replay.distributions import Distribution, parse_distribution
@@ -42,6 +44,7 @@ from gpuscale.replay.metric_history import (
     replay_history,
 )
 from gpuscale.replay.results import SCHEMA, Outcome, latency_column
+from gpuscale.replay.served_forecast import FORECAST_COLUMNS, forecast_series
 from gpuscale.replay.serving import ServingProfile
 from gpuscale.replay.signals import CpuProfile, check_metrics
 from gpuscale.replay.trace_replay import ReplaySettings, check_budget, replay
@@ -101,6 +104,16 @@ class SimulateSettings(CommandSettings):
     external: list[str] = Field(
         default_factory=list, description="NAME=@file.csv (timestamp,value): an External metric fed to the HPAs"
     )
+    forecast_capacity: float | None = Field(
+        None,
+        gt=0,
+        description="requests/s one replica serves (the capacity annotation): for an HPA naming "
+        "forecast_desired_replicas, computed from the trace as the adapter would serve it",
+    )
+    forecast_horizon: Seconds | None = Field(
+        None, gt=0, description="the forecast's horizon (default: the median --startup, as the adapter measures it)"
+    )
+    forecast_model: str = Field("holt", description="forecast model: naive, seasonal_naive, ses, holt, seasonal_holt")
     initial_replicas: int | None = Field(None, ge=1, description="replicas at the start (default: minReplicas)")
     slo_queue: Seconds = Field(2.0, gt=0, description="SLO: queue time a minute's requests may wait...")
     slo_quantile: float = Field(0.95, gt=0, lt=1, description="...at this quantile")
@@ -147,6 +160,8 @@ class SimulateSettings(CommandSettings):
         for q in self.query:
             if "=" not in q:
                 raise ValueError(f"query: expected METRIC=PROMQL (got {q!r})")
+        if self.forecast_model not in MODELS:
+            raise ValueError(f"forecast-model: unknown model {self.forecast_model!r}; valid: {', '.join(MODELS)}")
         for e in self.external:
             if "=@" not in e:
                 raise ValueError(f"external: expected NAME=@file.csv (got {e!r})")
@@ -217,7 +232,6 @@ def run_simulate(settings: SimulateSettings) -> dict:
     if settings.trace is None:
         return run_history(settings, hpas, catalogue)
     externals = read_externals(settings.external)
-    check_metrics(hpas, catalogue, external=frozenset(externals))
     trace = read_trace(settings.trace).window(start_s=settings.start, duration_s=settings.duration)
     if not len(trace):
         raise ConfigError("no requests in the chosen window (--start/--duration)", path=settings.trace)
@@ -228,6 +242,8 @@ def run_simulate(settings: SimulateSettings) -> dict:
         )
     trace = trace.scaled(settings.rate_scale, seed=settings.seed)
     profile, replay_settings = settings.profile(trace), settings.replay_settings()
+    externals.update(served_forecasts(settings, hpas, trace, replay_settings, given=frozenset(externals)))
+    check_metrics(hpas, catalogue, external=frozenset(externals))
     if settings.swap_time and trace.model is None:
         raise ConfigError("--swap-time needs a trace with a 'model' column", path=settings.trace)
     for source, hpa in hpas:
@@ -274,6 +290,44 @@ def document(*, trace_name, requests, duration_s, profile, settings, outcomes: l
         "settings": described,
         "results": [o.to_json() for o in outcomes],
     }
+
+
+def served_forecasts(
+    settings: SimulateSettings,
+    hpas: list[tuple[str, HorizontalPodAutoscaler]],
+    trace: Trace,
+    replay_settings: ReplaySettings,
+    *,
+    given: frozenset[str],
+) -> dict[str, Series]:
+    """The adapter's forecast metrics the HPAs name (Object or External; not given by --external), computed from
+    the trace as the adapter's DemandBook would serve them (replay/served_forecast.py): horizon the median
+    start-up, the capacity --forecast-capacity."""
+    named = [
+        (source, i, spec.metric_name)
+        for source, hpa in hpas
+        for i, spec in enumerate(hpa.spec.metrics)
+        if spec.type in ("Object", "External") and spec.metric_name in FORECAST_COLUMNS
+    ]
+    wanted = sorted({name for *_, name in named} - given)
+    if not wanted:
+        return {}
+    if "forecast_desired_replicas" in wanted and settings.forecast_capacity is None:
+        source, i, _ = next(n for n in named if n[2] == "forecast_desired_replicas")
+        raise ConfigError(
+            f"spec.metrics[{i}] names forecast_desired_replicas (the p90 forecast ÷ capacity per replica): give "
+            "--forecast-capacity REQUESTS_PER_SECOND (what one replica serves at your latency target)",
+            path=source,
+        )
+    horizon = settings.forecast_horizon or replay_settings.startup.median
+    return forecast_series(
+        trace.arrival_s,
+        wanted,
+        horizon_s=horizon,
+        capacity=settings.forecast_capacity,
+        origin=trace.origin,
+        settings=DemandSettings(model=settings.forecast_model),
+    )
 
 
 def read_externals(specs: list[str]) -> dict[str, Series]:

@@ -7,6 +7,11 @@ workload's ``Forecaster`` (metrics/forecast.py). A step with no refresh is fille
 gap is short (``max_gap_s``); a longer gap starts the workload's history over, since what came before no
 longer says what comes next. Workloads not seen for ``forget_after_s`` are dropped.
 
+A reading is recorded only if it is new: given each rate's newest sample time (``sampled_at``), a rate whose
+samples are no newer than the last recorded is the same reading again (a source that stopped answering keeps its
+last value "fresh" for its max-age) and is a gap, not a step. A served value's timestamp is never later than the
+newest sample it saw, so a consumer's max-age check turns it stale on time.
+
 ``states()`` publishes every workload's served state (its rate now, forecast and status) as one immutable
 mapping: the adapter updates the book in the refresh's worker thread and serves only what was published, so a
 request never reads a forecaster halfway through an update.
@@ -28,7 +33,15 @@ class DemandSettings:
     quantile: float = 0.9
     min_history_s: float = 600.0
     min_residuals: int = 20
-    residual_window: int = 240  # residuals kept per workload (1 h at 15 s)
+    # NB: residuals kept per workload (30 min at 15 s); 1 h over-covered on bursty traces (docs/forecast.md)
+    residual_window: int = 120
+    # serve the last value instead of the model unless the model's p90 loss was lower over the last
+    # ``loss_window`` checked forecasts (15 min at 15 s; Forecaster's ``choose``), by more than
+    # ``choice_confidence`` standard errors of the paired differences (1.5: docs/forecast.md, the stated margin)
+    choose: bool = True
+    loss_window: int = 60
+    choice_margin: float = 1.0
+    choice_confidence: float = 1.5
     season_s: float = 86_400.0  # for the seasonal models
     max_gap_s: float = 120.0
     forget_after_s: float = 3_600.0
@@ -52,6 +65,8 @@ class WorkloadForecast:
     horizon_s: float
     capacity: float | None  # requests/s one replica serves, where known
     timestamp: float
+    model: str = ""  # the model that made it: the configured one or, when it forecast worse recently, naive
+    losses: tuple[tuple[str, float], ...] = ()  # each candidate's recent mean pinball loss of its p90
 
     @property
     def desired_replicas(self) -> float | None:
@@ -97,6 +112,7 @@ class _Workload:
         "horizon_s",
         "last",
         "last_step_end",
+        "sampled",
         "seen",
         "served",
         "state",
@@ -113,6 +129,7 @@ class _Workload:
         self.horizon_s = horizon_s
         self.capacity: float | None = None
         self.seen = 0.0
+        self.sampled = -math.inf  # the newest sample time recorded
         # NB: the forecast changes only when a step finishes (or the horizon or capacity does): computed once
         # then, not at every refresh and HPA request (the residual quantile is most of the cost).
         self.served: WorkloadForecast | None = None
@@ -138,6 +155,11 @@ class DemandBook:
             residual_window=s.residual_window,
             min_history=max(1, math.ceil(s.min_history_s / s.step_s)),
             min_residuals=s.min_residuals,
+            name=s.model,
+            choose=s.choose,
+            loss_window=s.loss_window,
+            margin=s.choice_margin,
+            confidence=s.choice_confidence,
         )
         return _Workload(forecaster, bucket, horizon_s)
 
@@ -147,21 +169,29 @@ class DemandBook:
         rates: Mapping[Hashable, float],
         horizons_s: Mapping[Hashable, float],
         capacities: Mapping[Hashable, float] | None = None,
+        *,
+        sampled_at: Mapping[Hashable, float] | None = None,
     ) -> None:
         """One refresh: each workload's request rate (requests/s), forecast horizon (its start-up, seconds) and,
-        where known, capacity per replica (requests/s). A workload missing from ``rates`` had no value."""
+        where known, capacity per replica (requests/s). A workload missing from ``rates`` had no value.
+        ``sampled_at``: the time of the newest sample each rate was computed from (default ``now``); a rate no
+        newer than the last recorded is not recorded (see the module's docstring)."""
         s = self.settings
         bucket = math.floor(now / s.step_s)
         gap_steps = s.max_gap_s / s.step_s
         for key, rate in rates.items():
             if not math.isfinite(rate):
                 continue
+            at = min(now, sampled_at.get(key, now)) if sampled_at is not None else now
             horizon_s = horizons_s[key]
             w = self._workloads.get(key)
+            if w is not None and at <= w.sampled:
+                continue  # the same reading again: no new step, and the workload ages towards being forgotten
             if w is None or bucket - w.bucket > gap_steps + 1:
                 w = self._workloads[key] = self._new(bucket, horizon_s)
             elif bucket > w.bucket:
-                self._finish(w, bucket)
+                self._finish(w, bucket, at)
+            w.sampled = at
             if horizon_s != w.horizon_s:
                 w.horizon_s = horizon_s
                 w.forecaster.reset_horizon(s.horizon_steps(horizon_s))
@@ -176,15 +206,18 @@ class DemandBook:
         for key in [k for k, w in self._workloads.items() if now - w.seen > s.forget_after_s]:
             del self._workloads[key]
 
-    def _finish(self, w: _Workload, bucket: int) -> None:
-        """Feed the filled step, and the last value for each empty step up to ``bucket``."""
+    def _finish(self, w: _Workload, bucket: int, sampled_at: float) -> None:
+        """Feed the filled step, and the last value for each empty step up to ``bucket`` (whose first reading,
+        sampled at ``sampled_at``, finishes them)."""
         value = w.total / w.count if w.count else w.last
         steps = bucket - w.bucket
         if value is not None:
             for _ in range(steps):
                 w.forecaster.observe(value)
             w.last = value
-        w.last_step_end = bucket * self.settings.step_s
+        # NB: a reading can reach a refresh a little after its sample (a slow scrape): the step's end is then later
+        # than any sample seen, and a forecast stamped with it would outlive its source by that much
+        w.last_step_end = min(bucket * self.settings.step_s, sampled_at)
         w.bucket, w.total, w.count = bucket, 0.0, 0
         w.changed()
 
@@ -197,7 +230,9 @@ class DemandBook:
             f: Forecast | None = w.forecaster.forecast()
             if f is None:
                 return None
-            w.served = WorkloadForecast(w.last, f.mean, f.upper, w.horizon_s, w.capacity, w.last_step_end)
+            w.served = WorkloadForecast(
+                w.last, f.mean, f.upper, w.horizon_s, w.capacity, w.last_step_end, f.model, f.losses
+            )
         return w.served
 
     def current(self, key: Hashable) -> tuple[float, float] | None:
@@ -233,3 +268,6 @@ class DemandBook:
 
     def __len__(self) -> int:
         return len(self._workloads)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._workloads

@@ -152,13 +152,75 @@ def model_spec(name: str) -> ModelSpec:
 
 @dataclass(frozen=True, slots=True)
 class Forecast:
-    """The rate expected ``horizon_steps`` after the last observed step: ``mean`` and the ``upper`` quantile."""
+    """The rate expected ``horizon_steps`` after the last observed step: ``mean`` and the ``upper`` quantile.
+
+    ``model``: the model that made it (with ``choose``, the model or ``naive``, whichever had the lower recent
+    loss); ``losses``: each candidate's mean pinball loss of its upper quantile over its recent checked forecasts
+    (out of sample: each upper was made before its target step was seen)."""
 
     mean: float
     upper: float
     horizon_steps: int
     history_steps: int  # steps observed so far
     residuals: int  # residuals the upper quantile is drawn from
+    model: str = ""
+    losses: tuple[tuple[str, float], ...] = ()
+
+
+class _Track:
+    """One candidate model's h-step forecasts: those not checked yet, the residuals of those checked (also kept
+    sorted) and the pinball losses of its recent upper quantiles."""
+
+    __slots__ = ("loss_sum", "losses", "model", "name", "pending", "residuals", "sorted")
+
+    def __init__(self, name: str, model: Model, *, residual_window: int, loss_window: int) -> None:
+        self.name = name
+        self.model = model
+        self.pending: deque[tuple[int, float, float | None]] = deque()  # (target step, forecast, its upper)
+        self.residuals: deque[float] = deque(maxlen=residual_window)
+        # NB: the same residuals kept sorted (one insort and one removal per step): the quantile is then two
+        # lookups instead of np.quantile over the window, which was ~60 µs per workload at every finished step
+        # (0.3 s of a 5,000-workload refresh).
+        self.sorted: list[float] = []
+        self.losses: deque[float] = deque(maxlen=loss_window)
+        self.loss_sum = 0.0
+
+    def check(self, step: int, y: float, quantile: float) -> float | None:
+        """Score the forecasts made for ``step`` against its value ``y``: the pinball loss of its upper, if any."""
+        loss = None
+        while self.pending and self.pending[0][0] <= step:
+            target, predicted, upper = self.pending.popleft()
+            if target != step:
+                continue
+            r = y - predicted
+            if len(self.residuals) == self.residuals.maxlen:
+                del self.sorted[bisect.bisect_left(self.sorted, self.residuals[0])]
+            self.residuals.append(r)
+            bisect.insort(self.sorted, r)
+            if upper is not None:
+                diff = y - upper
+                loss = quantile * diff if diff >= 0 else (quantile - 1) * diff
+                if len(self.losses) == self.losses.maxlen:
+                    self.loss_sum -= self.losses[0]
+                self.losses.append(loss)
+                self.loss_sum += loss
+        return loss
+
+    def upper(self, predicted: float, quantile: float, min_residuals: int) -> float | None:
+        """The upper quantile of a forecast made now, or None with too few residuals."""
+        if len(self.residuals) < min_residuals:
+            return None
+        return max(predicted, predicted + sorted_quantile(self.sorted, quantile))
+
+    def recent_loss(self) -> float:
+        return self.loss_sum / len(self.losses) if self.losses else math.nan
+
+    def clear(self) -> None:
+        self.pending.clear()
+        self.residuals.clear()
+        self.sorted.clear()
+        self.losses.clear()
+        self.loss_sum = 0.0
 
 
 class Forecaster:
@@ -167,6 +229,13 @@ class Forecaster:
     ``observe(y)`` once per step (NaN for a step without data is not accepted: the caller decides what a gap
     means). ``forecast()`` is None until ``min_history`` steps were seen and ``min_residuals`` forecasts at this
     horizon could be checked against what happened.
+
+    ``choose``: the last value (naive) runs beside the model, with its own residuals, and each forecast is made by
+    whichever of the two had the lower pinball loss of its upper quantile over the last ``loss_window`` checked
+    forecasts: the model only with a whole window of them, a loss below ``margin`` × naive's, and the mean of the
+    paired differences (model − naive) below 0 by more than ``confidence`` standard errors; otherwise naive. Each
+    upper was made before the step it forecast was seen, so the choice is judged out of sample, per series: on a
+    series where the model's smoothing or trend only adds lag, the last value is served instead.
     """
 
     def __init__(
@@ -178,68 +247,101 @@ class Forecaster:
         residual_window: int = 240,
         min_history: int = 40,
         min_residuals: int = 20,
+        name: str = "model",
+        choose: bool = False,
+        loss_window: int = 60,
+        margin: float = 1.0,
+        confidence: float = 0.0,
     ) -> None:
         if horizon_steps < 1:
             raise ValueError("horizon_steps must be at least 1")
         if not 0 < quantile < 1:
             raise ValueError("quantile must be between 0 and 1")
+        if loss_window < 1:
+            raise ValueError("loss_window must be at least 1")
         self.model = model
         self.horizon_steps = horizon_steps
         self.quantile = quantile
         self.min_history = min_history
         self.min_residuals = min_residuals
+        self.margin = margin
         self.steps = 0
-        self._pending: deque[tuple[int, float]] = deque()  # (target step, forecast) not yet checked
-        self._residuals: deque[float] = deque(maxlen=residual_window)
-        # NB: the same residuals kept sorted (one insort and one removal per step): the quantile is then two
-        # lookups instead of np.quantile over the window, which was ~60 µs per workload at every finished step
-        # (0.3 s of a 5,000-workload refresh).
-        self._sorted: list[float] = []
+        windows = {"residual_window": residual_window, "loss_window": loss_window}
+        self._tracks = [_Track(name, model, **windows)]
+        if choose and not isinstance(model, Naive):
+            self._tracks.append(_Track("naive", Naive(), **windows))
+        self.confidence = confidence
+        # model's loss − naive's, per step both were checked: the model serves only when these are below 0 by more
+        # than ``confidence`` standard errors (a run of luck in a noisy series is not evidence)
+        self._differences: deque[float] = deque(maxlen=loss_window)
+        self._difference_sum = 0.0
+        self._difference_squares = 0.0
 
     def observe(self, y: float) -> None:
         if not math.isfinite(y):
             raise ValueError(f"a rate must be a finite number, got {y!r}")
         step = self.steps
-        while self._pending and self._pending[0][0] <= step:
-            target, predicted = self._pending.popleft()
-            if target == step:
-                self._add_residual(y - predicted)
-        self.model.update(y)
+        h = self.horizon_steps
+        losses = [track.check(step, y, self.quantile) for track in self._tracks]
+        if len(losses) == 2 and losses[0] is not None and losses[1] is not None:
+            d = losses[0] - losses[1]
+            if len(self._differences) == self._differences.maxlen:
+                old = self._differences[0]
+                self._difference_sum -= old
+                self._difference_squares -= old * old
+            self._differences.append(d)
+            self._difference_sum += d
+            self._difference_squares += d * d
+        for track in self._tracks:
+            track.model.update(y)
+            predicted = track.model.predict(h)
+            if predicted is not None:
+                # made after step `step`: it is about step + h
+                predicted = max(0.0, predicted)
+                track.pending.append((step + h, predicted, track.upper(predicted, self.quantile, self.min_residuals)))
         self.steps += 1
-        predicted = self.model.predict(self.horizon_steps)
-        if predicted is not None:
-            # made after step `step`: it is about step + h
-            self._pending.append((step + self.horizon_steps, max(0.0, predicted)))
 
     def reset_horizon(self, horizon_steps: int) -> None:
-        """A new horizon: the model keeps its state, the residuals (which were at the old horizon) go."""
+        """A new horizon: the models keep their state, the residuals and losses (which were at the old horizon)
+        go."""
         if horizon_steps != self.horizon_steps:
             if horizon_steps < 1:
                 raise ValueError("horizon_steps must be at least 1")
             self.horizon_steps = horizon_steps
-            self._pending.clear()
-            self._residuals.clear()
-            self._sorted.clear()
-
-    def _add_residual(self, r: float) -> None:
-        if len(self._residuals) == self._residuals.maxlen:
-            del self._sorted[bisect.bisect_left(self._sorted, self._residuals[0])]
-        self._residuals.append(r)
-        bisect.insort(self._sorted, r)
+            for track in self._tracks:
+                track.clear()
+            self._differences.clear()
+            self._difference_sum = self._difference_squares = 0.0
 
     @property
     def residual_count(self) -> int:
-        return len(self._residuals)
+        return len(self._tracks[0].residuals)
+
+    def chosen(self) -> _Track:
+        """The track that forecasts now: the model, or with ``choose`` the one with the lower recent loss."""
+        if len(self._tracks) == 1:
+            return self._tracks[0]
+        model, naive = self._tracks
+        n = len(self._differences)
+        if n < (self._differences.maxlen or 0) or not model.loss_sum < self.margin * naive.loss_sum:
+            return naive
+        mean = self._difference_sum / n
+        variance = max(0.0, self._difference_squares / n - mean * mean)
+        return model if mean + self.confidence * math.sqrt(variance / n) < 0 else naive
 
     def forecast(self) -> Forecast | None:
-        if self.steps < self.min_history or len(self._residuals) < self.min_residuals:
+        if self.steps < self.min_history or len(self._tracks[0].residuals) < self.min_residuals:
             return None
-        predicted = self.model.predict(self.horizon_steps)
+        track = self.chosen()
+        predicted = track.model.predict(self.horizon_steps)
         if predicted is None:
             return None
         mean = max(0.0, predicted)
-        spread = sorted_quantile(self._sorted, self.quantile)
-        return Forecast(mean, max(mean, mean + spread), self.horizon_steps, self.steps, len(self._residuals))
+        upper = track.upper(mean, self.quantile, self.min_residuals)
+        if upper is None:
+            return None
+        losses = tuple((t.name, t.recent_loss()) for t in self._tracks)
+        return Forecast(mean, upper, self.horizon_steps, self.steps, len(track.residuals), track.name, losses)
 
 
 def sorted_quantile(values: list[float], q: float) -> float:

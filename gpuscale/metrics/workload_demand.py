@@ -5,7 +5,9 @@ forecasts — the adapter's forecast metrics, `gpuscale top` — reads workloads
 
     demand    the sum over the workload's pods of a catalogue rate metric (``inference_requests_per_second``):
               pods with no fresh value do not count; a workload with pods but no fresh value at all is a gap
-              (nothing is recorded), one with no pods serves 0
+              (nothing is recorded), one with no pods serves 0; the newest sample time of the values summed goes
+              with it, so a rate whose samples did not advance (a stopped exporter's last value, fresh until its
+              max-age) is no new step (DemandBook.observe's ``sampled_at``)
     horizon   annotation gpuscale.io/startup-seconds, else the median over its Ready pods of
               Ready − status.startTime (measured start-up), else the configured default
     capacity  annotation gpuscale.io/capacity-requests-per-second (requests/s one replica serves at its target)
@@ -17,7 +19,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -54,6 +56,9 @@ class Inputs:
     horizon_s: float
     horizon_source: str  # annotation | measured | default
     capacity: float | None
+    # the newest sample the rate was computed from (None with no pods: a 0 needs no sample); a rate whose samples
+    # are no newer than the last recorded is the same reading again, not a new one (DemandBook.observe)
+    sampled_at: float | None = None
 
 
 # What each annotation may say (inclusive, in its unit); anything else is ignored, with one log line naming the
@@ -163,14 +168,15 @@ class WorkloadDemand:
             pods = self.cluster.pods_of(workload)  # NB: O(pods in the namespace): only for pods owned otherwise
         refs = [ObjectRef(POD, p.name, p.namespace) for p in pods]
         points = reader.points(self.rate_metric, refs)
-        fresh = [p.value for p in points.values() if not p.stale and p.timestamp >= now - self.max_age_s]
-        rate = sum(fresh) if fresh else (0.0 if not pods else None)
+        fresh = [p for p in points.values() if not p.stale and p.timestamp >= now - self.max_age_s]
+        rate = sum(p.value for p in fresh) if fresh else (0.0 if not pods else None)
+        sampled_at = max(p.timestamp for p in fresh) if fresh else None
         horizon, source = self._annotation(workload, STARTUP_ANNOTATION), "annotation"
         if horizon is None:
             horizon, source = measured_startup(pods), "measured"
         if horizon is None:
             horizon, source = self.default_startup_s, "default"
-        return Inputs(rate, horizon, source, self._annotation(workload, CAPACITY_ANNOTATION))
+        return Inputs(rate, horizon, source, self._annotation(workload, CAPACITY_ANNOTATION), sampled_at)
 
     def observe(
         self,
@@ -206,5 +212,47 @@ class WorkloadDemand:
             rates,
             {k: i.horizon_s for k, i in inputs.items()},
             {k: i.capacity for k, i in inputs.items() if i.capacity is not None},
+            sampled_at={k: i.sampled_at for k, i in inputs.items() if i.sampled_at is not None},
         )
         self.last_seconds = time.perf_counter() - started
+
+    def backfill(
+        self, history: Mapping[ObjectRef, Sequence[tuple[float, float]]], *, namespaces: Collection[str]
+    ) -> int:
+        """Warm the book from a recorded rate (e.g. a Prometheus range query): ``history`` is pod → (time, requests/s)
+        samples, sorted. Each workload of ``namespaces`` that the book has no history of yet is fed its pods' summed
+        rate at every recorded time, oldest first, as refreshes then would have (each sample a new reading), so
+        its forecast can be served from the first live refresh instead of ``min_history_s`` later. Returns the
+        workloads warmed. NB: only the pods that exist now are summed (the history of a pod gone since is not
+        attributed); a workload the book already has is left alone (its live readings are newer)."""
+        if not self.cluster.synced:
+            return 0
+        readings: dict[float, dict[ObjectRef, float]] = {}
+        horizons: dict[ObjectRef, float] = {}
+        capacities: dict[ObjectRef, float] = {}
+        for namespace in sorted(frozenset(namespaces) & self.cluster.namespaces()):
+            owned = owners(namespace, self.cluster.pods(namespace))
+            for kind in (DEPLOYMENT, STATEFULSET):
+                for w in self.cluster.workloads(kind, namespace):
+                    key = ObjectRef(kind, w.name, w.namespace)
+                    if key in self.book:
+                        continue
+                    pods = owned.get(key)
+                    if pods is None:
+                        pods = self.cluster.pods_of(w)
+                    series = [history[ref] for p in pods if (ref := ObjectRef(POD, p.name, p.namespace)) in history]
+                    if not series:
+                        continue
+                    for samples in series:
+                        for t, v in samples:
+                            if math.isfinite(v) and v >= 0:
+                                at = readings.setdefault(t, {})
+                                at[key] = at.get(key, 0.0) + v
+                    inputs = self._inputs(self.store, w, self.clock(), owned)
+                    horizons[key] = inputs.horizon_s
+                    if inputs.capacity is not None:
+                        capacities[key] = inputs.capacity
+        for t in sorted(readings):
+            rates = readings[t]
+            self.book.observe(t, rates, horizons, capacities, sampled_at=dict.fromkeys(rates, t))
+        return len(horizons)

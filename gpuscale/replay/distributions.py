@@ -54,6 +54,17 @@ class Distribution:
         return float(self.samples.mean())
 
     @property
+    def median(self) -> float:
+        if self.kind == "constant":
+            return self.params[0]
+        if self.kind == "exp":
+            return self.params[0] * math.log(2)
+        if self.kind == "lognormal":
+            return math.exp(self.params[0])
+        assert self.samples is not None
+        return float(np.median(self.samples))
+
+    @property
     def constant(self) -> bool:
         return self.kind == "constant"
 

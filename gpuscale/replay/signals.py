@@ -80,12 +80,12 @@ Reading = tuple[float, float, float]
 def check_metrics(
     hpas: list[tuple[str, HorizontalPodAutoscaler]], catalogue: Catalogue, *, external: frozenset[str] = frozenset()
 ) -> None:
-    """Every metric the manifests name must be fed (``external``: External metrics given as series), or be in
+    """Every metric the manifests name must be fed (``external``: External or Object metrics given as series), or be in
     the catalogue and produced by the serving model."""
     for source, hpa in hpas:
         for i, spec in enumerate(hpa.spec.metrics):
             name = spec.metric_name
-            if spec.type == "External" and name in external:
+            if spec.type in ("External", "Object") and name in external:
                 continue
             if spec.type == "Resource":
                 if name not in RESOURCES:
@@ -222,6 +222,8 @@ class AdapterView:
         return out
 
     def object(self, described: CrossVersionObjectReference, metric: MetricIdentifier) -> int:
+        if metric.name in self.externals:  # NB: a series fed by name (e.g. the adapter's forecast of the workload)
+            return self.external(metric)
         return self._aggregate(metric.name)
 
     def resource(self, name: str) -> Mapping[str, ResourceSample]:

@@ -206,6 +206,7 @@ def _workload_columns() -> list[Column[WorkloadStatus]]:
         Column("P90", lambda w: number(w.forecast_p90_requests_per_second, 2), right=True),
         Column("AHEAD", lambda w: NONE if w.horizon_seconds is None else f"{w.horizon_seconds:.0f}s", right=True),
         Column("REPLICAS", lambda w: number(w.forecast_replicas, 1), right=True),
+        Column("MODEL", lambda w: w.forecast_model or NONE),
     ]
 
 

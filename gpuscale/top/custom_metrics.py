@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from gpuscale.errors import ConfigError, ObjectNotFound, SourceUnavailable
+from gpuscale.errors import ConfigError, ExpositionError, ObjectNotFound, SourceUnavailable
 from gpuscale.metrics.diagnosis import DiagnosisPolicy, GpuSignals, diagnose, diagnose_serving
 from gpuscale.metrics.rollups import INFERENCE_METRICS, InferenceStats, NodeStatus, PodStatus
 from gpuscale.model import parse_quantity
@@ -196,17 +196,47 @@ class AdapterCollector:
             for resource, kind in (("deployments.apps", "Deployment"), ("statefulsets.apps", "StatefulSet"))
             for metric, field in WORKLOAD_METRICS.items()
         ]
-        bodies = await asyncio.gather(*(self._get(path, label_selector=selector) for *_, path in asks))
-        found: dict[tuple[str, str, str], dict[str, float]] = {}
+        bodies, models = await asyncio.gather(
+            asyncio.gather(*(self._get(path, label_selector=selector) for *_, path in asks)), self._forecast_models()
+        )
+        found: dict[tuple[str, str, str], dict[str, Any]] = {}
         for (ns, kind, field, _), body in zip(asks, bodies, strict=True):
             for name, value, item in _named_values(body):
                 values = found.setdefault((ns, kind, name), {})
                 values[field] = value
                 if field == "forecast_requests_per_second" and isinstance(item.get("windowSeconds"), int | float):
                     values["horizon_seconds"] = float(item["windowSeconds"])  # a forecast's window is its horizon
+        for key, values in found.items():
+            if "forecast_requests_per_second" in values and key in models:
+                values["forecast_model"] = models[key]
         return [
             WorkloadStatus(namespace=ns, kind=kind, name=name, **v) for (ns, kind, name), v in sorted(found.items())
         ]
+
+    async def _forecast_models(self) -> dict[tuple[str, str, str], str]:
+        """(namespace, kind, name) → the model making each served forecast, from the adapter's /metrics
+        (``gpuscale_forecast_model``, docs/forecast.md); empty when /metrics cannot be read (an older adapter, another
+        metrics API, a /metrics the credentials may not read): the column then shows none."""
+        import aiohttp
+
+        from gpuscale.metrics.exposition import parse_samples
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers={"User-Agent": "gpuscale-top", "Accept": "application/json"})
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.timeout_seconds)
+            async with self._session.get(self.url + "/metrics", timeout=timeout) as resp:
+                if resp.status != 200:
+                    return {}
+                text = await resp.text()
+            samples = parse_samples(text, source=f"{self.url}/metrics")
+        except (TimeoutError, aiohttp.ClientError, ValueError, ExpositionError):
+            return {}
+        return {
+            (s.labels.get("namespace", ""), s.labels.get("kind", ""), s.labels.get("name", "")): s.labels["model"]
+            for s in samples
+            if s.name == "gpuscale_forecast_model" and s.value == 1 and "model" in s.labels
+        }
 
     def _pod(self, namespace: str, name: str, values: dict[str, float]) -> PodStatus:
         signals = self._signals(values)

@@ -50,6 +50,7 @@ class WorkloadStatus(_Doc):
     forecast_p90_requests_per_second: float | None = None
     horizon_seconds: float | None = None  # the start-up the forecast looks ahead by
     forecast_replicas: float | None = None  # p90 ÷ capacity per replica (needs the capacity annotation)
+    forecast_model: str | None = None  # the model making the forecast: the configured one, or naive (issue 38)
 
 
 class GpuTopList(_Doc):

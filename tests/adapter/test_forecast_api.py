@@ -165,6 +165,9 @@ async def test_a_workload_without_rate_values_is_absent_and_visible_in_metrics(a
         in text
     )
     assert "gpuscale_forecast_update_seconds" in text
+    # a steady rate: both candidates' p90 loss is 0, and on a tie the last value serves
+    assert 'gpuscale_forecast_model{kind="Deployment",model="naive",name="llm",namespace="serving"} 1.0' in text
+    assert 'gpuscale_forecast_p90_loss{kind="Deployment",model="holt",name="llm",namespace="serving"} 0.0' in text
 
 
 async def test_a_rate_that_stops_turns_the_forecast_stale(adapter):
@@ -239,10 +242,11 @@ async def test_top_workloads_shows_the_rate_now_beside_the_forecast(adapter):
     assert table.code == 0, table.err
     assert table.table() == [
         {"NAMESPACE": "serving", "WORKLOAD": "deployment/llm", "REQ/S NOW": "10.00", "FORECAST": "10.00",
-         "P90": "10.00", "AHEAD": "90s", "REPLICAS": "2.5"},
+         "P90": "10.00", "AHEAD": "90s", "REPLICAS": "2.5", "MODEL": "naive"},
         {"NAMESPACE": "serving", "WORKLOAD": "deployment/img", "REQ/S NOW": "3.00", "FORECAST": "3.00",
-         "P90": "3.00", "AHEAD": "45s", "REPLICAS": "-"},
+         "P90": "3.00", "AHEAD": "45s", "REPLICAS": "-", "MODEL": "naive"},
     ]  # fmt: skip
+    assert early.doc().items[0].forecast_model is None  # no forecast yet: no model either
     needs = await top("workloads", "--scrape-url", "http://127.0.0.1:1/metrics")
     assert needs.code == 2 and "the workloads view shows the request rate now and the adapter's forecast" in needs.err
 

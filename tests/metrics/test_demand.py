@@ -68,6 +68,24 @@ def test_a_short_gap_is_filled_a_long_one_starts_over():
     assert book.status(A).history_s == 0.0
 
 
+def test_a_reading_no_newer_than_the_last_is_not_a_step():
+    book = _book()
+    t = 0.0
+    while t < 70.0:
+        book.observe(t, {A: 4.0}, {A: 20.0}, sampled_at={A: t - 1})
+        t += 5.0
+    served = book.forecast(A)
+    assert served is not None and served.timestamp == 59.0  # the newest sample the finished steps saw, not 60
+    steps = book.status(A).history_s
+    while t < 200.0:  # the source stopped: its last reading, sampled at 64, comes again at every refresh
+        book.observe(t, {A: 4.0}, {A: 20.0}, sampled_at={A: 64.0})
+        t += 5.0
+    assert book.status(A).history_s == steps  # no step recorded
+    assert book.forecast(A) is served  # nothing changed, its timestamp stays that of the last real sample
+    book.observe(t, {A: 4.0}, {A: 20.0})  # without sample times a reading is sampled at ``now``: new
+    assert book.status(A).history_s == 0.0  # 140 s since the last reading: a long gap starts over
+
+
 def test_a_new_horizon_needs_new_residuals():
     book = _book()
     _feed(book, 0.0, 100.0, lambda t: 3.0)

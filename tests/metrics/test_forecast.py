@@ -187,3 +187,37 @@ def test_rate_series_counts_requests_per_step():
     assert rate_series(arrivals, step_s=15.0).tolist() == pytest.approx([3 / 15, 2 / 15, 1 / 15])
     assert rate_series(arrivals, step_s=15.0, duration_s=60.0).tolist() == pytest.approx([3 / 15, 2 / 15, 1 / 15, 0])
     assert len(rate_series(arrivals, step_s=15.0, duration_s=45.0)) == 3  # 44 s is in the third step
+
+
+def _chosen(y: np.ndarray, **options) -> tuple[str, dict[str, float]]:
+    f = Forecaster(DampedHolt(), horizon_steps=4, name="holt", choose=True, **options)
+    for v in y:
+        f.observe(float(v))
+    got = f.forecast()
+    assert got is not None
+    return got.model, dict(got.losses)
+
+
+def test_the_model_is_chosen_where_its_recent_p90_loss_is_lower():
+    rng = np.random.default_rng(3)
+    noise = 10 + rng.normal(0, 1, 400)  # white noise: smoothing beats the last value
+    model, losses = _chosen(noise)
+    assert model == "holt" and losses["holt"] < losses["naive"]
+    walk = 50 + np.cumsum(rng.normal(0, 1, 400))  # a random walk: the last value is the best guess
+    model, losses = _chosen(walk)
+    assert model == "naive" and losses["naive"] <= losses["holt"]
+
+
+def test_naive_serves_until_the_model_has_a_whole_window_of_checked_forecasts():
+    rng = np.random.default_rng(4)
+    noise = 10 + rng.normal(0, 1, 400)
+    f = Forecaster(DampedHolt(), horizon_steps=4, name="holt", choose=True, loss_window=60, min_history=10)
+    models = []
+    for v in noise:
+        f.observe(float(v))
+        got = f.forecast()
+        models.append(got.model if got is not None else None)
+    first = models.index("holt")
+    # upper quantiles need 20 residuals (the 24th step on), and each is checked 4 steps later: 60 checked at 84
+    assert first >= 20 + 4 + 60 - 1 and set(models[:first]) <= {None, "naive"}
+    assert len(Forecaster(Naive(), horizon_steps=1, choose=True)._tracks) == 1  # naive needs no rival

@@ -87,3 +87,30 @@ def test_a_step_with_no_precursor_is_not_seen_coming(tmp_path, capsys):
     reactive, predictive = got["reactive"], got["predictive"]
     assert _first_above(predictive, 3) >= 900 and _first_above(reactive, 3) >= 900
     assert abs(_first_above(predictive, 3) - _first_above(reactive, 3)) <= 30  # within two syncs
+
+
+def test_simulate_computes_the_forecast_an_hpa_names_as_the_adapter_would_serve_it(tmp_path, capsys):
+    """No --external: simulate walks the trace through the adapter's DemandBook itself, and replays exactly what the
+    hand-made file of the same forecast replays; an HPA naming forecast_desired_replicas needs the capacity."""
+    arrivals = _arrivals(lambda t: 1.0 if t < 900 else 4.0, 1800)
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp,service_time\n" + "".join(f"{ORIGIN + a:.3f},1.0\n" for a in arrivals))
+    hpa = tmp_path / "predictive.yaml"
+    hpa.write_text(HPA.format(name="predictive", extra=FORECAST))
+    times, values = served_forecast(arrivals - arrivals[0], horizon_s=90.0, capacity=1.5)
+    forecast = tmp_path / "forecast.csv"
+    forecast.write_text(series_csv(times, values, origin=ORIGIN + arrivals[0]))
+    args = ["simulate", "--trace", str(trace), "--hpa", str(hpa), "--concurrency", "2", "--startup", "90s"]
+    runs = []
+    for extra in (["--external", f"forecast_desired_replicas=@{forecast}"], ["--forecast-capacity", "1.5"]):
+        capsys.readouterr()
+        assert main([*args, *extra, "--output", "json"]) == 0
+        (result,) = json.loads(capsys.readouterr().out)["results"]
+        runs.append(result)
+    by_file, computed = runs
+    assert computed["timeline"] == by_file["timeline"]
+    assert max(s["desired"] for s in computed["timeline"]) >= 3  # the forecast took part (4 req/s ÷ 1.5)
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "give --forecast-capacity" in err and "\n" not in err
