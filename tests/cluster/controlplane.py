@@ -32,6 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,7 +214,7 @@ def _file_safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-def _spawn(name: str, args: list[str], workdir: Path) -> _Process:
+def _spawn(name: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None) -> _Process:
     log = workdir / f"{name}.log"
     with log.open("wb") as out:
         popen = subprocess.Popen(
@@ -222,6 +223,7 @@ def _spawn(name: str, args: list[str], workdir: Path) -> _Process:
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=workdir,
+            env=env,
             preexec_fn=_die_with_parent,
         )
     return _Process(name, popen, log)
@@ -248,8 +250,17 @@ def _wait_healthy(process: _Process, url: str, *, context: ssl.SSLContext | None
     )
 
 
-def start_control_plane(bin_dir: Path, workdir: Path | None = None) -> ControlPlane:
-    """Start etcd, kube-apiserver and kube-controller-manager; return once each is healthy."""
+def start_control_plane(
+    bin_dir: Path,
+    workdir: Path | None = None,
+    *,
+    apiserver_args: Sequence[str] = (),
+    controllers: Sequence[str] = CONTROLLERS,
+) -> ControlPlane:
+    """Start etcd, kube-apiserver and kube-controller-manager; return once each is healthy.
+
+    ``apiserver_args`` are added to kube-apiserver's (e.g. an audit log for a benchmark that counts each
+    client's requests); ``controllers`` replaces the controller-manager's set."""
     started = time.monotonic()
     workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuscale-kube-"))
     pki = Pki(workdir / "pki")
@@ -314,6 +325,7 @@ def start_control_plane(bin_dir: Path, workdir: Path | None = None) -> ControlPl
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
+                *apiserver_args,
             ],
             workdir,
         )
@@ -337,7 +349,7 @@ def start_control_plane(bin_dir: Path, workdir: Path | None = None) -> ControlPl
                 # Each controller acts as its own ServiceAccount (kube-system/horizontal-pod-autoscaler …) with
                 # its bootstrap RBAC role, as in a kubeadm cluster: the HPA reads metrics with its own rights.
                 "--use-service-account-credentials=true",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(controllers)}",
                 f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_PERIOD}",
                 f"--root-ca-file={pki.ca}",
                 "--profiling=false",
