@@ -27,7 +27,6 @@ pod, in pod-name order; activity per pod ``app`` label and an Xid per node set b
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -36,7 +35,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,15 +260,6 @@ def _write_stages(kwok_module: Path, workdir: Path) -> list[str]:
     return paths
 
 
-def _wait(what: str, check: Callable[[], bool], *, timeout: float, interval: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(interval)
-    raise ControlPlaneUnavailable(f"{what}: not after {timeout:.0f} s")
-
-
 def start_box(workdir: Path | None = None) -> Box:
     """Start the control plane, kube-scheduler, kwok and Karpenter; return once each is healthy and the node class
     is Ready. Raises ``ControlPlaneUnavailable`` (or ``PartUnavailable``) when something is not built or does not
@@ -465,12 +455,3 @@ def _merge_families(texts: Sequence[str]) -> str:
             elif line:
                 samples[family].append(line)
     return "".join("\n".join([*headers[f], *samples[f]]) + "\n" for f in order)
-
-
-@contextlib.contextmanager
-def running_box(workdir: Path | None = None) -> Iterator[Box]:
-    box = start_box_for_tests(workdir)
-    try:
-        yield box
-    finally:
-        box.plane.stop()

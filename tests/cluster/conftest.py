@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 
@@ -14,3 +15,18 @@ def metrics_stack(control_plane, tmp_path_factory):
     """The adapter behind the real aggregator with moving GPU and inference telemetry (tests/cluster/metrics_stack.py)."""
     with contextlib.contextmanager(start_metrics_stack)(control_plane, tmp_path_factory.mktemp("adapter")) as stack:
         yield stack
+
+
+@pytest.fixture(scope="session")
+def box(tmp_path_factory):
+    """The cluster in a box (tests/cluster/box.py): kube-scheduler, kwok and Karpenter on a control plane of their
+    own, started once per run; skips locally when a part is not built, fails under CI."""
+    import shutil
+
+    from tests.cluster.box import start_box_for_tests
+
+    started = start_box_for_tests()
+    yield started
+    started.plane.stop()
+    if not os.environ.get("GPUSCALE_KEEP_CLUSTER"):
+        shutil.rmtree(started.plane.workdir, ignore_errors=True)
