@@ -366,6 +366,16 @@ def test_karpenter_provisions_from_the_nodepool_gpuscale_weighs_highest(scene, p
     pool_of = {n["metadata"]["name"]: n["metadata"]["labels"]["karpenter.sh/nodepool"] for n in _all_nodes(box)}
     assert pool_of[node_of(steered)] == "serve-h100"
 
+    # RBAC lets its ServiceAccount patch NodePools; components/karpenter-weights' admission lets it change the
+    # weight and nothing else.
+    account = box.plane.token_rest(box.plane.service_account_token("gpuscale", "gpuscale-controller"))
+    path = "/apis/karpenter.sh/v1/nodepools/serve-h100"
+    assert account.patch(path, {"spec": {"weight": 100}}).status == 200
+    refused = account.patch(path, {"spec": {"limits": {"nvidia.com/gpu": "8"}}})
+    assert refused.status == 403 and "nodepool-weight" in str(refused.body), refused
+    refused = account.patch(path, {"metadata": {"labels": {"team": "x"}}})
+    assert refused.status == 403 and "nodepool-weight" in str(refused.body), refused
+
 
 def _all_nodes(box: Box) -> list[dict[str, Any]]:
     return box.rest().get("/api/v1/nodes").expect(200)["items"]
