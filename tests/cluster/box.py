@@ -386,7 +386,7 @@ def start_box_for_tests(workdir: Path | None = None) -> Box:
 class GpuExporter(DcgmExporter):
     """dcgm-exporter's ``/metrics`` for the GPUs of every kwok node, in dcgm-exporter's exact format.
 
-    A node's GPUs are its ``nvidia.com/gpu`` capacity, of the hardware its ``nvidia.com/gpu.product`` label names;
+    A node's GPUs are its allocatable ``nvidia.com/gpu``, of the hardware its ``nvidia.com/gpu.product`` label names;
     each running pod on it is given its next GPUs in pod-name order (as the device plugin would give some). The
     test sets ``activity[app]`` (0-1: SM active, GR engine and GPU util alike) for the pods labelled ``app`` and
     ``xid[node]`` (the last Xid of the node's GPU 0, also counted in the exporter's Xid window)."""
@@ -408,7 +408,9 @@ class GpuExporter(DcgmExporter):
         for node in nodes:
             name, labels = node["metadata"]["name"], node["metadata"].get("labels") or {}
             hardware = _HARDWARE.get(labels.get("nvidia.com/gpu.product", ""))
-            count = int((node.get("status") or {}).get("capacity", {}).get("nvidia.com/gpu", "0"))
+            # NB: allocatable, not capacity: the kwok provider sets a node's capacity to what its NodeClaim requested
+            # (the pods Karpenter planned for), its allocatable to the instance type's
+            count = int((node.get("status") or {}).get("allocatable", {}).get("nvidia.com/gpu", "0"))
             if hardware is None or count <= 0:
                 continue
             owners: dict[GpuSlot, tuple[str, str, str]] = {}
