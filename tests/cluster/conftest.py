@@ -18,14 +18,17 @@ def metrics_stack(control_plane, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def box(tmp_path_factory):
+def box():
     """The cluster in a box (tests/cluster/box.py): kube-scheduler, kwok and Karpenter on a control plane of their
     own, started once per run; skips locally when a part is not built, fails under CI."""
     import shutil
 
     from tests.cluster.box import start_box_for_tests
+    from tests.conftest import _control_plane_report
 
     started = start_box_for_tests()
+    timings = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in started.timings.items())
+    _control_plane_report.append(f"cluster in a box (kube-scheduler, kwok, Karpenter): up after {timings}")
     yield started
     started.plane.stop()
     if not os.environ.get("GPUSCALE_KEEP_CLUSTER"):
