@@ -49,15 +49,26 @@ ACTIVE_WITHIN_SECONDS = 3  # hints.yaml for this run: "recent" traffic means the
 T = TypeVar("T")
 
 
-def wait_for(what: str, check: Callable[[], T | None], *, timeout: float, interval: float = 0.25) -> T:
-    """Poll ``check`` until it returns something truthy (returned); fail naming ``what`` after ``timeout`` s."""
+def wait_for(
+    what: str,
+    check: Callable[[], T | None],
+    *,
+    timeout: float,
+    interval: float = 0.25,
+    stop: threading.Event | None = None,
+) -> T:
+    """Poll ``check`` until it returns something truthy (returned); fail naming ``what`` after ``timeout`` s, or at
+    once when ``stop`` is set (the module is being torn down under a background scenario)."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
-        time.sleep(interval)
+        if stop is None:
+            time.sleep(interval)
+        else:
+            assert not stop.wait(interval), f"{what}: stopped"
 
 
 def deployment(
@@ -192,6 +203,7 @@ def scene(box: Box, tmp_path_factory):
 @dataclass
 class ProtectionResult:
     done: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     facts: dict[str, Any] = field(default_factory=dict)
 
@@ -205,7 +217,7 @@ def protection_scenario(scene: Scene, result: ProtectionResult) -> None:
     # fillers' GPUs stay idle, or they would count as busy 7-GPU pods, which gpuscale protects too.
     exporter.activity.update({"serve": 0.7, "idle": 0.0, "anchor": 0.3, "filler": 0.0})
     box.apply(deployment("filler", ns, pools=[ns], gpus=7, replicas=3))
-    wait_for("3 fillers Running", lambda: len(running(box, ns, "filler")) == 3, timeout=90)
+    wait_for("3 fillers Running", lambda: len(running(box, ns, "filler")) == 3, timeout=90, stop=result.stop)
     box.apply(
         deployment("serve", ns, pools=[ns], gpus=1, labels={"gpuscale.io/scrape": "triton"}),
         deployment("idle", ns, pools=[ns], gpus=1),
@@ -213,7 +225,9 @@ def protection_scenario(scene: Scene, result: ProtectionResult) -> None:
     )
     placed = {}
     for app in ("serve", "idle", "anchor"):
-        placed[app] = node_of(wait_for(f"{app} Running", lambda a=app: running(box, ns, a), timeout=60)[0])
+        placed[app] = node_of(
+            wait_for(f"{app} Running", lambda a=app: running(box, ns, a), timeout=60, stop=result.stop)[0]
+        )
     assert len(set(placed.values())) == 3, placed
     facts["nodes"] = placed
     protected, idle_node = placed["serve"], placed["idle"]
@@ -222,30 +236,42 @@ def protection_scenario(scene: Scene, result: ProtectionResult) -> None:
         notes = (get_node(box, name) or {}).get("metadata", {}).get("annotations") or {}
         return notes.get(DO_NOT_DISRUPT) == "true" and bool(notes.get(OUR_MARK))
 
-    wait_for("gpuscale protects the node serving inference", lambda: marked(protected), timeout=30)
+    wait_for("gpuscale protects the node serving inference", lambda: marked(protected), timeout=30, stop=result.stop)
     # NB: a GPU pod counts as active until it has been idle for active_within, so the idle fillers protected every
     # node for their first seconds; the nodes without traffic must lose that before Karpenter may act.
     others = (idle_node, placed["anchor"])
-    wait_for("gpuscale leaves the nodes without traffic", lambda: not any(marked(n) for n in others), timeout=30)
+    wait_for(
+        "gpuscale leaves the nodes without traffic",
+        lambda: not any(marked(n) for n in others),
+        timeout=30,
+        stop=result.stop,
+    )
     facts["protected_while_others_are_not"] = marked(protected)
 
     # The fillers go: all three nodes are 1/8 used, and Karpenter consolidates what it may.
     box.rest().delete(f"/apis/apps/v1/namespaces/{ns}/deployments/filler").expect(200)
     started = time.monotonic()
-    wait_for("Karpenter consolidates the idle node", lambda: get_node(box, idle_node) is None, timeout=120)
+    wait_for(
+        "Karpenter consolidates the idle node", lambda: get_node(box, idle_node) is None, timeout=120, stop=result.stop
+    )
     facts["idle_consolidated_after_s"] = time.monotonic() - started
     facts["protected_after_idle_consolidated"] = get_node(box, protected) is not None and marked(protected)
-    wait_for("the idle pod Running again", lambda: running(box, ns, "idle"), timeout=60)
+    wait_for("the idle pod Running again", lambda: running(box, ns, "idle"), timeout=60, stop=result.stop)
 
     # Traffic stops: the annotation goes (the pod still there), then Karpenter takes the node.
     exporter.activity["serve"] = 0.0
     stopped = time.monotonic()
-    wait_for("gpuscale removes its do-not-disrupt", lambda: not marked(protected), timeout=30)
+    wait_for("gpuscale removes its do-not-disrupt", lambda: not marked(protected), timeout=30, stop=result.stop)
     facts["unprotected_after_s"] = time.monotonic() - stopped
     facts["serve_still_on_protected_node"] = any(node_of(p) == protected for p in running(box, ns, "serve"))
-    wait_for("Karpenter consolidates the node once idle", lambda: get_node(box, protected) is None, timeout=120)
+    wait_for(
+        "Karpenter consolidates the node once idle",
+        lambda: get_node(box, protected) is None,
+        timeout=120,
+        stop=result.stop,
+    )
     facts["protected_consolidated_after_s"] = time.monotonic() - stopped
-    wait_for("serve Running again", lambda: running(box, ns, "serve"), timeout=60)
+    wait_for("serve Running again", lambda: running(box, ns, "serve"), timeout=60, stop=result.stop)
     facts["final_nodes"] = sorted(n["metadata"]["name"] for n in box.nodes(ns))
     facts["serve_now_on"] = node_of(running(box, ns, "serve")[0])
 
@@ -264,7 +290,8 @@ def protection(scene):
 
     threading.Thread(target=run, name="protection-scenario", daemon=True).start()
     yield result
-    result.done.wait(300)
+    result.stop.set()
+    result.done.wait(30)
 
 
 # --- GPU failure → replacement ------------------------------------------------------------------------------------
