@@ -220,9 +220,6 @@ class Box:
     def events(self, namespace: str, **params: Any) -> list[dict[str, Any]]:
         return self.rest().get(f"/api/v1/namespaces/{namespace}/events", **params).expect(200)["items"]
 
-    def karpenter_log(self, lines: int = 60) -> str:
-        return self.plane.logs("karpenter", lines)
-
 
 def gpu_pod_spec(pools: Sequence[str], *, gpus: int) -> dict[str, Any]:
     """A pod spec asking for ``gpus`` whole GPUs on a node of one of ``pools``: it tolerates those pools' taints
