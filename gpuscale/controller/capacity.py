@@ -18,6 +18,7 @@ The loop feeds ``ExpanderPlanner`` with pool activity from its telemetry, e.g.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ from gpuscale.controller.gangs import GANG_KINDS, gangs_of
 from gpuscale.controller.nodepool_weights import plan_nodepool_weights
 from gpuscale.controller.pools import PoolsPolicy, pools_of
 from gpuscale.controller.provisioning import PROVISIONING_KINDS, plan_provisioning
+from gpuscale.controller.telemetry import ClusterTelemetry
 from gpuscale.controller.writes import ClusterView, Write
 from gpuscale.pricing import PriceTable
 
@@ -87,7 +89,20 @@ class NodePoolWeightsPlanner:
     def plan(self, view: ClusterView, telemetry: Any = None, *, now: float) -> list[Write]:
         pools = pools_of(view.objects(*NODE), policy=self.policy, prices=self.prices)
         pending = [g for g in gangs_of(view, gpu_resource=self.policy.gpu_resource) if g.state == "pending"]
-        activity = self.activity(view, telemetry)
+        activity = self.activity(view, _observed_for(telemetry, self.policy.expander.karpenter_min_observed))
         return plan_nodepool_weights(
             view, managed=self.managed, pools=pools, activity=activity, pending=pending, policy=self.policy
         )
+
+
+def _observed_for(telemetry: Any, seconds: float) -> Any:
+    """``telemetry`` with only the nodes whose every GPU has been watched for ``seconds``: a node that has just
+    joined reads 0 % until its pods start, which is no measurement of how busy its pool keeps a GPU."""
+    if not isinstance(telemetry, ClusterTelemetry) or seconds <= 0:
+        return telemetry
+    kept = {
+        name: node
+        for name, node in telemetry.nodes.items()
+        if node.gpus and min(g.observed_seconds for g in node.gpus.values()) >= seconds
+    }
+    return dataclasses.replace(telemetry, nodes=kept)

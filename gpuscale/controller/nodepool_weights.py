@@ -13,7 +13,9 @@ Guards, as for the ConfigMap, and narrower:
   (its GPU product is unknown) and keeps its weight.
 - Evidence first: nothing is written while a managed pool with nodes has no fresh activity figure (one Warning
   Event ``NodePoolWeightsHeld`` per NodePool says so), nor before any managed pool has been measured at all — a
-  first ranking from price alone would steer Karpenter for no measured reason.
+  first ranking from price alone would steer Karpenter for no measured reason. A node counts as measured once its
+  GPUs have been watched for ``expander.karpenter_min_observed`` (the planner in capacity.py filters the
+  telemetry): a node that has just joined reads 0 % until its pods start.
 - Each write is a merge patch of ``spec.weight`` alone, conditional on the NodePool's ``resourceVersion`` as read:
   if someone changed the NodePool meanwhile the API answers 409 and the loop re-reads it and plans again.
 - The weights already written are the memory of the order (restart-safe): they are read back as the current order,
@@ -82,7 +84,8 @@ def plan_nodepool_weights(
         return []
     missing = unmeasured_pools(ranked_pools, activity)
     if missing:
-        return _held(view, missing, "no fresh GPU telemetry for its nodes")
+        watched = f"{policy.expander.karpenter_min_observed:g}s"
+        return _held(view, missing, f"no fresh GPU telemetry for its nodes (watched for {watched} at least)")
     if not any(p.name in activity for p in ranked_pools):
         return []  # NB: nothing measured yet (no pool has a node): no ranking on price alone
     settings = policy.expander

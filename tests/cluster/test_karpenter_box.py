@@ -166,6 +166,16 @@ def scene(box: Box, tmp_path_factory):
     hints = yaml.safe_load((REPO / "policies/hints.yaml").read_text())
     hints["protect"]["active_within"] = f"{ACTIVE_WITHIN_SECONDS}s"
     (policies / "hints.yaml").write_text(yaml.safe_dump(hints))
+    # The weighed pools declared, so that they are ranked before they have a node: what makes "nothing written
+    # before anything is measured" a rule of the NodePool writer rather than a pool list that is merely empty.
+    declared = [
+        {"name": "train-a100", "gpu_product": "NVIDIA-A100-SXM4-80GB", "gpus_per_node": 8},
+        {"name": "serve-h100", "gpu_product": "NVIDIA-H100-80GB-HBM3", "gpus_per_node": 8},
+    ]
+    # A node's activity counts after 5 s watched (1 min by default), so a pool is not ranked on its first idle
+    # seconds before its pod starts.
+    pools_policy = {"version": 1, "pools": declared, "expander": {"karpenter_min_observed": "5s"}}
+    (policies / "pools.yaml").write_text(yaml.safe_dump(pools_policy))
 
     exporter = GpuExporter(plane)
     port = free_port()

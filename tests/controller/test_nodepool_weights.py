@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import pytest
 
+from gpuscale.cli.controller import pool_activity
+from gpuscale.controller.capacity import NodePoolWeightsPlanner
 from gpuscale.controller.expander import rank_pools
 from gpuscale.controller.nodepool_weights import NODEPOOL, plan_nodepool_weights, weights_of
 from gpuscale.controller.pools import DeclaredPool, PoolsPolicy, load_pools_policy, pools_of
+from gpuscale.controller.telemetry import ClusterTelemetry, GpuTelemetry, NodeGpuTelemetry
 from gpuscale.controller.writes import Emit, Patch, StaticClusterView
+from gpuscale.metrics.diagnosis import GpuSignals
 from gpuscale.pricing import load_prices
 
 from .objects import gpu_node
@@ -117,3 +121,28 @@ def test_the_written_order_holds_within_the_margin(policy) -> None:
     # clearly better (A100 idle): the order flips
     writes = plan(policy, nodepools, managed=["h100", "a100"], activity={"h100": 0.9, "a100": 0.1})
     assert {w.key.name: w.patch["spec"]["weight"] for w in writes} == {"h100": 100, "a100": 50}
+
+
+def _telemetry(observed: dict[str, tuple[float, float]]) -> ClusterTelemetry:
+    """node → (activity 0-1, seconds watched), one GPU each."""
+    nodes = {}
+    for name, (activity, seconds) in observed.items():
+        gpu = GpuTelemetry(name, "0", None, GpuSignals(sm_active=activity), 0.0, observed_seconds=seconds)
+        nodes[name] = NodeGpuTelemetry(name, True, {"0": gpu})
+    return ClusterTelemetry(at=0.0, window_seconds=600.0, nodes=nodes)
+
+
+def test_a_node_that_has_just_joined_is_no_measurement_yet(policy) -> None:
+    """A node's first seconds read 0 % (its pods not started): its pool is held until its GPUs have been watched
+    for expander.karpenter_min_observed (1 min by default), then ranked on what they show."""
+    nodes = NODES[:2]
+    view = StaticClusterView([*nodes, nodepool("h100"), nodepool("a100")])
+    planner = NodePoolWeightsPlanner(
+        policy, prices=load_prices(), activity=pool_activity(policy), managed=["h100", "a100"]
+    )
+    young = _telemetry({"h100-a": (0.0, 5.0), "a100-a": (0.1, 300.0)})
+    held = planner.plan(view, young, now=0.0)
+    assert [(type(w), w.regarding.name) for w in held] == [(Emit, "h100")] and "60s" in held[0].message
+    grown = _telemetry({"h100-a": (0.9, 61.0), "a100-a": (0.1, 300.0)})
+    weights = {w.key.name: w.patch["spec"]["weight"] for w in planner.plan(view, grown, now=0.0)}
+    assert weights == {"h100": 100, "a100": 50}
