@@ -20,7 +20,8 @@ cache, where building the part put them: they are then exactly those of the pinn
 from (``go.sum`` verified them on download), and no copy of upstream files in the clone can drift from it.
 
 Nodes get GPU Feature Discovery labels (``nvidia.com/gpu.product``, ``.count``, ``.memory``, ``.present``) through
-their instance type's offering requirements, and ``nvidia.com/gpu`` capacity through its resources.
+their instance type's offering requirements, and ``nvidia.com/gpu`` through its resources (as allocatable: the kwok
+provider sets a node's capacity to what its NodeClaim requested).
 ``GpuExporter`` is dcgm-exporter for every kwok node's GPUs (gpuscale/sim's renderer): each GPU given to a running
 pod, in pod-name order; activity per pod ``app`` label and an Xid per node set by the test.
 """
