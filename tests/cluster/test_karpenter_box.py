@@ -262,7 +262,7 @@ def protection_scenario(scene: Scene, result: ProtectionResult) -> None:
     box.rest().delete(f"/apis/apps/v1/namespaces/{ns}/deployments/filler").expect(200)
     started = time.monotonic()
     wait_for(
-        "Karpenter consolidates the idle node", lambda: get_node(box, idle_node) is None, timeout=120, stop=result.stop
+        "Karpenter consolidates the idle node", lambda: get_node(box, idle_node) is None, timeout=240, stop=result.stop
     )
     facts["idle_consolidated_after_s"] = time.monotonic() - started
     facts["protected_after_idle_consolidated"] = get_node(box, protected) is not None and marked(protected)
@@ -277,7 +277,7 @@ def protection_scenario(scene: Scene, result: ProtectionResult) -> None:
     wait_for(
         "Karpenter consolidates the node once idle",
         lambda: get_node(box, protected) is None,
-        timeout=120,
+        timeout=240,
         stop=result.stop,
     )
     facts["protected_consolidated_after_s"] = time.monotonic() - stopped
@@ -363,10 +363,13 @@ def test_a_failed_gpu_node_is_cordoned_drained_and_replaced_by_karpenter(scene, 
     assert refusals, "the scheduler never reported the cordoned node as unschedulable for the evicted pods"
 
     # What becomes of the failed node: drained, empty, and removed by Karpenter's emptiness consolidation.
-    wait_for("Karpenter removes the emptied node", lambda: get_node(box, failing) is None, timeout=120)
+    wait_for("Karpenter removes the emptied node", lambda: get_node(box, failing) is None, timeout=240)
     scene.figures["xid_to_node_removed_s"] = time.monotonic() - xid_at
     claims = box.rest().get("/apis/karpenter.sh/v1/nodeclaims").expect(200)["items"]
     assert not [c for c in claims if c.get("status", {}).get("nodeName") == failing]
+    karpenter_log = (box.plane.workdir / "karpenter.log").read_text(errors="replace")
+    decisions = [line for line in karpenter_log.splitlines() if "disrupting node(s)" in line and failing in line]
+    assert decisions and all('"Empty/' in line for line in decisions), decisions
     print(
         f"Xid 79 → condition {seen['condition']:.1f} s, taint {seen['taint']:.1f} s, cordon {seen['cordon']:.1f} s; "
         f"pods Running on the replacement {xid_to_running:.1f} s; failed node removed by Karpenter "
@@ -432,7 +435,7 @@ def launched_for(box: Box, workload: dict[str, Any]) -> set[str]:
 def test_a_node_serving_inference_is_kept_while_its_idle_neighbour_is_consolidated_then_taken_once_idle(
     scene, protection
 ):
-    assert protection.done.wait(300), "the protection scenario did not finish"
+    assert protection.done.wait(600), "the protection scenario did not finish"
     if protection.error is not None:
         raise protection.error
     facts = protection.facts
