@@ -361,6 +361,11 @@ class ControllerSettings(CommandSettings):
     # --- gang-aware capacity (policies/pools.yaml; each also needs its `enabled` there) ---
     gangs: bool = Field(True, description="ProvisioningRequests for pending gangs, NVLink-domain warnings")
     expander: bool = Field(True, description="the cluster-autoscaler priority-expander ConfigMap from pool ranking")
+    karpenter_nodepool: list[str] = Field(
+        default_factory=list,
+        description="a Karpenter NodePool whose spec.weight the controller sets from the same pool ranking "
+        "(repeatable; no NodePool is written unless named here)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ControllerSettings:
@@ -368,6 +373,8 @@ class ControllerSettings(CommandSettings):
             raise ValueError("prometheus-url: give either --prometheus-url or scrape targets, not both")
         if not self.prometheus.url and not self.scrape_url and not self.discover_exporters:
             raise ValueError("scrape-url: give --scrape-url (repeatable), --discover-exporters or --prometheus-url")
+        if self.karpenter_nodepool and not self.expander:
+            raise ValueError("karpenter-nodepool: NodePool weights are the expander's ranking; drop --no-expander")
         if not self.retry_period < self.renew_deadline < self.lease_duration:
             raise ValueError("renew-deadline: needs --retry-period < --renew-deadline < --lease-duration")
         return self

@@ -86,7 +86,12 @@ WORKERS = 3  # most of the slow tests wait on other processes (Prometheus, kube-
 
 # Started first: the longest modules (the image build alone is ~40 % of one worker's share), so that no worker
 # is left running one of them after the others have drained the queue.
-SLOW_FIRST = ("tests/e2e/test_image.py", "tests/e2e/test_installed_wheel.py", "tests/e2e/test_faults.py")
+SLOW_FIRST = (
+    "tests/e2e/test_image.py",
+    "tests/e2e/test_installed_wheel.py",
+    "tests/e2e/test_faults.py",
+    "tests/cluster/test_karpenter_box.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -110,9 +115,14 @@ def pytest_cmdline_main(config):
         config.option.dist = "loadfile"
 
 
+# tests/cluster modules that do not use the shared control plane (the cluster in a box has its own): a unit of
+# their own, so their minutes of Karpenter consolidation overlap the shared plane's modules on another worker.
+OWN_PLANE = ("tests/cluster/test_karpenter_box.py",)
+
+
 def _work_unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    return "tests/cluster/" if path.startswith("tests/cluster/") else path
+    return "tests/cluster/" if path.startswith("tests/cluster/") and path not in OWN_PLANE else path
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpuscale.controller.actuator import KubeActuator
-from gpuscale.controller.capacity import ExpanderPlanner, GangCapacityPlanner
+from gpuscale.controller.capacity import ExpanderPlanner, GangCapacityPlanner, NodePoolWeightsPlanner
 from gpuscale.controller.drain import DrainPolicy
 from gpuscale.controller.expander import unmeasured_pools
 from gpuscale.controller.gangs import GANG_KINDS
@@ -28,6 +28,7 @@ from gpuscale.controller.hints import HintsPlanner, HintsPolicy, idle_gpus, load
 from gpuscale.controller.leader import LeaseElector
 from gpuscale.controller.loop import Controller
 from gpuscale.controller.metrics import ControllerMetrics
+from gpuscale.controller.nodepool_weights import NODEPOOL
 from gpuscale.controller.observe import TelemetryFeed
 from gpuscale.controller.pools import PoolsPolicy, load_pools_policy, mean_activity_by_pool, pools_of
 from gpuscale.controller.provisioning import PROVISIONING_KINDS
@@ -85,6 +86,9 @@ def watch_specs(
         specs.append(
             WatchSpec("v1", "ConfigMap", namespace=expander.namespace, field_selector=f"metadata.name={expander.name}")
         )
+    if settings.expander and settings.karpenter_nodepool:
+        # NB: optional: without Karpenter's CRDs the NodePools are simply none (and nothing is written)
+        specs.append(WatchSpec(*NODEPOOL, optional=True))
     have = {(s.api_version, s.kind) for s in specs}
     if settings.gangs:
         extra_kinds = (*extra_kinds, *GANG_KINDS, *PROVISIONING_KINDS)
@@ -387,6 +391,9 @@ def make_planners(
     if settings.expander and pools_policy.expander.enabled:
         activity = pool_activity(pools_policy)
         planners.append(ExpanderPlanner(pools_policy, prices=prices, activity=activity))
+        if settings.karpenter_nodepool:
+            managed = settings.karpenter_nodepool
+            planners.append(NodePoolWeightsPlanner(pools_policy, prices=prices, activity=activity, managed=managed))
         observers.append(_expander_evidence(metrics, pools_policy, prices, activity))
     return planners, observers
 

@@ -48,6 +48,7 @@ from gpuscale.files import CONFIG_LIMIT_BYTES
 __all__ = [
     "CONFIG_MAP",
     "PoolRank",
+    "explain_ranks",
     "keep_order",
     "plan_expander",
     "priorities_text",
@@ -165,7 +166,8 @@ def priorities_text(ranks: Sequence[PoolRank]) -> str:
     return yaml.safe_dump(table, sort_keys=False, default_flow_style=False)
 
 
-def _explain(ranks: Sequence[PoolRank]) -> str:
+def explain_ranks(ranks: Sequence[PoolRank]) -> str:
+    """One line for the log and the write's ``why``: each pool in rank order with its cost, activity and fit."""
     parts = []
     for rank in ranks:
         cost = (
@@ -215,7 +217,7 @@ def plan_expander(
     order, unreadable = read_priorities(written)
     ranks = keep_order(ranks, current=order, margin=settings.reorder_margin)
     text = priorities_text(ranks)
-    why = _explain(ranks)
+    why = explain_ranks(ranks)
     if current is None:
         manifest: dict[str, Any] = {
             "apiVersion": CONFIG_MAP[0],

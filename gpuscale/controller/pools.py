@@ -78,6 +78,7 @@ class ExpanderPolicy(BaseModel):
     unmeasured_activity: float | None = Field(default=None, gt=0, le=1)
     min_activity: float = Field(default=0.01, gt=0, le=1)
     reorder_margin: float = Field(default=0.1, ge=0, lt=1)
+    karpenter_min_observed: Seconds = Field(default=60.0, ge=0)
 
 
 class GangPolicy(BaseModel):

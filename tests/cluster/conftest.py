@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 
@@ -27,3 +28,21 @@ def operator_stack(control_plane, helm, tmp_path_factory):
     work = tmp_path_factory.mktemp("operator")
     with contextlib.contextmanager(start_operator_stack)(control_plane, helm, operator_dir, prometheus_dir, work) as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def box():
+    """The cluster in a box (tests/cluster/box.py): kube-scheduler, kwok and Karpenter on a control plane of their
+    own, started once per run; skips locally when a part is not built, fails under CI."""
+    import shutil
+
+    from tests.cluster.box import start_box_for_tests
+    from tests.conftest import _control_plane_report
+
+    started = start_box_for_tests()
+    timings = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in started.timings.items())
+    _control_plane_report.append(f"cluster in a box (kube-scheduler, kwok, Karpenter): up after {timings}")
+    yield started
+    started.plane.stop()
+    if not os.environ.get("GPUSCALE_KEEP_CLUSTER"):
+        shutil.rmtree(started.plane.workdir, ignore_errors=True)

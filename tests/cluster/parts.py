@@ -10,13 +10,16 @@ import os
 import subprocess
 from pathlib import Path
 
+from tests.cluster.controlplane import ControlPlaneUnavailable
+
 __all__ = ["BUILD_PART", "PartUnavailable", "part_dir", "part_for_tests"]
 
 BUILD_PART = Path(__file__).parent / "build-part"
 
 
-class PartUnavailable(RuntimeError):
-    """The part is not built on this machine (or cannot be: no Go toolchain)."""
+class PartUnavailable(ControlPlaneUnavailable):
+    """The part is not built on this machine (or cannot be: no Go toolchain); a kind of the control plane's
+    unavailability, so whatever starts a part beside it skips or fails the same way."""
 
 
 def part_dir(part: str) -> Path:

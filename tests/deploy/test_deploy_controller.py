@@ -37,7 +37,7 @@ from tests.controller.harness import NAMESPACE, start_harness
 from tests.deploy.test_deploy import KUBECTL, KUBERNETES_VERSIONS
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "controller"
-COMPONENTS = ("drain", "safe-to-evict", "act", "dry-run", "embedded-scrape")
+COMPONENTS = ("drain", "safe-to-evict", "act", "dry-run", "embedded-scrape", "karpenter-weights")
 VARIANTS = ("", *COMPONENTS, "+".join(c for c in COMPONENTS if c != "dry-run"), "+".join(COMPONENTS))
 SA = "system:serviceaccount:gpuscale:gpuscale-controller"
 GANG_LABEL = "scheduling.x-k8s.io/pod-group"
@@ -285,7 +285,7 @@ async def test_rbac_allows_every_call_the_planners_make_and_nothing_unused(root,
     assert not unused, f"granted but never used: {unused}"
 
 
-def test_only_drain_adds_rbac(root):
+def test_only_drain_and_karpenter_weights_add_rbac(root):
     def grants(variant: str) -> set:
         return {(r.verbs, r.api_groups, r.resources, r.resource_names) for r in access_rules(render(variant, root))}
 
@@ -295,4 +295,8 @@ def test_only_drain_adds_rbac(root):
     assert sorted((sorted(v), sorted(res)) for v, _, res, _ in extra) == [
         (["create"], ["pods/eviction"]),
         (["list", "watch"], ["poddisruptionbudgets"]),
+    ]
+    weights = grants("karpenter-weights") - base
+    assert [(sorted(v), sorted(g), sorted(res), sorted(names)) for v, g, res, names in weights] == [
+        (["get", "list", "patch", "watch"], ["karpenter.sh"], ["nodepools"], [])
     ]

@@ -680,3 +680,24 @@ def test_the_shipped_policy_files_pass_the_render_check(helm, work):
         o["metadata"]["name"]: o for o in template(helm, {"policies": policies}, work) if o["kind"] == "ConfigMap"
     }
     assert configmaps["gpuscale-metrics"]["data"] == {"metrics.yaml": policies["metrics.yaml"]}
+
+
+def test_karpenter_nodepools_get_their_flags_and_rbac_narrowed_to_their_names(helm, work):
+    """controller.karpenterNodePools: one --karpenter-nodepool per name, NodePools listed and watched, and only
+    those names read back and patched; without the value no NodePool RBAC at all."""
+    values = {"controller": {"karpenterNodePools": ["gpu-h100", "gpu-a100"]}}
+    settings = _controller_settings(_controller_args(helm, work, values))
+    assert settings.karpenter_nodepool == ["gpu-h100", "gpu-a100"] and settings.expander
+    objects = template(helm, values, work)
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("karpenter-weights")]
+    assert role["rules"] == [
+        {"apiGroups": ["karpenter.sh"], "resources": ["nodepools"], "verbs": ["list", "watch"]},
+        {
+            "apiGroups": ["karpenter.sh"],
+            "resources": ["nodepools"],
+            "resourceNames": ["gpu-h100", "gpu-a100"],
+            "verbs": ["get", "patch"],
+        },
+    ]
+    default = template(helm, {}, work)
+    assert not [r for o in default if o["kind"] == "ClusterRole" for r in o["rules"] if "nodepools" in r["resources"]]
