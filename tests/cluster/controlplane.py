@@ -32,6 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,8 +249,17 @@ def _wait_healthy(process: _Process, url: str, *, context: ssl.SSLContext | None
     )
 
 
-def start_control_plane(bin_dir: Path, workdir: Path | None = None) -> ControlPlane:
-    """Start etcd, kube-apiserver and kube-controller-manager; return once each is healthy."""
+def start_control_plane(
+    bin_dir: Path,
+    workdir: Path | None = None,
+    *,
+    apiserver_args: Sequence[str] = (),
+    controllers: Sequence[str] = CONTROLLERS,
+) -> ControlPlane:
+    """Start etcd, kube-apiserver and kube-controller-manager; return once each is healthy.
+
+    ``apiserver_args`` are added to kube-apiserver's (e.g. an audit log for a benchmark that counts each
+    client's requests); ``controllers`` replaces the controller-manager's set."""
     started = time.monotonic()
     workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuscale-kube-"))
     pki = Pki(workdir / "pki")
@@ -314,6 +324,7 @@ def start_control_plane(bin_dir: Path, workdir: Path | None = None) -> ControlPl
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
+                *apiserver_args,
             ],
             workdir,
         )
@@ -337,7 +348,7 @@ def start_control_plane(bin_dir: Path, workdir: Path | None = None) -> ControlPl
                 # Each controller acts as its own ServiceAccount (kube-system/horizontal-pod-autoscaler …) with
                 # its bootstrap RBAC role, as in a kubeadm cluster: the HPA reads metrics with its own rights.
                 "--use-service-account-credentials=true",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(controllers)}",
                 f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_PERIOD}",
                 f"--root-ca-file={pki.ca}",
                 "--profiling=false",
