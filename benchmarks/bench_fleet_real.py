@@ -663,7 +663,8 @@ async def amain(args: argparse.Namespace, exporters: Exporters) -> None:
         ], work)  # fmt: skip
         controller = start("controller", [
             "controller", "--kubeconfig", str(controller_kc), "--prometheus-url", prometheus.url,
-            "--namespace", "gpuscale", "--interval", "15s", "--port", str(controller_port),
+            "--namespace", "gpuscale", "--interval", f"{args.interval:g}s", "--port", str(controller_port),
+            *(["--prometheus-timeout", f"{args.prometheus_timeout:g}s"] if args.prometheus_timeout else []),
             "--bind-address", "127.0.0.1", "--log-level", "warning", "--no-dry-run", "--identity", "bench",
         ], work)  # fmt: skip
         procs = [
@@ -714,6 +715,10 @@ def main() -> None:
     parser.add_argument("--churn", type=float, default=0.1)
     parser.add_argument("--warmup", type=float, default=60)
     parser.add_argument("--window", type=float, default=180, help="seconds per measured window")
+    parser.add_argument("--interval", type=float, default=15, help="the controller's --interval (shipped: 15)")
+    parser.add_argument(
+        "--prometheus-timeout", type=float, default=None, help="the controller's --prometheus-timeout (default: its own)"
+    )
     args = parser.parse_args()
     exporters = Exporters()  # NB: forked before any event loop exists in this process
     try:
