@@ -716,9 +716,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=60)
     parser.add_argument("--window", type=float, default=180, help="seconds per measured window")
     parser.add_argument("--interval", type=float, default=15, help="the controller's --interval (shipped: 15)")
-    parser.add_argument(
-        "--prometheus-timeout", type=float, default=None, help="the controller's --prometheus-timeout (default: its own)"
-    )
+    parser.add_argument("--prometheus-timeout", type=float, default=None, help="the controller's --prometheus-timeout")
     args = parser.parse_args()
     exporters = Exporters()  # NB: forked before any event loop exists in this process
     try:

@@ -29,7 +29,7 @@ async def _slow_prometheus() -> tuple[web.AppRunner, str]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the port the OS chose
+    port = site._server.sockets[0].getsockname()[1]  # NB: the port the OS chose
     return runner, f"http://127.0.0.1:{port}"
 
 
