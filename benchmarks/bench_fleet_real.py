@@ -609,7 +609,11 @@ def install(plane: ControlPlane, work: Path) -> Path:
 
 def start(name: str, args: list[str], work: Path) -> subprocess.Popen:
     log = open(work / f"{name}.log", "w")  # noqa: SIM115 - kept open for the child's lifetime
-    return subprocess.Popen([sys.executable, "-m", "gpuscale.cli.main", *args], stdout=log, stderr=log, cwd=work)
+    # NB: this checkout's gpuscale, whichever one the interpreter's environment has installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuscale.cli.main", *args], stdout=log, stderr=log, cwd=work, env=env
+    )
 
 
 def wait_until(what: str, check: Any, timeout: float) -> None:
