@@ -330,10 +330,17 @@ class ControllerSettings(CommandSettings):
         lambda: ExporterScrape(scrape_timeout=5.0),
         scrape_url="dcgm-exporter /metrics URL to scrape (repeatable; the node from its labels)",
         discover_exporters="scrape the dcgm-exporter pods found through the Kubernetes API (their node: the pod's)",
-        scrape_timeout="timeout of one exporter scrape or Prometheus query",
+        scrape_timeout="timeout of one exporter scrape",
     )
     prometheus: PrometheusConnection = group(
         PrometheusConnection, url="read DCGM series from this Prometheus-compatible server"
+    )
+    # NB: not the scrape timeout: one read asks for every GPU's ~20 series at once, which at 8,000 GPUs took a
+    # busy 2-core Prometheus far longer than one exporter scrape (docs/benchmarks.md, the fleet on the real API)
+    prometheus_timeout: Seconds = Field(
+        10.0,
+        gt=0,
+        description="deadline of a reconcile's Prometheus queries, bodies included (at most --interval)",
     )
     files: PolicyFiles = group(
         PolicyFiles,
