@@ -273,11 +273,13 @@ async def _fetch_split(
 async def _measure_interval(client: PrometheusClient, *, start: float, end: float) -> float | None:
     """Seconds between one exporter's samples: an hour over the most samples any GPU has in it, the most of the
     window's last, middle and first hour (a GPU sampled all that hour gives the interval; the window's edge can cut
-    one sample off an hour, and a sample too many would only shorten the presence window by one part in 60)."""
+    one sample off an hour). The range is a millisecond short of the hour: Prometheus 2 closes it on both ends, and
+    samples on the minute would count 61 in it (summary mode's hours are samples × this interval)."""
     hour = min(3600.0, end - start)
     best = 0.0
     for at in (end, (start + end + hour) / 2, start + hour):
-        result = await client.query(f"max(count_over_time({FIELDS['gpu_util_percent']}[{hour:g}s]))", at=at)
+        promql = f"max(count_over_time({FIELDS['gpu_util_percent']}[{round(hour * 1000) - 1}ms]))"
+        result = await client.query(promql, at=at)
         for r in result:
             count = _number(r)
             best = max(best, count) if count is not None and np.isfinite(count) else best
@@ -494,6 +496,8 @@ async def identity(client: PrometheusClient, history: History, *, at: float, win
             ns = m.get("exported_namespace") or m.get("namespace")
             if ns and m.get(key) and m.get("owner_kind") not in (None, "", "<none>"):
                 parents[(kind, ns, m[key])] = (m["owner_kind"], m.get("owner_name", ""))
+    if isinstance(getattr(history, "parents", None), dict):  # summary mode maps its per-owner sums through them
+        history.parents.update(parents)  # type: ignore[attr-defined]
     for s in owners:
         m = _labels(s)
         ref = _pod_of(m)

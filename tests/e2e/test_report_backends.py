@@ -89,7 +89,7 @@ async def _ready(backend: Backend, path: str) -> bool:
 
 
 def check_known_answers(r: dict) -> None:
-    assert r["schema"] == "gpuscale.io/report/v1"
+    assert r["schema"] == "gpuscale.io/report/v2"
     by_name = {w["name"]: w for w in r["workloads"]}
     assert set(by_name) == {"trainer", "infer", "chat"}
     # the production case: p95 65 %, p99 93 %, 30 % most of the time — busy, nothing downsized
