@@ -140,6 +140,7 @@ class Progress:
 
     def __init__(self, total: int, *, enabled: bool) -> None:
         self._bar = None
+        self._total = total
         if enabled and total:
             from rich.console import Console
             from rich.progress import Progress as RichProgress
@@ -152,6 +153,12 @@ class Progress:
     def advance(self) -> None:
         if self._bar is not None:
             self._bar.advance(self._task)
+
+    def add(self, more: int) -> None:
+        """``more`` steps of work found on the way (the total grows)."""
+        if self._bar is not None and more:
+            self._total += more
+            self._bar.update(self._task, total=self._total)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -70,10 +70,10 @@ def _band(low: float, high: float, spacing: float) -> list[float]:
     return [round(low + k * spacing, 4) for k in range(round((high - low) / spacing) + 1)]
 
 
-# NB: levels dense around p50, p95 and p99 (spacing at most 1/400 of the samples in the tails), so a workload's
-# pooled quantile bound is within about a point of the exact one (report/quantile_bounds.py says how far).
+# NB: levels dense around p50, p95 and p99, so a workload's pooled quantile bound is within about a point of the
+# exact one (report/quantile_bounds.py says how far); each level is one more pass over the samples in the TSDB.
 DENSE_LEVELS: tuple[float, ...] = tuple(
-    sorted({*_band(0.45, 0.55, 0.005), 0.75, 0.9, *_band(0.92, 0.98, 0.0025), *_band(0.98, 0.999, 0.001)})
+    sorted({*_band(0.46, 0.54, 0.01), 0.75, 0.9, *_band(0.93, 0.97, 0.005), *_band(0.98, 0.998, 0.002)})
 )
 COARSE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
 _POD_NORMALISED = (
@@ -91,8 +91,32 @@ def _sel(name: str, batch: list[str] | None) -> str:
     return f'{name}{{Hostname=~"{regex_alternatives(batch)}"}}' if batch else name
 
 
+# NB: VictoriaMetrics refuses a query longer than 16 KiB (-search.maxQueryLen): levels go out in packs under it
+_MAX_QUERY_CHARS = 12_000
+
+
+def _packed(parts) -> list[str]:
+    """``a or b or …`` in as few queries as keep each under ``_MAX_QUERY_CHARS``."""
+    out: list[str] = []
+    for part in parts:
+        if out and len(out[-1]) + len(part) + 4 <= _MAX_QUERY_CHARS:
+            out[-1] += " or " + part
+        else:
+            out.append(part)
+    return out
+
+
 def levels_of(fld: str) -> tuple[float, ...]:
-    return DENSE_LEVELS if fld in ACTIVITY_FIELDS else COARSE_LEVELS
+    """The levels asked first: dense for SM_ACTIVE (the activity wherever it is reported), four for the rest;
+    GR_ENGINE_ACTIVE and GPU_UTIL get the dense ones too in a batch where they stand in for it (``fallback``)."""
+    return DENSE_LEVELS if fld == "sm_active" else COARSE_LEVELS
+
+
+def quantile_queries(batch: list[str] | None, fld: str, levels: tuple[float, ...], *, chunk: float) -> list[str]:
+    sel, c = _sel(FIELDS[fld], batch), _ms(chunk)
+    return _packed(
+        f'label_replace(quantile_over_time({q:g}, {sel}[{c}]), "gpuscale_q", "{q:g}", "", "")' for q in levels
+    )
 
 
 def series_queries(batch: list[str] | None, *, chunk: float, step: float) -> list[tuple[str, str, str]]:
@@ -105,15 +129,8 @@ def series_queries(batch: list[str] | None, *, chunk: float, step: float) -> lis
             ("stat", f"{fld}:count", f"count_over_time({sel}[{c}])"),
             ("stat", f"{fld}:total", f"sum_over_time({sel}[{c}])"),
             ("stat", f"{fld}:maximum", f"max_over_time({sel}[{c}])"),
-            (
-                "quantiles",
-                fld,
-                " or ".join(
-                    f'label_replace(quantile_over_time({q:g}, {sel}[{c}]), "gpuscale_q", "{q:g}", "", "")'
-                    for q in levels_of(fld)
-                ),
-            ),
         ]
+        out += [("quantiles", fld, q) for q in quantile_queries(batch, fld, levels_of(fld), chunk=chunk)]
     xid = _sel(FIELDS["last_xid"], batch)
     out += [
         ("xid", "max", f"max_over_time({xid}[{c}])"),
@@ -290,6 +307,15 @@ async def fetch_summaries(
 
     try:
         await asyncio.gather(*(one(*job) for job in jobs))
+        # the activity's fallbacks get the dense levels where a GPU of the batch has no SM_ACTIVE
+        more = [
+            ("quantiles", fld, q, start + chunk - 0.001, chunks, chunk)
+            for batch in batches
+            for fld in decoder.fallbacks(batch)
+            for q in quantile_queries(batch, fld, DENSE_LEVELS, chunk=chunk)
+        ]
+        bar.add(len(more))
+        await asyncio.gather(*(one(*job) for job in more))
         await identity(client, h, at=start + window, window=window)  # type: ignore[arg-type]
     finally:
         bar.close()
@@ -309,6 +335,18 @@ class _SummaryDecoder:
         self._xid: dict[tuple[str, str], dict[str, np.ndarray]] = {}
         self._meta: dict[tuple[str, str], PodRef | None] = {}
         self._throttle: dict[tuple[str, str], tuple[PodRef | None, list[float]]] = {}
+        self._levels: dict[int, dict[float, np.ndarray]] = {}  # id(summary) → level → per chunk
+
+    def fallbacks(self, batch: list[str] | None) -> list[str]:
+        """The activity's fallback fields that stand in for SM_ACTIVE on some GPU of ``batch`` (a node list)."""
+        nodes = set(batch) if batch else None
+        have: dict[str, set[tuple[str, PodRef | None]]] = {f: set() for f in ACTIVITY_FIELDS}
+        for (gpu, pod, fld), s in self._series.items():
+            if fld in have and (nodes is None or s.node in nodes) and np.nansum(s.count) > 0:
+                have[fld].add((gpu, pod))
+        gr_alone = have["gr_engine_active"] - have["sm_active"]
+        util_alone = have["gpu_util_percent"] - have["sm_active"] - have["gr_engine_active"]
+        return [f for f, alone in (("gr_engine_active", gr_alone), ("gpu_util_percent", util_alone)) if alone]
 
     def _pod(self, labels: dict[str, str]) -> PodRef | None:
         for pod_key, ns_key in (("exported_pod", "exported_namespace"), ("pod", "namespace")):
@@ -331,7 +369,6 @@ class _SummaryDecoder:
         s = self._series.get(key)
         if s is None:
             chunks = self.h.chunks
-            levels = levels_of(fld)
             s = self._series[key] = SeriesSummary(
                 gpu,
                 node,
@@ -341,8 +378,6 @@ class _SummaryDecoder:
                 count=np.full(chunks, np.nan),
                 total=np.full(chunks, np.nan),
                 maximum=np.full(chunks, np.nan),
-                levels=levels,
-                quantiles=np.full((len(levels), chunks), np.nan),
             )
         return s
 
@@ -366,11 +401,11 @@ class _SummaryDecoder:
                 level = labels.pop("gpuscale_q", None)
                 s = self._summary(labels, what)
                 try:
-                    row = s.levels.index(round(float(level or "nan"), 4))
+                    q = round(float(level or "nan"), 4)
                 except ValueError:
                     continue
-                assert s.quantiles is not None
-                s.quantiles[row, idx[idx < h.chunks]] = vs[idx < h.chunks]
+                row = self._levels.setdefault(id(s), {}).setdefault(q, np.full(h.chunks, np.nan))
+                row[idx[idx < h.chunks]] = vs[idx < h.chunks]
             elif kind == "xid":
                 gpu, node = self._gpu(labels)
                 d = self._xid.setdefault(
@@ -414,6 +449,10 @@ class _SummaryDecoder:
     def finish(self) -> None:
         h = self.h
         h.series = list(self._series.values())
+        for s in h.series:
+            rows = self._levels.get(id(s), {})
+            s.levels = tuple(sorted(rows))
+            s.quantiles = np.array([rows[q] for q in s.levels]).reshape(len(s.levels), h.chunks)
         for (gpu, node), d in self._xid.items():
             pod = self._meta[(gpu, node)]
             for i in np.flatnonzero((d["max"] > 0) & (d["changes"] > 0)):
