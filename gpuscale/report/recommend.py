@@ -96,6 +96,7 @@ def workload_report(
             step_seconds=step_seconds,
             cold_starts=cold_starts or [],
         )
+    recs, rule = choose_action(recs)
     return Workload(
         namespace=usage.key.namespace,
         kind=usage.key.kind,
@@ -119,7 +120,50 @@ def workload_report(
         longest_idle_seconds=longest_idle,
         verdicts=verdicts,
         recommendations=recs,
+        rule=rule,
     )
+
+
+# What one action is taken per workload: the safe downsizing that frees the most money a month; on a tie (or with no
+# price), the one that changes least, in this order. A workload told nothing else keeps its request.
+ACTIONS = ("fewer-gpus", "replicas", "scale-to-zero", "mig-profile", "time-slicing", "smaller-gpu")
+ACTION_RULE = (
+    "the downsizing that saves the most a month (on a tie or without a price: fewer GPUs, replicas, "
+    "scale-to-zero, MIG profile, time-slicing, smaller GPU, in that order); every one listed fits the exact p99 "
+    "and the peak memory"
+)
+
+
+def choose_action(recs: list[Recommendation]) -> tuple[list[Recommendation], str]:
+    """The recommendations in the order they are read: the one recommended, its alternatives (largest saving first)
+    and the notes (diagnoses); and the rule that chose it."""
+    actions = [r for r in recs if r.kind in ACTIONS]
+    notes = [r for r in recs if r.kind not in ACTIONS]
+
+    def rank(r: Recommendation) -> tuple[float, int]:
+        return (-(r.monthly_saving or 0.0), ACTIONS.index(r.kind))
+
+    if actions:
+        ordered = sorted(actions, key=rank)
+        chosen = [ordered[0].model_copy(update={"role": "recommended"})]
+        chosen += [r.model_copy(update={"role": "alternative"}) for r in ordered[1:]]
+        rule = ACTION_RULE
+        notes = [r for r in notes if r.kind != "keep" or r.short == "keep 1 warm"]
+    else:
+        first = next((r for r in notes if r.kind in ("not-enough-data", "keep")), None)
+        if first is None:
+            return recs, ""
+        chosen = [first.model_copy(update={"role": "recommended"})]
+        notes = [r for r in notes if r is not first]
+        if first.kind == "not-enough-data":
+            rule = "too little history to recommend a change"
+        elif "busy" in first.short:
+            rule = "busy (its p99 or its hourly diagnosis): a busy workload is never downsized"
+        elif first.short == "keep 1 warm":
+            rule = "scale-to-zero's cold starts would exceed the latency budget"
+        else:
+            rule = "no downsizing fits the exact p99 and the peak memory"
+    return chosen + [r.model_copy(update={"role": "note"}) for r in notes], rule
 
 
 def _history_span(usage: WorkloadUsage, held_any: np.ndarray, step_seconds: float) -> tuple[np.ndarray, int, float]:

@@ -59,6 +59,10 @@ class Recommendation(_Out):
         default_factory=dict, description="the numbers the recommendation rests on"
     )
     monthly_saving: float | None = Field(None, description="cost of what it frees over 30 days at this usage")
+    role: Literal["recommended", "alternative", "note"] = Field(
+        "note",
+        description="the one action recommended for the workload, an alternative to it, or a note (a diagnosis)",
+    )
 
 
 class VerdictShare(_Out):
@@ -108,7 +112,10 @@ class Workload(_Out):
     cost: CostFigures
     longest_idle_seconds: float
     verdicts: list[VerdictShare]
-    recommendations: list[Recommendation]
+    recommendations: list[Recommendation] = Field(
+        description="the recommended action first, then its alternatives (largest saving first), then notes"
+    )
+    rule: str = Field("", description="why the first recommendation is the one recommended")
 
 
 class Group(_Out):
