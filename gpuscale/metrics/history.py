@@ -19,6 +19,7 @@ so a Deployment's history is the union of its pods' GPU-steps, whatever pods cam
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +63,17 @@ def pool_of(node_labels: dict[str, str]) -> str | None:
         if value:
             return value
     return None
+
+
+# The label a multi-cluster store (Thanos' external labels, a central Prometheus) puts on every series of a cluster.
+CLUSTER_LABEL = "cluster"
+
+
+def in_cluster(name: str, labels: Mapping[str, str]) -> str:
+    """A namespace or node name as the report keys it: ``cluster/name`` when the series carries a cluster label, so
+    two clusters' ``serve`` namespaces (or ``node-1``s) are kept apart; the name itself otherwise."""
+    cluster = labels.get(CLUSTER_LABEL)
+    return f"{cluster}/{name}" if cluster and name else name
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -49,6 +49,7 @@ from gpuscale.metrics.history import (
     SummaryHistory,
     SummaryIncident,
     clean,
+    in_cluster,
 )
 from gpuscale.sources.history_fetch import (
     FetchOptions,
@@ -80,7 +81,7 @@ _POD_NORMALISED = (
     'label_replace(label_replace({x}, "pod", "$1", "exported_pod", "(.+)"), '
     '"namespace", "$1", "exported_namespace", "(.+)")'
 )
-_OWNER = ("namespace", "owner_kind", "owner_name")
+_OWNER = ("cluster", "namespace", "owner_kind", "owner_name")  # NB: without a cluster label, the rest group
 
 
 def _ms(seconds: float) -> str:
@@ -145,10 +146,10 @@ def _joined(x: str, *, owner_window: float, exporter: str) -> str:
     """``x`` per (GPU) series, labelled with its pod's owner from kube_pod_owner (the exporter's own pod is none)."""
     pattern = exporter.replace("\\", "\\\\").replace('"', '\\"')
     owners = (
-        f'max by (namespace, pod, owner_kind, owner_name) (last_over_time(kube_pod_owner{{pod!~"{pattern}"}}'
+        f'max by (cluster, namespace, pod, owner_kind, owner_name) (last_over_time(kube_pod_owner{{pod!~"{pattern}"}}'
         f"[{_ms(owner_window)}]))"
     )
-    return f"{_POD_NORMALISED.format(x=x)} * on (namespace, pod) group_left (owner_kind, owner_name) {owners}"
+    return f"{_POD_NORMALISED.format(x=x)} * on (cluster, namespace, pod) group_left (owner_kind, owner_name) {owners}"
 
 
 def step_queries(
@@ -176,7 +177,7 @@ def step_queries(
         ("held", f"count by ({by}) ({j(sampled)})"),
         ("busy", f"count by ({by}) ({j(busy)})"),
         ("demand", f"sum by ({by}) ({j(activity)})"),
-        ("alive", f"count by ({by}) (count by (namespace, pod, owner_kind, owner_name) ({j(sampled)}))"),
+        ("alive", f"count by ({by}) (count by (cluster, namespace, pod, owner_kind, owner_name) ({j(sampled)}))"),
     ]
 
 
@@ -353,14 +354,14 @@ class _SummaryDecoder:
             if labels.get(pod_key) and labels.get(ns_key):
                 if self._exporter.fullmatch(labels[pod_key]):
                     return None
-                return PodRef(labels[ns_key], labels[pod_key])
+                return PodRef(in_cluster(labels[ns_key], labels), labels[pod_key])
         return None
 
     def _gpu(self, labels: dict[str, str]) -> tuple[str, str]:
         device = attribute("DCGM_FI_DEV_GPU_UTIL", labels, Target(url=""))
         uuid = device.key[2] or "?"
         gpu = f"{uuid}/{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else uuid
-        return gpu, device.node or labels.get("instance", "unknown")
+        return gpu, in_cluster(device.node or labels.get("instance", "unknown"), labels)
 
     def _summary(self, labels: dict[str, str], fld: str) -> SeriesSummary:
         gpu, node = self._gpu(labels)
@@ -427,7 +428,11 @@ class _SummaryDecoder:
 
     def _owner(self, kind: str, what: str, labels: dict[str, str], idx: np.ndarray, vs: np.ndarray) -> None:
         h = self.h
-        key = (labels.get("namespace", ""), labels.get("owner_kind", ""), labels.get("owner_name", ""))
+        key = (
+            in_cluster(labels.get("namespace", ""), labels),
+            labels.get("owner_kind", ""),
+            labels.get("owner_name", ""),
+        )
         if not key[0] or not key[2]:
             return
         o = h.owner_steps.get(key)

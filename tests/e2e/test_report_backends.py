@@ -408,13 +408,15 @@ def exact_signals(activity: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-def check_summary_against_samples(server: str, summary: dict, raw: dict[str, dict], fleet_) -> dict[str, float]:
+def check_summary_against_samples(
+    server: str, summary: dict, raw: dict[str, dict], fleet_, *, namespace: str = "serve"
+) -> dict[str, float]:
     """The done-when of issue 37 for one server: summary mode's hours within 5 % of the samples for at least 95 % of
     the workloads and 15 % for all, every shown percentile within 2 points of numpy's exact one (and never below
     it), the same busy flags and recommendation kinds as raw mode, and a replica count for the pooled owner.
     Prints the figures and returns them."""
     assert summary["mode"] == "summary"
-    by_name = {w["name"]: w for w in summary["workloads"]}
+    by_name = {w["name"]: w for w in summary["workloads"] if w["namespace"] == namespace}
     assert set(by_name) == set(fleet_.raw), server
     hour_errors, pct_errors, below, disagree = [], [], [], []
     for name, pods in fleet_.raw.items():
