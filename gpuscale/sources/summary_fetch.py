@@ -71,10 +71,11 @@ def _band(low: float, high: float, spacing: float) -> list[float]:
     return [round(low + k * spacing, 4) for k in range(round((high - low) / spacing) + 1)]
 
 
-# NB: levels dense around p50, p95 and p99, so a workload's pooled quantile bound is within about a point of the
-# exact one (report/quantile_bounds.py says how far); each level is one more pass over the samples in the TSDB.
+# NB: levels every 5 % and dense around p50, p95 and p99: a workload's pooled quantile bound loses, per part, the
+# samples between two levels (report/quantile_bounds.py), and a part of a mixed pool (GPUs at different levels) can
+# sit anywhere in its own distribution at the pooled p50. Each level is one more pass over the samples in the TSDB.
 DENSE_LEVELS: tuple[float, ...] = tuple(
-    sorted({*_band(0.46, 0.54, 0.01), 0.75, 0.9, *_band(0.93, 0.97, 0.005), *_band(0.98, 0.998, 0.002)})
+    sorted({*_band(0.05, 0.9, 0.05), *_band(0.46, 0.54, 0.01), *_band(0.93, 0.97, 0.005), *_band(0.98, 0.998, 0.002)})
 )
 COARSE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
 _POD_NORMALISED = (
