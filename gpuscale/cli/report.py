@@ -159,6 +159,7 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
                 idle_busy_percent=idle.busy_percent,
                 idle_sm_active=idle.sm_active,
                 throttle_bits=tuple(bit for bit, name in CLOCK_EVENT_BITS if name in abnormal),
+                safety_percentile=policy.rightsizing.safety_percentile,
                 progress=False if settings.no_progress else None,
             )
         return await fetch_history(

@@ -14,9 +14,11 @@ samples it interpolates towards. Two parts {0, 1} each have ``Q(0.9) = 0.9``; po
 The bound. (1) A part's ``Q(q_j) ≥ s_⌊h_j⌋``, so at least ``c_j = ⌊q_j(n - 1)⌋ + 1`` of its samples are ``≤ Q(q_j)``,
 and all ``n`` are ``≤`` its maximum. So for any ``x``, the part has at least ``LB(x) = max{c_j : Q(q_j) ≤ x}``
 samples ``≤ x`` (0 when no level is). (2) Pooled over ``N`` samples, the exact ``Q(q)`` is at most
-``u_⌈H⌉`` (the upper of the two samples it interpolates), ``H = q(N - 1)``: the (⌈H⌉ + 1)-th smallest. (3) If
+``u_⌈H⌉`` (the upper of the two samples it interpolates, numpy's ``method="higher"``), ``H = q(N - 1)``: the
+(⌈H⌉ + 1)-th smallest. (3) If
 ``Σ LB(x) ≥ ⌈H⌉ + 1`` then at least that many pooled samples are ``≤ x``, so ``u_⌈H⌉ ≤ x`` and ``Q(q) ≤ x``. The
-bound is the smallest such ``x`` among the parts' quantiles and maxima (``Σ LB`` only changes there). ∎
+bound is the smallest such ``x`` among the parts' quantiles and maxima (``Σ LB`` only changes there); it bounds
+``u_⌈H⌉`` as well, the sample at or above the quantile. ∎
 
 How far above: each part loses at most the samples between two asked levels plus one (the interpolated rank),
 so with levels ``δ`` apart near ``q`` the bound is at most the exact quantile at ``q + δ + parts / N``.
@@ -34,23 +36,24 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One series-chunk: its sample count, its quantiles at ``levels`` (ascending; NaN where not asked or not
-    answered) and its maximum."""
+    """One series-chunk: its sample count, its quantiles at ``levels`` (ascending; NaN where not answered) and its
+    maximum."""
 
     count: int
+    levels: np.ndarray
     quantiles: np.ndarray
     maximum: float
 
 
-def pooled_quantile_bound(q: float, parts: Sequence[Part], levels: Sequence[float]) -> float | None:
+def pooled_quantile_bound(q: float, parts: Sequence[Part], *, at_or_above: bool = False) -> float | None:
     """An upper bound of the quantile ``q`` of every part's samples pooled (the module docstring proves it);
-    None without a sample."""
+    None without a sample. ``at_or_above``: a bound of the sample at or above the quantile (numpy's
+    ``method="higher"``, what safety decisions read), so a single part is not returned as the TSDB gave it."""
     live = [p for p in parts if p.count > 0 and math.isfinite(p.maximum)]
     if not live:
         return None
-    lv = np.asarray(levels, dtype=np.float64)
-    if len(live) == 1:
-        hit = np.flatnonzero(np.isclose(lv, q))
+    if len(live) == 1 and not at_or_above:
+        hit = np.flatnonzero(np.isclose(live[0].levels, q, rtol=0.0, atol=1e-12))
         if hit.size and math.isfinite(live[0].quantiles[hit[0]]):
             return float(live[0].quantiles[hit[0]])
     total = sum(p.count for p in live)
@@ -59,7 +62,7 @@ def pooled_quantile_bound(q: float, parts: Sequence[Part], levels: Sequence[floa
     steps: list[np.ndarray] = []
     for p in live:
         ok = np.isfinite(p.quantiles)
-        ranks = np.floor(lv[ok] * (p.count - 1) + 1e-9) + 1  # c_j: samples at or below Q(q_j)
+        ranks = np.floor(np.asarray(p.levels)[ok] * (p.count - 1) + 1e-9) + 1  # c_j: samples at or below Q(q_j)
         values = np.maximum.accumulate(p.quantiles[ok])  # NB: raised past float noise only: still a bound
         x = np.append(values, p.maximum)
         c = np.maximum.accumulate(np.append(ranks, p.count))  # NB: a step function in x: LB rises with each level

@@ -30,7 +30,7 @@ from gpuscale.report.costs import CostAccumulator, find_idle_nodes, price_lookup
 from gpuscale.report.policy import ReportPolicy
 from gpuscale.report.quantile_bounds import Part, pooled_quantile_bound
 from gpuscale.report.schema import Group, Incident, Report, TimelinePoint, Window
-from gpuscale.report.usage import SIGNALS, WorkloadKey, WorkloadUsage, new_usage, owner_of
+from gpuscale.report.usage import SAFETY, SIGNALS, WorkloadKey, WorkloadUsage, new_usage, owner_of
 
 EXACT_SUMMARY = [
     "GPU-hours (allocated, active, idle, unallocated) and their cost: samples present × the scrape interval",
@@ -55,7 +55,6 @@ class _Fold:
     pod_ids: dict[PodRef, int] = field(default_factory=dict)
     usages: dict[WorkloadKey, WorkloadUsage] = field(default_factory=dict)
     parts: dict[WorkloadKey, dict[str, list[Part]]] = field(default_factory=dict)
-    levels: dict[WorkloadKey, dict[str, tuple[float, ...]]] = field(default_factory=dict)
     peaks: dict[PodRef, list[float]] = field(default_factory=dict)  # held, busy, FB MiB
     pools: dict[str, CostAccumulator] = field(default_factory=dict)
     namespaces: dict[str, CostAccumulator] = field(default_factory=dict)
@@ -76,8 +75,10 @@ def build_summary_report(h: SummaryHistory, *, policy: ReportPolicy, generated_a
             hist.add(busy, weights=np.ones(busy.size))
         qs = {*SHOWN_QUANTILES, rs.safety_percentile}
         for signal, parts in fold.parts[key].items():
-            levels = fold.levels[key][signal]
-            usage.quantiles[signal] = {q: v for q in qs if (v := pooled_quantile_bound(q, parts, levels)) is not None}
+            usage.quantiles[signal] = {q: v for q in qs if (v := pooled_quantile_bound(q, parts)) is not None}
+            if signal == "activity_percent":  # NB: safety decisions read the sample at or above, as raw mode's
+                safety = pooled_quantile_bound(rs.safety_percentile, parts, at_or_above=True)
+                usage.quantiles[SAFETY] = {rs.safety_percentile: safety} if safety is not None else {}
     workloads = workloads_of(
         fold.usages,
         pods=fold.pods,
@@ -127,18 +128,18 @@ def _activity(fields: dict[str, SeriesSummary]) -> list[tuple[str, SeriesSummary
 
 def _parts(s: SeriesSummary, take: np.ndarray, scale: float) -> list[Part]:
     assert s.quantiles is not None
+    levels = np.asarray(s.levels)
     return [
-        Part(int(s.count[k]), s.quantiles[:, k] * scale, float(s.maximum[k]) * scale)
+        Part(int(s.count[k]), levels, s.quantiles[:, k] * scale, float(s.maximum[k]) * scale)
         for k in np.flatnonzero(take & (np.nan_to_num(s.count) > 0))
     ]
 
 
-def _trend(usage: WorkloadUsage, signal: str, parts: list[Part], levels: tuple[float, ...], weights: list[float]):
+def _trend(usage: WorkloadUsage, signal: str, parts: list[Part], weights: list[float]):
     """Each part's distribution into the trend histogram: the mass between two levels at the upper level's value,
     above the last at the maximum (an upper bound of the distribution, weighted by the chunk's recency)."""
-    lv = np.asarray(levels)
-    mass = np.diff(np.concatenate(([0.0], lv, [1.0])))
     for p, w in zip(parts, weights, strict=True):
+        mass = np.diff(np.concatenate(([0.0], p.levels, [1.0])))
         values = np.append(p.quantiles, p.maximum)
         ok = ~np.isnan(values)
         usage.histograms[signal].add(values[ok], weights=(mass * p.count * w)[ok])
@@ -200,7 +201,7 @@ def _usage_of(fold: _Fold, h: SummaryHistory, pod: PodRef, *, policy: ReportPoli
     if usage is None:
         rs = policy.rightsizing
         usage = fold.usages[key] = new_usage(key, owner.source, half_life_seconds=rs.half_life, reference=h.end)
-        fold.parts[key], fold.levels[key] = defaultdict(list), {}
+        fold.parts[key] = defaultdict(list)
     if pod not in fold.pod_ids:
         fold.pod_ids[pod] = len(fold.pods)
         fold.pods.append(pod)
@@ -223,9 +224,8 @@ def _add_series(
     for f, s, take in chosen:
         parts = _parts(s, take, _ACTIVITY_SCALE[f])
         fold.parts[key]["activity_percent"] += parts
-        fold.levels[key]["activity_percent"] = s.levels
         ks = np.flatnonzero(take & (np.nan_to_num(s.count) > 0))
-        _trend(usage, "activity_percent", parts, s.levels, [float(decay[k]) for k in ks])
+        _trend(usage, "activity_percent", parts, [float(decay[k]) for k in ks])
         usage.activity_sources[_SOURCE_NAMES[f]] += int(np.nansum(s.count[take]))
     for name, (fld, scale, _) in SIGNALS.items():
         s = fields.get(fld) if fld else None
@@ -234,8 +234,7 @@ def _add_series(
         has = np.nan_to_num(s.count) > 0
         parts = _parts(s, has, scale)
         fold.parts[key][name] += parts
-        fold.levels[key][name] = s.levels
-        _trend(usage, name, parts, s.levels, [float(decay[k]) for k in np.flatnonzero(has)])
+        _trend(usage, name, parts, [float(decay[k]) for k in np.flatnonzero(has)])
     usage.products[product] += int(sum(np.nansum(s.count[take]) for _, s, take in chosen))
     usage.pools.add(pool)
     usage.gpus.add(gpu)

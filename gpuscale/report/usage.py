@@ -37,6 +37,10 @@ SIGNALS: dict[str, tuple[str, float, Buckets]] = {
 }
 
 
+# summary mode: the activity's sample at or above the safety percentile, bounded (``WorkloadUsage.quantiles`` key)
+SAFETY = "activity_percent:at_or_above"
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadKey:
     namespace: str
@@ -157,7 +161,7 @@ class WorkloadUsage:
             values = parts[0] if len(parts) == 1 else np.concatenate(parts)
             if values.size:
                 return float(np.quantile(values, q, method="higher"))
-        known = self.quantiles.get("activity_percent", {}).get(q)
+        known = self.quantiles.get(SAFETY, {}).get(q)
         if known is not None:
             return known / 100.0
         hist = self.histograms.get("activity_percent")

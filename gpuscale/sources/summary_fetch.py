@@ -31,8 +31,10 @@ samples. Prometheus 2 closes ranges on the left too: a sample stamped exactly 1 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import sys
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -95,17 +97,10 @@ def _sel(name: str, batch: list[str] | None) -> str:
 
 # NB: VictoriaMetrics refuses a query longer than 16 KiB (-search.maxQueryLen): levels go out in packs under it
 _MAX_QUERY_CHARS = 12_000
-
-
-def _packed(parts) -> list[str]:
-    """``a or b or …`` in as few queries as keep each under ``_MAX_QUERY_CHARS``."""
-    out: list[str] = []
-    for part in parts:
-        if out and len(out[-1]) + len(part) + 4 <= _MAX_QUERY_CHARS:
-            out[-1] += " or " + part
-        else:
-            out.append(part)
-    return out
+# NB: each level is a pass over the samples: VictoriaMetrics ends a query after 30 s (-search.maxQueryDuration), and
+# 45 levels of 400 GPUs × 30 days did not finish in that on a loaded machine; a refused query is asked again for
+# half the node batch, but only after its timeout.
+_LEVELS_PER_QUERY = 8
 
 
 def levels_of(fld: str) -> tuple[float, ...]:
@@ -114,11 +109,21 @@ def levels_of(fld: str) -> tuple[float, ...]:
     return DENSE_LEVELS if fld == "sm_active" else COARSE_LEVELS
 
 
-def quantile_queries(batch: list[str] | None, fld: str, levels: tuple[float, ...], *, chunk: float) -> list[str]:
+def quantile_query(batch: list[str] | None, fld: str, levels: tuple[float, ...], *, chunk: float) -> str:
+    """``quantile_over_time`` at each of ``levels`` in one query, each answer labelled ``gpuscale_q``."""
     sel, c = _sel(FIELDS[fld], batch), _ms(chunk)
-    return _packed(
+    return " or ".join(
         f'label_replace(quantile_over_time({q:g}, {sel}[{c}]), "gpuscale_q", "{q:g}", "", "")' for q in levels
     )
+
+
+def level_packs(
+    batch: list[str] | None, fld: str, levels: tuple[float, ...], *, chunk: float
+) -> list[tuple[float, ...]]:
+    """``levels`` in groups whose query stays under ``_MAX_QUERY_CHARS`` for this batch."""
+    one = len(quantile_query(batch, fld, levels[:1], chunk=chunk)) + 4
+    size = max(1, min(_LEVELS_PER_QUERY, _MAX_QUERY_CHARS // one))
+    return [levels[i : i + size] for i in range(0, len(levels), size)]
 
 
 def series_queries(batch: list[str] | None, *, chunk: float, step: float) -> list[tuple[str, str, str]]:
@@ -132,7 +137,10 @@ def series_queries(batch: list[str] | None, *, chunk: float, step: float) -> lis
             ("stat", f"{fld}:total", f"sum_over_time({sel}[{c}])"),
             ("stat", f"{fld}:maximum", f"max_over_time({sel}[{c}])"),
         ]
-        out += [("quantiles", fld, q) for q in quantile_queries(batch, fld, levels_of(fld), chunk=chunk)]
+        out += [
+            ("quantiles", f"{fld}@{','.join(f'{q:g}' for q in pack)}", quantile_query(batch, fld, pack, chunk=chunk))
+            for pack in level_packs(batch, fld, levels_of(fld), chunk=chunk)
+        ]
     xid = _sel(FIELDS["last_xid"], batch)
     out += [
         ("xid", "max", f"max_over_time({xid}[{c}])"),
@@ -198,14 +206,14 @@ def block_queries(batch: list[str] | None, *, block: float, exporter: str) -> li
     return out
 
 
-def throttle_queries(batch: list[str] | None, *, window: float, bits: tuple[int, ...]) -> list[str]:
+def throttle_queries(batch: list[str] | None, *, window: float, bits: tuple[int, ...]) -> list[tuple[str, str]]:
     """The steps a GPU's clock-event mask had an abnormal bit: PromQL has no bitwise AND, but bit b of x is
     floor(x / b) % 2; only the matching steps are answered."""
     out = []
     for name in (FIELDS["clock_event_reasons"], *FIELD_ALIASES["clock_event_reasons"]):
         x = f"max_over_time({_sel(name, batch)}[{_ms(window)}])"
         if bits:
-            out.append(" or ".join(f"(floor({x} / {bit}) % 2 == 1)" for bit in bits))
+            out.append((name, " or ".join(f"(floor({x} / {bit}) % 2 == 1)" for bit in bits)))
     return out
 
 
@@ -227,13 +235,9 @@ async def _range(
             try:
                 add(await client.query_range(promql, start=first + k * step, end=first + (k + n - 1) * step, step=step))
                 break
-            except TooManySamples as e:
+            except TooManySamples:
                 if n == 1:
-                    raise SourceUnavailable(
-                        client.display_url,
-                        f"refuses even one point of a summary query: {e} (raise its limits)",
-                        kind="too_large",
-                    ) from None
+                    raise  # NB: the caller halves the node batch
                 n = max(1, n // 2)
         k += n
 
@@ -250,6 +254,7 @@ async def fetch_summaries(
     idle_busy_percent: float,
     idle_sm_active: float,
     throttle_bits: tuple[int, ...] = (),
+    safety_percentile: float | None = None,
     progress: bool | None = None,
 ) -> SummaryHistory:
     """The summaries of [start, end) (module docstring); ``chunk`` None: one chunk, the window."""
@@ -279,45 +284,67 @@ async def fetch_summaries(
     exporter = options.exporter_pod_pattern
     decoder = _SummaryDecoder(h, re.compile(exporter))
     blocks = int(np.ceil(window / block))
-    jobs: list[tuple[str, str, str, float, int, float]] = []  # kind, what, PromQL, first, points, step
-    for batch in batches:
-        for kind, what, q in series_queries(batch, chunk=chunk, step=step):
-            jobs.append((kind, what, q, start + chunk - 0.001, chunks, chunk))
+    timing = {
+        "stat": (start + chunk - 0.001, chunks, chunk),
+        "steps": (start + 0.001, steps, step),
+        "block": (start + block - 0.001, blocks, block),
+    }
+
+    def queries(batch: list[str] | None) -> dict[tuple[str, str], str]:
+        """Every query of one node batch by (kind, what): built again for half a batch the server refused."""
+        out = {(k, w): q for k, w, q in series_queries(batch, chunk=chunk, step=step)}
         for what, q in step_queries(
             batch, window=w, idle_busy_percent=idle_busy_percent, idle_sm_active=idle_sm_active, exporter=exporter
         ):
-            jobs.append(("steps", what, q, start + 0.001, steps, step))
-        for what, q in block_queries(batch, block=block, exporter=exporter):
-            jobs.append(("block", what, q, start + block - 0.001, blocks, block))
-        for q in throttle_queries(batch, window=w, bits=throttle_bits):
-            jobs.append(("throttle", "", q, start + 0.001, steps, step))
+            out[("steps", what)] = q
+        out |= {("block", what): q for what, q in block_queries(batch, block=block, exporter=exporter)}
+        out |= {("throttle", name): q for name, q in throttle_queries(batch, window=w, bits=throttle_bits)}
+        return out
+
+    def promql(kind: str, what: str, batch: list[str] | None) -> str:
+        if kind == "quantiles":
+            fld, _, levels = what.partition("@")
+            return quantile_query(batch, fld, tuple(float(q) for q in levels.split(",")), chunk=chunk)
+        return queries(batch)[(kind, what)]
+
+    jobs = [(kind, what, batch) for batch in batches for kind, what in queries(batch)]
     bar = Progress(len(jobs), enabled=sys.stderr.isatty() if progress is None else progress)
     semaphore = asyncio.Semaphore(options.concurrency)
 
-    async def one(kind: str, what: str, promql: str, first: float, points: int, every: float) -> None:
-        async with semaphore:
-            await _range(
-                client,
-                promql,
-                first=first,
-                points=points,
-                step=every,
-                max_points=options.max_points,
-                add=lambda result: decoder.add(kind, what, result, first=first, every=every),
-            )
+    async def one(kind: str, what: str, batch: list[str] | None) -> None:
+        first, points, every = timing.get(kind, timing["steps"] if kind == "throttle" else timing["stat"])
+        try:
+            async with semaphore:
+                await _range(client, promql(kind, what, batch), first=first, points=points, step=every,
+                             max_points=options.max_points,
+                             add=lambda result: decoder.add(kind, what.partition("@")[0], result, first=first,
+                                                            every=every))  # fmt: skip
+        except TooManySamples as e:
+            if not batch or len(batch) == 1:
+                raise SourceUnavailable(
+                    client.display_url,
+                    f"refuses a summary query even for one node and one point: {e} (raise its limits)",
+                    kind="too_large",
+                ) from None
+            half = len(batch) // 2
+            await one(kind, what, batch[:half])  # NB: halves of the node batch: every figure stays exact
+            await one(kind, what, batch[half:])
+            return
         bar.advance()
 
     try:
         await asyncio.gather(*(one(*job) for job in jobs))
         # the activity's fallbacks get the dense levels where a GPU of the batch has no SM_ACTIVE
         more = [
-            ("quantiles", fld, q, start + chunk - 0.001, chunks, chunk)
+            ("quantiles", f"{fld}@{','.join(f'{q:g}' for q in pack)}", batch)
             for batch in batches
             for fld in decoder.fallbacks(batch)
-            for q in quantile_queries(batch, fld, DENSE_LEVELS, chunk=chunk)
+            for pack in level_packs(batch, fld, DENSE_LEVELS, chunk=chunk)
         ]
         bar.add(len(more))
         await asyncio.gather(*(one(*job) for job in more))
+        if safety_percentile is not None and chunks == 1:
+            await _exact_ranks(client, decoder, safety_percentile, chunk=chunk, first=start + chunk - 0.001)
         await identity(client, h, at=start + window, window=window)  # type: ignore[arg-type]
     finally:
         bar.close()
@@ -329,6 +356,28 @@ async def fetch_summaries(
     return h
 
 
+_RANK_QUERIES = 50  # at most: series of the same sample count share one; the rest keep the levels' bound
+_UUIDS_PER_QUERY = 200
+
+
+async def _exact_ranks(
+    client: PrometheusClient, decoder: _SummaryDecoder, q: float, *, chunk: float, first: float
+) -> None:
+    """The activity's sample at or above the safety quantile, exactly, for each series in one chunk: raw mode's
+    safety share (``method="higher"``), which no fixed level gives (the levels' bound interpolates past it)."""
+    groups = sorted(decoder.rank_levels(q).items(), key=lambda kv: -len(kv[1]))
+    jobs = [
+        (fld, level, uuids[i : i + _UUIDS_PER_QUERY])
+        for (fld, level), uuids in groups
+        for i in range(0, len(uuids), _UUIDS_PER_QUERY)
+    ][:_RANK_QUERIES]
+    for fld, level, uuids in jobs:
+        sel = f'{FIELDS[fld]}{{UUID=~"{regex_alternatives(uuids)}"}}'
+        promql = f'label_replace(quantile_over_time({level!r}, {sel}[{_ms(chunk)}]), "gpuscale_q", "{level!r}", "", "")'
+        result = await client.query_range(promql, start=first, end=first, step=chunk)
+        decoder.add("quantiles", fld, result, first=first, every=chunk)
+
+
 class _SummaryDecoder:
     def __init__(self, h: SummaryHistory, exporter: re.Pattern[str]) -> None:
         self.h = h
@@ -338,6 +387,25 @@ class _SummaryDecoder:
         self._meta: dict[tuple[str, str], PodRef | None] = {}
         self._throttle: dict[tuple[str, str], tuple[PodRef | None, list[float]]] = {}
         self._levels: dict[int, dict[float, np.ndarray]] = {}  # id(summary) → level → per chunk
+
+    def rank_levels(self, q: float) -> dict[tuple[str, float], list[str]]:
+        """(field, level) → the GPU UUIDs whose activity series has, in its one chunk, its sample at or above the
+        quantile ``q`` exactly at that level: rank ``m = ⌈q(n - 1)⌉`` of ``n`` samples, asked at
+        ``(m + 10⁻⁶) / (n - 1)`` so the TSDB's interpolation lands on that sample (a hair above it, never below)."""
+        out: dict[tuple[str, float], set[str]] = defaultdict(set)
+        chosen: dict[tuple[str, PodRef | None], str] = {}
+        for (gpu, pod, fld), s in self._series.items():
+            if fld not in ACTIVITY_FIELDS or s.count.size != 1 or not np.nansum(s.count) > 1:
+                continue
+            known = chosen.get((gpu, pod))
+            if known is None or ACTIVITY_FIELDS.index(fld) < ACTIVITY_FIELDS.index(known):
+                chosen[(gpu, pod)] = fld
+        for (gpu, pod), fld in chosen.items():
+            n = int(self._series[(gpu, pod, fld)].count[0])
+            m = math.ceil(q * (n - 1) - 1e-9)
+            if m < n - 1:
+                out[(fld, (m + 1e-6) / (n - 1))].add(gpu.split("/")[0])
+        return {k: sorted(v) for k, v in out.items()}
 
     def fallbacks(self, batch: list[str] | None) -> list[str]:
         """The activity's fallback fields that stand in for SM_ACTIVE on some GPU of ``batch`` (a node list)."""
@@ -403,7 +471,7 @@ class _SummaryDecoder:
                 level = labels.pop("gpuscale_q", None)
                 s = self._summary(labels, what)
                 try:
-                    q = round(float(level or "nan"), 4)
+                    q = float(level or "nan")
                 except ValueError:
                     continue
                 row = self._levels.setdefault(id(s), {}).setdefault(q, np.full(h.chunks, np.nan))

@@ -427,7 +427,7 @@ def check_summary_against_samples(
             for key, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
                 exact, shown = float(np.quantile(values, q)), w["signals"][signal][key]
                 pct_errors.append(abs(shown - exact))
-                if shown < exact - 0.005:
+                if shown < exact - 0.0051:  # NB: the report rounds to 0.01
                     below.append((name, signal, key, shown, exact))
         r = raw[name]
         mine = (w["busy"], sorted({x["kind"] for x in w["recommendations"]}))
