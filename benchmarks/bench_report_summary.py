@@ -161,6 +161,7 @@ async def run_mode(url: str, mode: str, *, start: float, end: float, step: float
                 options=options,
                 idle_busy_percent=idle.busy_percent,
                 idle_sm_active=idle.sm_active,
+                safety_percentile=policy.rightsizing.safety_percentile,
                 progress=False,
             )
             report = build_summary_report(h, policy=policy, generated_at=end)
