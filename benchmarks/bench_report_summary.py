@@ -39,6 +39,7 @@ import numpy as np
 from gpuscale.report.build import build_report
 from gpuscale.report.policy import load_report_policy
 from gpuscale.report.summary import build_summary_report
+from gpuscale.report.usage import block_seconds
 from gpuscale.sources.history_fetch import FetchOptions, fetch_history
 from gpuscale.sources.promapi import PrometheusClient
 from gpuscale.sources.summary_fetch import fetch_summaries
@@ -73,18 +74,24 @@ def lines(*, gpus: int, first_gpu: int, start: float, end: float, interval: floa
                 f'{{"metric":{json.dumps({"__name__": name, **labels})},'
                 f'"values":[{",".join(map(str, values.tolist()))}],"timestamps":{ts_ms}}}\n'
             ).encode()
-        if g % 4 == 0:  # kube-state-metrics, one sample a day is enough for last_over_time
+        if g % 4 == 0:  # kube-state-metrics: the owner scraped with the GPUs (summary mode joins it per step)
             day = np.arange(start, end, 86400.0)
             sparse = "[" + ",".join(str(int(t * 1000)) for t in day) + "]"
             ones = "[" + ",".join("1" for _ in day) + "]"
             fours = "[" + ",".join("4" for _ in day) + "]"
             ns = f"ns-{g // 400}"
-            for name, extra, vals in (
-                ("kube_pod_owner", {"owner_kind": "ReplicaSet", "owner_name": f"{deploy}-rs"}, ones),
-                ("kube_pod_container_resource_requests", {"resource": "nvidia_com_gpu", "container": "main"}, fours),
+            every = "[" + ",".join("1" for _ in ts) + "]"
+            for name, extra, vals, stamps in (
+                ("kube_pod_owner", {"owner_kind": "ReplicaSet", "owner_name": f"{deploy}-rs"}, every, ts_ms),
+                (
+                    "kube_pod_container_resource_requests",
+                    {"resource": "nvidia_com_gpu", "container": "main"},
+                    fours,
+                    sparse,
+                ),
             ):
                 metric = {"__name__": name, "namespace": ns, "pod": pod, **extra}
-                yield f'{{"metric":{json.dumps(metric)},"values":{vals},"timestamps":{sparse}}}\n'.encode()
+                yield f'{{"metric":{json.dumps(metric)},"values":{vals},"timestamps":{stamps}}}\n'.encode()
             if g % 40 == 0:
                 metric = {"__name__": "kube_replicaset_owner", "namespace": ns, "replicaset": f"{deploy}-rs"}
                 metric |= {"owner_kind": "Deployment", "owner_name": deploy}
@@ -137,7 +144,7 @@ async def load(url: str, gen) -> float:
     return time.monotonic() - t0
 
 
-async def run_mode(url: str, mode: str, *, start: float, end: float, step: float, chunk: float, policy):
+async def run_mode(url: str, mode: str, *, start: float, end: float, step: float, chunk: float | None, policy):
     options = FetchOptions(series_batch=50, timeout_seconds=600)
     async with aiohttp.ClientSession() as session:
         client = PrometheusClient(url, session=session, **options.client_limits())
@@ -150,9 +157,11 @@ async def run_mode(url: str, mode: str, *, start: float, end: float, step: float
                 end=end,
                 step=step,
                 chunk=chunk,
+                block=block_seconds(end - start),
                 options=options,
                 idle_busy_percent=idle.busy_percent,
                 idle_sm_active=idle.sm_active,
+                safety_percentile=policy.rightsizing.safety_percentile,
                 progress=False,
             )
             report = build_summary_report(h, policy=policy, generated_at=end)
@@ -186,12 +195,14 @@ def compare(raw, summary) -> None:
             if other is None:
                 continue
             assert abs(other.max - sig.max) <= 0.011, (w.name, k, other.max, sig.max)
-            for q in ("p50", "p90", "p95", "target"):
+            for q in ("p50", "p95", "p99", "target"):
+                if getattr(other, q) is None or getattr(sig, q) is None:
+                    continue
                 d = getattr(other, q) - getattr(sig, q)
                 lo, hi = worst.get(f"{k}.{q}", (0.0, 0.0))
                 worst[f"{k}.{q}"] = (min(lo, d), max(hi, d))
-    print("  per-workload cost and maxima equal; summary - raw of the approximate figures, over all workloads:")
-    for k in ("activity_percent.p50", "activity_percent.p90", "activity_percent.p95", "activity_percent.target"):
+    print("  per-workload cost and maxima equal; summary - raw (exact) of the shown percentiles and the trend target:")
+    for k in ("activity_percent.p50", "activity_percent.p95", "activity_percent.p99", "activity_percent.target"):
         lo, hi = worst.get(k, (float("nan"), float("nan")))
         print(f"    {k:28s} from {lo:+6.2f} to {hi:+6.2f} percentage points")
 
@@ -203,6 +214,7 @@ async def main() -> None:
     ap.add_argument("--interval", type=float, default=600.0)
     ap.add_argument("--subset-gpus", type=int, default=400)
     ap.add_argument("--subset-days", type=int, default=7)
+    ap.add_argument("--chunk", type=float, default=None, help="seconds; default: the window (one chunk)")
     args = ap.parse_args()
     policy = load_report_policy()
     end = (time.time() // 86400 - 1) * 86400
@@ -218,7 +230,7 @@ async def main() -> None:
             print(f"  loaded in {await load(url, gen):.0f} s wall")
             vm0 = cpu_seconds(vm.pid)
             report, queries, wall, cpu = await run_mode(
-                url, "summary", start=start, end=end, step=args.interval, chunk=86400, policy=policy
+                url, "summary", start=start, end=end, step=args.interval, chunk=args.chunk, policy=policy
             )
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             print(
@@ -241,7 +253,7 @@ async def main() -> None:
             results = {}
             for mode in ("raw", "summary"):
                 results[mode] = await run_mode(
-                    url, mode, start=sub_start, end=sub_end, step=args.interval, chunk=86400, policy=policy
+                    url, mode, start=sub_start, end=sub_end, step=args.interval, chunk=args.chunk, policy=policy
                 )
                 _, q, wall, cpu = results[mode]
                 print(

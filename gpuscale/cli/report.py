@@ -46,7 +46,9 @@ class ReportSettings(CommandSettings):
     from_file: str | None = Field(None, description="(--from) make the report from a file written by --export")
     export: str | None = Field(None, description="also write the fetched history to this file (.npz, documented)")
     mode: str = Field("raw", description="raw (fetch samples) or summary (the TSDB summarises per series and chunk)")
-    chunk: Seconds = Field(86400.0, gt=0, description="summary mode: the span one server-side summary covers")
+    chunk: Seconds | None = Field(
+        None, gt=0, description="summary mode: the span one server-side summary covers (default: the whole window)"
+    )
     window: Seconds = Field(7 * 86400.0, gt=0, description="how far back the history goes (at most 366d)")
     step: Seconds = Field(60.0, gt=0, description="sample spacing of the history (at least 1s)")
     scrape_interval: Seconds | None = Field(
@@ -141,6 +143,7 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
     try:
         if settings.mode == "summary":
             from gpuscale.metrics.diagnosis import CLOCK_EVENT_BITS
+            from gpuscale.report.usage import block_seconds
             from gpuscale.sources.summary_fetch import fetch_summaries
 
             idle = policy.diagnosis.diagnosis.idle
@@ -151,10 +154,12 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
                 end=end,
                 step=settings.step,
                 chunk=settings.chunk,
+                block=block_seconds(settings.window),
                 options=options,
                 idle_busy_percent=idle.busy_percent,
                 idle_sm_active=idle.sm_active,
                 throttle_bits=tuple(bit for bit, name in CLOCK_EVENT_BITS if name in abnormal),
+                safety_percentile=policy.rightsizing.safety_percentile,
                 progress=False if settings.no_progress else None,
             )
         return await fetch_history(

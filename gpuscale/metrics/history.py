@@ -19,6 +19,7 @@ so a Deployment's history is the union of its pods' GPU-steps, whatever pods cam
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +63,17 @@ def pool_of(node_labels: dict[str, str]) -> str | None:
         if value:
             return value
     return None
+
+
+# The label a multi-cluster store (Thanos' external labels, a central Prometheus) puts on every series of a cluster.
+CLUSTER_LABEL = "cluster"
+
+
+def in_cluster(name: str, labels: Mapping[str, str]) -> str:
+    """A namespace or node name as the report keys it: ``cluster/name`` when the series carries a cluster label, so
+    two clusters' ``serve`` namespaces (or ``node-1``s) are kept apart; the name itself otherwise."""
+    cluster = labels.get(CLUSTER_LABEL)
+    return f"{cluster}/{name}" if cluster and name else name
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -146,44 +158,54 @@ def clean(values: np.ndarray) -> np.ndarray:
     return out.astype(np.float32)
 
 
-# --- summaries: what the TSDB computed per series, when raw samples do not fit here ---------------------------
-
-SUMMARY_STATS = ("count", "avg", "max", "p25", "p50", "p75", "p90", "p95")
+# --- summaries: what the TSDB computed from raw samples, when raw samples do not fit here ---------------------------
 
 
 @dataclass(slots=True)
 class SeriesSummary:
-    """One DCGM series (one GPU, or MIG instance, while one pod — or none — held it), one field, per chunk.
+    """One DCGM series (one GPU, or MIG instance, while one pod — or none — held it), one field, per chunk, all from
+    its raw samples (range selectors, never subqueries: no lookback fills a gap).
 
-    ``stats[name]`` is float64[chunks] for each of ``SUMMARY_STATS``: ``count`` is grid steps with a sample
-    (the subquery's resolution is the report's step), NaN where the series has no sample in the chunk."""
+    ``count``, ``total`` (the sum) and ``maximum`` are float64[chunks], NaN where the series has no sample in the
+    chunk; ``quantiles`` is float64[len(levels), chunks], ``quantile_over_time(level, F[chunk])``."""
 
     gpu: str
     node: str
     product: str | None
     pod: PodRef | None
     field: str
-    stats: dict[str, np.ndarray]
+    count: np.ndarray
+    total: np.ndarray
+    maximum: np.ndarray
+    levels: tuple[float, ...] = ()
+    quantiles: np.ndarray | None = None
 
 
 @dataclass(slots=True)
-class PodPeaks:
-    """Per chunk, the most GPUs the pod held at once, the most busy at once and its peak FB used summed (MiB)."""
+class OwnerSteps:
+    """One pod owner (kube_pod_owner's kind and name: a ReplicaSet, StatefulSet, Job …) as the TSDB summed its pods'
+    series at each grid step (the samples in the step's window, no lookback): GPUs held, GPUs busy, activity summed
+    (GPU-equivalents in use), pods alive; and per verdict block each diagnosed field's sum and sample count."""
 
-    held_max: np.ndarray
-    busy_max: np.ndarray
-    fb_max_mib: np.ndarray
+    held: np.ndarray
+    busy: np.ndarray
+    demand: np.ndarray
+    alive: np.ndarray
+    block_sums: dict[str, np.ndarray] = field(default_factory=dict)
+    block_counts: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class SummaryIncident:
-    kind: str  # xid | ecc-dbe
+    kind: str  # xid | ecc-dbe | throttle
     node: str
     gpu: str
     pod: PodRef | None
     chunk: int
-    value: float  # the Xid (max in the chunk) or the ECC DBE increase
-    count: int  # Xid changes in the chunk
+    value: float  # the Xid (max in the chunk), the ECC DBE increase, or the steps throttled
+    count: int  # Xid changes in the chunk, or steps throttled
+    first_seen: float | None = None  # throttle: the first and last step with an abnormal bit
+    last_seen: float | None = None
 
 
 @dataclass(slots=True)
@@ -192,8 +214,11 @@ class SummaryHistory:
     step_seconds: float
     chunk_seconds: float
     chunks: int
+    interval_seconds: float = 0.0  # what one sample counts for (the scrape interval); 0: the step
+    block_seconds: float = 3600.0
     series: list[SeriesSummary] = field(default_factory=list)
-    pods: dict[PodRef, PodPeaks] = field(default_factory=dict)
+    owner_steps: dict[tuple[str, str, str], OwnerSteps] = field(default_factory=dict)  # (ns, kind, name)
+    parents: dict[tuple[str, str, str], tuple[str, str]] = field(default_factory=dict)  # (kind, ns, name) → owner
     owners: dict[PodRef, Owner] = field(default_factory=dict)
     requests: dict[PodRef, float] = field(default_factory=dict)
     startups: dict[PodRef, float] = field(default_factory=dict)
@@ -206,3 +231,11 @@ class SummaryHistory:
     @property
     def end(self) -> float:
         return self.start + self.chunks * self.chunk_seconds
+
+    @property
+    def steps(self) -> int:
+        return round(self.chunks * self.chunk_seconds / self.step_seconds)
+
+    @property
+    def sample_seconds(self) -> float:
+        return self.interval_seconds or self.step_seconds

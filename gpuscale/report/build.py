@@ -98,8 +98,9 @@ def workloads_of(
     raw mode, chunks in summary mode); ``cost_step_seconds`` what one allocated step is worth (the grid step)."""
     out: list[Workload] = []
     for usage in usages.values():
-        asked = [requests[pods[p]] for p in usage.pods if pods[p] in requests]
-        measured = [startups[pods[p]] for p in usage.pods if startups and pods[p] in startups]
+        ids = usage.pod_ids or list(usage.pods)
+        asked = [requests[pods[p]] for p in ids if pods[p] in requests]
+        measured = [startups[pods[p]] for p in ids if startups and pods[p] in startups]
         cost = workload_cost(
             usage.allocated_steps_by_product,
             usage.active_steps_by_product,
@@ -113,7 +114,7 @@ def workloads_of(
                 steps=steps,
                 step_seconds=step_seconds,
                 requested_per_pod=max(asked) if asked else None,
-                pod_count=len(usage.pods),
+                pod_count=len(ids),
                 cost=cost,
                 cold_starts=measured,
             )

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from gpuscale.errors import ConfigError
-from gpuscale.report.schema import CostFigures, IdleNode, Incident, Report, Workload
+from gpuscale.report.schema import CostFigures, IdleNode, Incident, Recommendation, Report, Workload
 
 Formatter = Callable[[Report], str]
 FORMATTERS: dict[str, Formatter] = {}
@@ -58,9 +58,18 @@ _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2, "ok": 3}
 
 
 def top_recommendation(w: Workload) -> str:
-    """The recommendations in a few words, worst first."""
-    recs = sorted(w.recommendations, key=lambda r: _SEVERITY_ORDER[r.severity])
-    return "; ".join(f"{r.short}" for r in recs[:2]) + (f" +{len(recs) - 2}" if len(recs) > 2 else "")
+    """The recommended action in a few words, and how many alternatives and notes follow it."""
+    chosen = [r for r in w.recommendations if r.role == "recommended"]
+    if not chosen:  # NB: a report made before one action was chosen: worst first
+        chosen = sorted(w.recommendations, key=lambda r: _SEVERITY_ORDER[r.severity])[:1]
+    others = sum(r.role == "alternative" for r in w.recommendations)
+    notes = sum(r.role == "note" for r in w.recommendations)
+    more = [f"+{others} alt" if others else "", f"+{notes} note" if notes else ""]
+    return "; ".join([*(r.short for r in chosen), *(m for m in more if m)])
+
+
+def role_label(r: Recommendation) -> str:
+    return {"recommended": "RECOMMENDED", "alternative": "alternative", "note": "note"}[r.role]
 
 
 def headline(report: Report) -> list[str]:
@@ -162,13 +171,20 @@ def table(report: Report) -> str:
         t.add_row(*workload_row(w, report.currency))
     console.print(t)
     for w in report.workloads:
+        if all(r.kind == "keep" for r in w.recommendations):
+            continue
         for r in w.recommendations:
-            if r.kind in ("keep",):
-                continue
             saving = f" (saves ~{money(r.monthly_saving, report.currency)}/month)" if r.monthly_saving else ""
-            console.print(f"{w.namespace}/{w.name}: [{r.severity}] {r.summary}{saving}", highlight=False, markup=False)
+            indent = "" if r.role == "recommended" else "  "
+            console.print(
+                f"{indent}{w.namespace}/{w.name}: {role_label(r)} [{r.severity}] {r.summary}{saving}",
+                highlight=False,
+                markup=False,
+            )
             if r.evidence:
-                console.print(f"    because {evidence_text(r.evidence)}", highlight=False, markup=False)
+                console.print(f"{indent}    because {evidence_text(r.evidence)}", highlight=False, markup=False)
+            if r.role == "recommended" and w.rule:
+                console.print(f"    chosen as {w.rule}", highlight=False, markup=False)
     for title, groups in (("Pools", report.pools), ("Namespaces", report.namespaces)):
         g = Table(title=title, box=None, pad_edge=False)
         for col in (title[:-1], *COST_COLUMNS):
@@ -230,9 +246,12 @@ def markdown(report: Report) -> str:
         lines.append("")
         for r in w.recommendations:
             saving = f" — saves ~{money(r.monthly_saving, report.currency)}/month" if r.monthly_saving else ""
-            lines.append(f"- **{r.severity}** {r.kind}: {r.summary}{saving}")
+            indent = "" if r.role == "recommended" else "  "
+            lines.append(f"{indent}- {role_label(r)} **{r.severity}** {r.kind}: {r.summary}{saving}")
             if r.evidence:
-                lines.append(f"  - evidence: {evidence_text(r.evidence)}")
+                lines.append(f"{indent}  - evidence: {evidence_text(r.evidence)}")
+            if r.role == "recommended" and w.rule:
+                lines.append(f"  - chosen as {w.rule}")
         if w.verdicts:
             shares = ", ".join(f"{v.code} {v.share:.0%}" for v in w.verdicts)
             lines.append(f"- verdicts over time: {shares}")

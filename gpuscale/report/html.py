@@ -27,6 +27,7 @@ from gpuscale.report.formatters import (
     idle_node_row,
     incident_row,
     money,
+    role_label,
     when,
     workload_row,
 )
@@ -164,9 +165,11 @@ def render_html(report: Report) -> str:
         parts.append(f"<h3>{esc(w.namespace)}/{esc(w.kind)}/{esc(w.name)}</h3><ul>")
         for r in w.recommendations:
             saving = f" — saves ~{esc(money(r.monthly_saving, report.currency))}/month" if r.monthly_saving else ""
+            rule = f"<br><small>chosen as {esc(w.rule)}</small>" if r.role == "recommended" and w.rule else ""
             parts.append(
-                f"<li class='sev-{esc(r.severity)}'><b>{esc(r.severity)}</b> {esc(r.summary)}{saving}"
-                f"<br><small>{esc(evidence_text(r.evidence))}</small></li>"
+                f"<li class='sev-{esc(r.severity)} role-{esc(r.role)}'><b>{esc(role_label(r))}</b> "
+                f"<b>{esc(r.severity)}</b> {esc(r.summary)}{saving}"
+                f"<br><small>{esc(evidence_text(r.evidence))}</small>{rule}</li>"
             )
         parts.append("</ul>")
     parts.append("<h2>Idle cost per pool</h2>")

@@ -62,7 +62,7 @@ def workload_report(
     signals = _signal_stats(usage, policy=policy, product=product, conf=conf)
 
     # Observed requests when kube-state-metrics gave none: the most GPUs one pod held at once.
-    held_peak = max((float(p.held.max()) for p in usage.pods.values()), default=0.0)
+    held_peak = max((held for held, _, _ in usage.peaks()), default=0.0)
     requests_source = "kube-state-metrics" if requested_per_pod is not None else "observed"
     requested = requested_per_pod if requested_per_pod is not None else held_peak
 
@@ -96,6 +96,7 @@ def workload_report(
             step_seconds=step_seconds,
             cold_starts=cold_starts or [],
         )
+    recs, rule = choose_action(recs)
     return Workload(
         namespace=usage.key.namespace,
         kind=usage.key.kind,
@@ -119,7 +120,50 @@ def workload_report(
         longest_idle_seconds=longest_idle,
         verdicts=verdicts,
         recommendations=recs,
+        rule=rule,
     )
+
+
+# What one action is taken per workload: the safe downsizing that frees the most money a month; on a tie (or with no
+# price), the one that changes least, in this order. A workload told nothing else keeps its request.
+ACTIONS = ("fewer-gpus", "replicas", "scale-to-zero", "mig-profile", "time-slicing", "smaller-gpu")
+ACTION_RULE = (
+    "the downsizing that saves the most a month (on a tie or without a price: fewer GPUs, replicas, "
+    "scale-to-zero, MIG profile, time-slicing, smaller GPU, in that order); every one listed fits the exact p99 "
+    "and the peak memory"
+)
+
+
+def choose_action(recs: list[Recommendation]) -> tuple[list[Recommendation], str]:
+    """The recommendations in the order they are read: the one recommended, its alternatives (largest saving first)
+    and the notes (diagnoses); and the rule that chose it."""
+    actions = [r for r in recs if r.kind in ACTIONS]
+    notes = [r for r in recs if r.kind not in ACTIONS]
+
+    def rank(r: Recommendation) -> tuple[float, int]:
+        return (-(r.monthly_saving or 0.0), ACTIONS.index(r.kind))
+
+    if actions:
+        ordered = sorted(actions, key=rank)
+        chosen = [ordered[0].model_copy(update={"role": "recommended"})]
+        chosen += [r.model_copy(update={"role": "alternative"}) for r in ordered[1:]]
+        rule = ACTION_RULE
+        notes = [r for r in notes if r.kind != "keep" or r.short == "keep 1 warm"]
+    else:
+        first = next((r for r in notes if r.kind in ("not-enough-data", "keep")), None)
+        if first is None:
+            return recs, ""
+        chosen = [first.model_copy(update={"role": "recommended"})]
+        notes = [r for r in notes if r is not first]
+        if first.kind == "not-enough-data":
+            rule = "too little history to recommend a change"
+        elif "busy" in first.short:
+            rule = "busy (its p99 or its hourly diagnosis): a busy workload is never downsized"
+        elif first.short == "keep 1 warm":
+            rule = "scale-to-zero's cold starts would exceed the latency budget"
+        else:
+            rule = "no downsizing fits the exact p99 and the peak memory"
+    return chosen + [r.model_copy(update={"role": "note"}) for r in notes], rule
 
 
 def _history_span(usage: WorkloadUsage, held_any: np.ndarray, step_seconds: float) -> tuple[np.ndarray, int, float]:
@@ -149,12 +193,16 @@ def _signal_stats(
         est = estimate(hist, conf=conf, margin=margin, cap=cap, **percentiles)
         if est is None:
             continue
+        exact = {q: usage.quantile(name, q) for q in (0.5, 0.95, 0.99)}
         signals[name] = SignalStats(
             unit=_UNITS.get(name, "percent"),  # type: ignore[arg-type]
-            p50=_r(est.p50),
-            p90=_r(est.p90),
-            p95=_r(est.p95),
+            p50=_r(exact[0.5]) if exact[0.5] is not None else None,
+            p95=_r(exact[0.95]) if exact[0.95] is not None else None,
+            p99=_r(exact[0.99]) if exact[0.99] is not None else None,
             max=_r(est.maximum),
+            trend_p50=_r(est.p50),
+            trend_p90=_r(est.p90),
+            trend_p95=_r(est.p95),
             target=_r(est.target),
             lower_bound=_r(est.lower),
             upper_bound=_r(est.upper) if math.isfinite(est.upper) else 1e300,
@@ -235,7 +283,7 @@ def _recommend(
         usage.product
     )
     margin = policy.rightsizing.margin_fraction
-    avg_pods = _average_pods(usage)
+    avg_pods = _average_pods(usage, steps)
     need = _gpus_needed(usage, product=product, margin=margin)
     out: list[Recommendation] = []
     if requested and need.gpus < requested:
@@ -257,7 +305,7 @@ def _recommend(
             share_target=min(1.0, share_target * (1 + margin)),  # what a smaller shape must hold: that plus margin
         )
         out += [r for rule in (_mig_profile, _smaller_gpu, _time_slicing) if (r := rule(shape, policy=policy))]
-    out += _replicas(usage, policy=policy, requested=requested, price=price, busy_hours=busy_hours)
+    out += _replicas(usage, policy=policy, requested=requested, price=price, busy_hours=busy_hours, steps=steps)
     out += _scale_to_zero(usage, policy=policy, steps=steps, step_seconds=step_seconds, price=price,
                           requested=requested, longest_idle=longest_idle, cold_starts=cold_starts or [])  # fmt: skip
     out += diagnosis_recommendations(verdicts, policy)
@@ -279,8 +327,8 @@ class _GpusNeeded:
 
 
 def _gpus_needed(usage: WorkloadUsage, *, product: Product | None, margin: float) -> _GpusNeeded:
-    peak_busy = max((float(p.busy.max()) for p in usage.pods.values()), default=0.0)
-    peak_pod_fb = max((float(p.fb_mib.max()) for p in usage.pods.values()), default=0.0)
+    peak_busy = max((busy for _, busy, _ in usage.peaks()), default=0.0)
+    peak_pod_fb = max((fb for _, _, fb in usage.peaks()), default=0.0)
     gpu_memory = product.memory_mib if product else None
     for_memory = math.ceil(peak_pod_fb * (1 + margin) / gpu_memory) if gpu_memory else 1
     return _GpusNeeded(max(1, math.ceil(peak_busy), for_memory), peak_busy, peak_pod_fb, gpu_memory, for_memory)
@@ -507,7 +555,7 @@ def _scale_to_zero(
 
 
 def _replicas(
-    usage: WorkloadUsage, *, policy: ReportPolicy, requested: float, price: float | None, busy_hours: int
+    usage: WorkloadUsage, *, policy: ReportPolicy, requested: float, price: float | None, busy_hours: int, steps: int
 ) -> list[Recommendation]:
     """How many pods carry a pooled workload's demand: the exact p99 over time of its activity summed over all its
     GPUs, plus the margin, at the target utilisation of each pod's GPUs (never for hours diagnosed busy)."""
@@ -515,7 +563,7 @@ def _replicas(
     rule = rs.replicas
     if usage.key.kind not in rule.kinds or usage.demand is None or busy_hours or not requested:
         return []
-    alive = np.sum([p.held > 0 for p in usage.pods.values()], axis=0)
+    alive = usage.alive(steps)
     live = alive > 0
     if not live.any():
         return []
@@ -555,13 +603,10 @@ def _replicas(
     ]
 
 
-def _average_pods(usage: WorkloadUsage) -> float:
+def _average_pods(usage: WorkloadUsage, steps: int) -> float:
     """Mean number of pods alive while the workload held GPUs (a cost multiplier)."""
-    held = [p.held > 0 for p in usage.pods.values()]
-    if not held:
-        return 0.0
-    alive = np.sum(held, axis=0)
-    return float(alive[alive > 0].mean()) if (alive > 0).any() else 0.0
+    alive = np.asarray(usage.alive(steps))
+    return float(alive[alive > 0].mean()) if alive.size and (alive > 0).any() else 0.0
 
 
 def _mig_fit(product: Product, *, fb_mib: float, share: float):

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA = "gpuscale.io/report/v1"
+SCHEMA = "gpuscale.io/report/v2"
 
 Severity = Literal["ok", "info", "warning", "critical"]
 
@@ -23,17 +23,21 @@ class _Out(BaseModel):
 
 
 class SignalStats(_Out):
-    """One signal's distribution over a workload's GPU-steps, and its VPA-style estimate (the same unit)."""
+    """One signal over a workload's samples: the exact quantiles and maximum, and beside them the recency-weighted
+    trend (VPA's decaying histogram: recent hours count more) with the estimate built on it (the same unit)."""
 
     unit: Literal["percent", "mib", "gpus"]
-    p50: float
-    p90: float
-    p95: float
+    p50: float | None = Field(description="exact over the samples (raw); the TSDB's over raw samples (summary)")
+    p95: float | None = Field(description="as p50; pooled over series or chunks in summary mode: a bound from above")
+    p99: float | None = Field(description="as p95")
     max: float
-    target: float
+    samples: int
+    trend_p50: float = Field(description="recency-weighted (half-life), to a histogram bucket: a trend, not a fact")
+    trend_p90: float
+    trend_p95: float
+    target: float = Field(description="the trend's target percentile + margin (VPA's estimate)")
     lower_bound: float
     upper_bound: float
-    samples: int
 
 
 class Recommendation(_Out):
@@ -55,6 +59,10 @@ class Recommendation(_Out):
         default_factory=dict, description="the numbers the recommendation rests on"
     )
     monthly_saving: float | None = Field(None, description="cost of what it frees over 30 days at this usage")
+    role: Literal["recommended", "alternative", "note"] = Field(
+        "note",
+        description="the one action recommended for the workload, an alternative to it, or a note (a diagnosis)",
+    )
 
 
 class VerdictShare(_Out):
@@ -104,7 +112,10 @@ class Workload(_Out):
     cost: CostFigures
     longest_idle_seconds: float
     verdicts: list[VerdictShare]
-    recommendations: list[Recommendation]
+    recommendations: list[Recommendation] = Field(
+        description="the recommended action first, then its alternatives (largest saving first), then notes"
+    )
+    rule: str = Field("", description="why the first recommendation is the one recommended")
 
 
 class Group(_Out):

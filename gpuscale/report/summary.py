@@ -1,21 +1,20 @@
-"""``build_summary_report``: the report from per-series summaries the TSDB computed (``--mode summary``). Pure.
+"""``build_summary_report``: the report from what the TSDB computed over raw samples (``--mode summary``). Pure.
 
-Each (GPU, pod) series brings, per chunk, the count of grid samples, their mean, maximum and p25/p50/p75/p90/p95, per
-field; each pod its peaks (GPUs held and busy at once, memory summed over its GPUs). Combined here:
+In: per (GPU, pod) series and chunk, each signal's sample count, sum, maximum and quantiles at a set of levels; per
+pod owner and grid step, GPUs held and busy, activity summed and pods alive; per owner and verdict block, each
+field's sum and count (sources/summary_fetch.py). Combined here:
 
-Exact (the same numbers raw mode gives on the same grid, up to float rounding):
-  GPU-hours allocated / active / idle / unallocated and their cost (Σ count, Σ mean × count), per pool,
-  namespace and workload; maxima of every signal; GPUs busy and held at once per pod (peaks); peak memory;
-  so "fewer GPUs per pod" and the MIG profile's memory fit.
+Exact (the same numbers raw mode gives, sample for sample):
+  GPU-hours allocated / active / idle / unallocated and their cost (samples × the scrape interval, Σ sum),
+  per pool, namespace and workload; maxima; the quantiles of a workload held by one series in one chunk (the
+  default ``--chunk`` is the window); replica counts (the demand summed per step by the TSDB); idle stretches,
+  wake-ups and history spans (per step); verdicts over time (the same hourly means).
+Bounded from above (never below the exact figure):
+  a quantile pooled over several series or chunks (report/quantile_bounds.py: within about a point with the dense
+  levels asked for the activity); GPUs held and busy at once per pod (each of its GPUs counted once if it was
+  busy at all in a chunk) and its peak memory (the sum of its GPUs' peaks).
 Approximate:
-  p50/p90/p95 across chunks and GPUs: each chunk's distribution stands in as six points (its p25, p50 and p75
-  with weight 0.25 each, p90 0.15, p95 0.05, max 0.05): exact at p50/p90/p95 within one series-chunk, and each
-  chunk's mass only ever moved up to the next point, so the combined percentiles bound raw mode's from above;
-  the target compute share and the MIG/smaller-GPU/time-slicing fits that rest on it; history length,
-  confidence and idle stretches to a chunk (scale-to-zero sees only whole idle chunks); verdicts over time
-  from chunk means (not hourly); the activity bands (from the same four points); Xid incidents per chunk
-  (a change within the chunk); ECC DBE from ``increase()`` (which extrapolates at the window's edges); throttling
-  minutes exact, but which abnormal bit it was is not told apart and first/last seen are to a chunk.
+  the recency-weighted trend (each chunk's distribution from its quantile levels); Xid incidents per chunk.
 """
 
 from __future__ import annotations
@@ -25,70 +24,72 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuscale.metrics.history import SUMMARY_STATS, PodRef, SeriesSummary, SummaryHistory
+from gpuscale.metrics.history import PodRef, SeriesSummary, SummaryHistory
 from gpuscale.report.build import workloads_of
 from gpuscale.report.costs import CostAccumulator, find_idle_nodes, price_lookup
 from gpuscale.report.policy import ReportPolicy
+from gpuscale.report.quantile_bounds import Part, pooled_quantile_bound
 from gpuscale.report.schema import Group, Incident, Report, TimelinePoint, Window
-from gpuscale.report.usage import SIGNALS, PodSteps, WorkloadKey, WorkloadUsage, new_usage, owner_of
+from gpuscale.report.usage import SAFETY, SIGNALS, WorkloadKey, WorkloadUsage, new_usage, owner_of
 
 EXACT_SUMMARY = [
-    "GPU-hours (allocated, active, idle, unallocated) and their cost",
-    "maxima of every signal; GPUs held and busy at once per pod; peak memory per pod",
-    "the safety share every downsizing must fit: the maximum activity (no samples are kept for a p99)",
+    "GPU-hours (allocated, active, idle, unallocated) and their cost: samples present × the scrape interval",
+    "maxima of every signal; p50/p95/p99 of a workload with one series in one chunk (the TSDB's, over raw samples)",
+    "replica counts, idle stretches, wake-ups and verdicts over time: the TSDB's sums per step and hour",
 ]
 APPROXIMATE_SUMMARY = [
-    "p50/p90/p95 and targets: each chunk's distribution as its p25/p50/p75/p90/p95/max (an upper bound)",
-    "history length, confidence, idle stretches and verdicts to a chunk; Xid per chunk; ECC from increase()",
-    "throttling: minutes exact; first/last seen to a chunk, the abnormal bit not told apart",
+    "p50/p95/p99 pooled over several series or chunks: a bound from above (never below the exact quantile)",
+    "GPUs held and busy at once per pod and its peak memory: bounds from above (per chunk, per GPU)",
+    "the recency-weighted trend and target: from each chunk's quantile levels; Xid incidents to a chunk",
 ]
-_QUANTILE_WEIGHTS = (("p25", 0.25), ("p50", 0.25), ("p75", 0.25), ("p90", 0.15), ("p95", 0.05), ("max", 0.05))
 _ACTIVITY_ORDER = ("sm_active", "gr_engine_active", "gpu_util_percent")
-_SIGNAL_NAMES = {"sm_active": "SM_ACTIVE", "gr_engine_active": "GR_ENGINE_ACTIVE", "gpu_util_percent": "GPU_UTIL"}
+_ACTIVITY_SCALE = {"sm_active": 100.0, "gr_engine_active": 100.0, "gpu_util_percent": 1.0}  # → percent
+_SOURCE_NAMES = {"sm_active": "SM_ACTIVE", "gr_engine_active": "GR_ENGINE_ACTIVE", "gpu_util_percent": "GPU_UTIL"}
+SHOWN_QUANTILES = (0.5, 0.95, 0.99)
 
 
-def _activity(fields: dict[str, SeriesSummary], chunks: int) -> dict[str, np.ndarray]:
-    """Per chunk, the activity's stats (0–1) from SM_ACTIVE, else GR_ENGINE_ACTIVE, else GPU_UTIL / 100."""
-    out = {k: np.full(chunks, np.nan) for k in SUMMARY_STATS}
-    chosen = np.zeros(chunks, dtype=bool)
-    for name in _ACTIVITY_ORDER:
-        s = fields.get(name)
-        if s is None:
-            continue
-        take = ~chosen & (np.nan_to_num(s.stats["count"]) > 0)
-        scale = 0.01 if name == "gpu_util_percent" else 1.0
-        for k in out:
-            v = s.stats[k] if k == "count" else np.clip(s.stats[k] * scale, 0.0, 1.0)
-            out[k] = np.where(take, v, out[k])
-        chosen |= take
-    return out
+@dataclass(slots=True)
+class _Fold:
+    total: CostAccumulator
+    pods: list[PodRef] = field(default_factory=list)
+    pod_ids: dict[PodRef, int] = field(default_factory=dict)
+    usages: dict[WorkloadKey, WorkloadUsage] = field(default_factory=dict)
+    parts: dict[WorkloadKey, dict[str, list[Part]]] = field(default_factory=dict)
+    peaks: dict[PodRef, list[float]] = field(default_factory=dict)  # held, busy, FB MiB
+    pools: dict[str, CostAccumulator] = field(default_factory=dict)
+    namespaces: dict[str, CostAccumulator] = field(default_factory=dict)
+    nodes: dict[str, CostAccumulator] = field(default_factory=dict)
 
 
 def build_summary_report(h: SummaryHistory, *, policy: ReportPolicy, generated_at: float) -> Report:
     rs = policy.rightsizing
-    chunks, chunk = h.chunks, h.chunk_seconds
-    steps_per_chunk = chunk / h.step_seconds
-    decay = np.exp2((h.start + (np.arange(chunks) + 0.5) * chunk - h.end) / rs.half_life)
+    decay = np.exp2((h.start + (np.arange(h.chunks) + 0.5) * h.chunk_seconds - h.end) / rs.half_life)
     fold = _fold_series(h, policy=policy, decay=decay)
+    gaps = list(h.gaps)
+    _add_owner_steps(h, fold, gaps)
     for key, usage in fold.usages.items():
-        usage.samples = int(fold.workload_samples[key].sum())
-        for p in usage.pods.values():
-            held = p.held > 0
-            # GPUs busy at once: a chunk's peak stands for its samples (an upper bound of the distribution)
-            usage.histograms["gpus_busy"].add(p.busy[held], weights=(decay * steps_per_chunk)[held])
+        usage.pod_peaks = [tuple(fold.peaks[fold.pods[i]]) for i in usage.pod_ids]  # type: ignore[misc]
+        hist = usage.histograms["gpus_busy"]
+        busy = np.array([b for _, b, _ in usage.pod_peaks])
+        if busy.size:
+            hist.add(busy, weights=np.ones(busy.size))
+        qs = {*SHOWN_QUANTILES, rs.safety_percentile}
+        for signal, parts in fold.parts[key].items():
+            usage.quantiles[signal] = {q: v for q in qs if (v := pooled_quantile_bound(q, parts)) is not None}
+            if signal == "activity_percent":  # NB: safety decisions read the sample at or above, as raw mode's
+                safety = pooled_quantile_bound(rs.safety_percentile, parts, at_or_above=True)
+                usage.quantiles[SAFETY] = {rs.safety_percentile: safety} if safety is not None else {}
     workloads = workloads_of(
         fold.usages,
         pods=fold.pods,
         requests=h.requests,
         startups=h.startups,
         policy=policy,
-        steps=chunks,
-        step_seconds=chunk,
-        cost_step_seconds=h.step_seconds,
+        steps=h.steps,
+        step_seconds=h.step_seconds,
+        cost_step_seconds=h.sample_seconds,
     )
     price_of = price_lookup(policy)
-    idle_nodes = find_idle_nodes(fold.nodes, node_pools=h.node_pools, policy=policy)
-    incidents = _throttle_incidents(h, policy) + _counter_incidents(h, policy)
     return Report(
         generated_at=generated_at,
         source=h.source,
@@ -97,106 +98,230 @@ def build_summary_report(h: SummaryHistory, *, policy: ReportPolicy, generated_a
         approximate=APPROXIMATE_SUMMARY,
         window=Window(start=h.start, end=h.end, step_seconds=h.step_seconds),
         currency=policy.prices.currency,
-        gaps=list(h.gaps),
+        gaps=gaps,
         workloads=workloads,
         pools=[Group(name=k, cost=v.figures(price_of)) for k, v in sorted(fold.pools.items())],
         namespaces=[Group(name=k, cost=v.figures(price_of)) for k, v in sorted(fold.namespaces.items())],
         total=fold.total.figures(price_of),
-        idle_nodes=idle_nodes,
-        incidents=sorted(incidents, key=lambda i: (i.first_seen, i.node, i.gpu)),
-        timeline=[
-            TimelinePoint(
-                t=h.start + k * chunk,
-                allocated_gpus=round(float(fold.alloc_t[k] / steps_per_chunk), 3),
-                active_gpus=round(float(fold.active_t[k] / steps_per_chunk), 3),
-            )
-            for k in range(chunks)
-        ],
+        idle_nodes=find_idle_nodes(fold.nodes, node_pools=h.node_pools, policy=policy),
+        incidents=sorted(_incidents(h, policy), key=lambda i: (i.first_seen, i.node, i.gpu)),
+        timeline=_timeline(h),
     )
 
 
-@dataclass(slots=True)
-class _SummaryFold:
-    """What the (GPU, node, pod) series groups add up to: GPU-time per pool, namespace, node and in total, the
-    timeline's GPUs allocated and active per chunk, and each workload's usage and samples per chunk."""
+def _activity(fields: dict[str, SeriesSummary]) -> list[tuple[str, SeriesSummary, np.ndarray]]:
+    """Per chunk, which field the activity comes from (SM_ACTIVE, else GR_ENGINE_ACTIVE, else GPU_UTIL / 100):
+    (field, its summary, the chunks it is chosen for)."""
+    out = []
+    chosen: np.ndarray | None = None
+    for name in _ACTIVITY_ORDER:
+        s = fields.get(name)
+        if s is None:
+            continue
+        has = np.nan_to_num(s.count) > 0
+        take = has if chosen is None else has & ~chosen
+        chosen = take if chosen is None else chosen | take
+        if take.any():
+            out.append((name, s, take))
+    return out
 
-    total: CostAccumulator
-    alloc_t: np.ndarray
-    active_t: np.ndarray
-    pods: list[PodRef] = field(default_factory=list)
-    pod_ids: dict[PodRef, int] = field(default_factory=dict)
-    usages: dict[WorkloadKey, WorkloadUsage] = field(default_factory=dict)
-    pools: dict[str, CostAccumulator] = field(default_factory=dict)
-    namespaces: dict[str, CostAccumulator] = field(default_factory=dict)
-    nodes: dict[str, CostAccumulator] = field(default_factory=dict)
-    workload_samples: dict[WorkloadKey, np.ndarray] = field(default_factory=dict)
+
+def _parts(s: SeriesSummary, take: np.ndarray, scale: float) -> list[Part]:
+    assert s.quantiles is not None
+    levels = np.asarray(s.levels)
+    return [
+        Part(int(s.count[k]), levels, s.quantiles[:, k] * scale, float(s.maximum[k]) * scale)
+        for k in np.flatnonzero(take & (np.nan_to_num(s.count) > 0))
+    ]
 
 
-def _fold_series(h: SummaryHistory, *, policy: ReportPolicy, decay: np.ndarray) -> _SummaryFold:
-    """Each (GPU, node, pod) group of series into the GPU-time figures and its workload's usage."""
-    chunks = h.chunks
+def _trend(usage: WorkloadUsage, signal: str, parts: list[Part], weights: list[float]):
+    """Each part's distribution into the trend histogram: the mass between two levels at the upper level's value,
+    above the last at the maximum (an upper bound of the distribution, weighted by the chunk's recency)."""
+    for p, w in zip(parts, weights, strict=True):
+        mass = np.diff(np.concatenate(([0.0], p.levels, [1.0])))
+        values = np.append(p.quantiles, p.maximum)
+        ok = ~np.isnan(values)
+        usage.histograms[signal].add(values[ok], weights=(mass * p.count * w)[ok])
+
+
+def _fold_series(h: SummaryHistory, *, policy: ReportPolicy, decay: np.ndarray) -> _Fold:
+    idle = policy.diagnosis.diagnosis.idle
     groups: dict[tuple[str, str, PodRef | None], dict[str, SeriesSummary]] = defaultdict(dict)
     for s in h.series:
         groups[(s.gpu, s.node, s.pod)][s.field] = s
-    fold = _SummaryFold(CostAccumulator(h.step_seconds), np.zeros(chunks), np.zeros(chunks))
+    fold = _Fold(CostAccumulator(h.sample_seconds))
     for (gpu, node, pod), fields in groups.items():
-        any_field = next(iter(fields.values()))
-        product = any_field.product
-        act = _activity(fields, chunks)
-        count = np.nan_to_num(act["count"])
-        active = np.nan_to_num(act["avg"]) * count
+        product = next(iter(fields.values())).product
+        chosen = _activity(fields)
+        samples = sum(float(np.nansum(s.count[take])) for _, s, take in chosen)
+        active = sum(
+            float(np.nansum(np.clip(s.total[take] * _ACTIVITY_SCALE[f] / 100.0, 0.0, s.count[take])))
+            for f, s, take in chosen
+        )
         pool = h.node_pools.get(node, node)
         held = pod is not None
-        fig = {"allocated": count.sum() if held else 0.0, "active": active.sum() if held else 0.0}
-        fig["unallocated"] = 0.0 if held else count.sum()
-        for acc in (fold.pools.setdefault(pool, CostAccumulator(h.step_seconds)), fold.total):
+        fig = {
+            "allocated": samples if held else 0.0,
+            "active": active if held else 0.0,
+            "unallocated": 0.0 if held else samples,
+        }
+        for acc in (fold.pools.setdefault(pool, CostAccumulator(h.sample_seconds)), fold.total):
             acc.add(gpu, product, **fig)
-        fold.nodes.setdefault(node, CostAccumulator(h.step_seconds)).add(gpu, product, **fig)
-        if pod is None:
+        fold.nodes.setdefault(node, CostAccumulator(h.sample_seconds)).add(gpu, product, **fig)
+        if pod is None or not samples:
             continue
-        fold.alloc_t += count
-        fold.active_t += active
-        fold.namespaces.setdefault(pod.namespace, CostAccumulator(h.step_seconds)).add(
-            gpu, product, allocated=fig["allocated"], active=fig["active"], unallocated=0.0
+        fold.namespaces.setdefault(pod.namespace, CostAccumulator(h.sample_seconds)).add(gpu, product, **fig)
+        usage, key = _usage_of(fold, h, pod, policy=policy)
+        _add_series(fold, usage, key, fields, chosen, decay, product or "unknown", pool, gpu)
+        usage.allocated_steps_by_product[product or "unknown"] += samples
+        usage.active_steps_by_product[product or "unknown"] += active
+        # NB: GPUs held / busy at once: each of the pod's GPUs with a sample (busy: over an idle threshold) in the
+        # window; a bound from above (two GPUs held one after the other count as two)
+        busy = any(
+            f in fields and np.nanmax(np.append(fields[f].maximum, -np.inf)) > threshold
+            for f, threshold in (
+                ("gpu_util_percent", idle.busy_percent),
+                ("sm_active", idle.sm_active),
+                ("gr_engine_active", idle.busy_percent / 100.0),
+            )
         )
-        usage = _pod_usage(fold, h, pod, count, policy=policy)
-        _add_series(usage, fields, act, count, decay, product or "unknown", pool, gpu)
+        fb = fields.get("fb_used_mib")
+        peak = fold.peaks.setdefault(pod, [0.0, 0.0, 0.0])
+        peak[0] += 1.0
+        peak[1] += 1.0 if busy else 0.0
+        peak[2] += float(np.nanmax(np.append(fb.maximum, 0.0))) if fb is not None else 0.0
     return fold
 
 
-def _pod_usage(
-    fold: _SummaryFold, h: SummaryHistory, pod: PodRef, count: np.ndarray, *, policy: ReportPolicy
-) -> WorkloadUsage:
-    """The usage of the pod's workload (new on its first pod), with the pod's peaks added on its first series."""
-    chunks = h.chunks
+def _usage_of(fold: _Fold, h: SummaryHistory, pod: PodRef, *, policy: ReportPolicy):
     owner = owner_of(h, pod)
     key = WorkloadKey(pod.namespace, owner.kind, owner.name)
     usage = fold.usages.get(key)
     if usage is None:
         rs = policy.rightsizing
         usage = fold.usages[key] = new_usage(key, owner.source, half_life_seconds=rs.half_life, reference=h.end)
-        usage.sample_seconds = h.step_seconds
-        fold.workload_samples[key] = np.zeros(chunks)
-    fold.workload_samples[key] = np.maximum(fold.workload_samples[key], count)
+        fold.parts[key] = defaultdict(list)
     if pod not in fold.pod_ids:
         fold.pod_ids[pod] = len(fold.pods)
         fold.pods.append(pod)
-        peaks = h.pods.get(pod)
-        zeros = np.zeros(chunks, np.float32)
-        usage.pods[fold.pod_ids[pod]] = PodSteps(
-            (peaks.held_max if peaks else zeros).astype(np.float32),
-            (peaks.busy_max if peaks else zeros).astype(np.float32),
-            (peaks.fb_max_mib if peaks else zeros).astype(np.float32),
+    if fold.pod_ids[pod] not in usage.pod_ids:
+        usage.pod_ids.append(fold.pod_ids[pod])
+    return usage, key
+
+
+def _add_series(
+    fold: _Fold,
+    usage: WorkloadUsage,
+    key: WorkloadKey,
+    fields: dict[str, SeriesSummary],
+    chosen: list[tuple[str, SeriesSummary, np.ndarray]],
+    decay: np.ndarray,
+    product: str,
+    pool: str,
+    gpu: str,
+) -> None:
+    for f, s, take in chosen:
+        parts = _parts(s, take, _ACTIVITY_SCALE[f])
+        fold.parts[key]["activity_percent"] += parts
+        ks = np.flatnonzero(take & (np.nan_to_num(s.count) > 0))
+        _trend(usage, "activity_percent", parts, [float(decay[k]) for k in ks])
+        usage.activity_sources[_SOURCE_NAMES[f]] += int(np.nansum(s.count[take]))
+    for name, (fld, scale, _) in SIGNALS.items():
+        s = fields.get(fld) if fld else None
+        if s is None:
+            continue
+        has = np.nan_to_num(s.count) > 0
+        parts = _parts(s, has, scale)
+        fold.parts[key][name] += parts
+        _trend(usage, name, parts, [float(decay[k]) for k in np.flatnonzero(has)])
+    usage.products[product] += int(sum(np.nansum(s.count[take]) for _, s, take in chosen))
+    usage.pools.add(pool)
+    usage.gpus.add(gpu)
+
+
+def _add_owner_steps(h: SummaryHistory, fold: _Fold, gaps: list[str]) -> None:
+    """The TSDB's per-step sums of each pod owner, into its workload (a ReplicaSet's into its Deployment)."""
+    by_key = {k: u for k, u in fold.usages.items()}
+    for (ns, kind, name), o in h.owner_steps.items():
+        parent_kind, parent_name = h.parents.get((kind, ns, name), (kind, name))
+        usage = by_key.get(WorkloadKey(ns, parent_kind, parent_name))
+        if usage is None:
+            continue
+        for attr, arr in (("held_steps", o.held), ("busy_steps", o.busy), ("alive_steps", o.alive)):
+            known = getattr(usage, attr)
+            setattr(usage, attr, arr.copy() if known is None else known + arr)
+        usage.demand = o.demand.copy() if usage.demand is None else usage.demand + o.demand
+        for fld, sums in o.block_sums.items():
+            if fld not in usage.block_sums:
+                usage.block_sums[fld] = np.zeros_like(sums)
+                usage.block_counts[fld] = np.zeros_like(sums)
+            usage.block_sums[fld] += sums
+            usage.block_counts[fld] += o.block_counts.get(fld, np.zeros_like(sums))
+    without = sorted(f"{k.namespace}/{k.name}" for k, u in fold.usages.items() if u.held_steps is None)
+    for usage in fold.usages.values():
+        if usage.held_steps is None:  # NB: no per-step sums (no kube_pod_owner): history from the samples only
+            usage.samples = int(sum(usage.allocated_steps_by_product.values()))
+    if without:
+        shown = ", ".join(without[:5]) + (f" and {len(without) - 5} more" if len(without) > 5 else "")
+        gaps.append(
+            f"{len(without)} workload(s) without kube_pod_owner per step (no idle stretches, replicas or "
+            f"verdicts): {shown}"
         )
-    return usage
 
 
-def _counter_incidents(h: SummaryHistory, policy: ReportPolicy) -> list[Incident]:
-    """One incident per chunk an Xid changed or ECC double-bit errors increased in, in ``h.incidents`` order."""
-    incidents: list[Incident] = []
+def _timeline(h: SummaryHistory) -> list[TimelinePoint]:
+    """GPUs allocated and active per verdict block, from the per-owner step sums."""
+    steps = h.steps
+    per_block = max(1, round(h.block_seconds / h.step_seconds))
+    blocks = int(np.ceil(steps / per_block))
+    held, active = np.zeros(steps), np.zeros(steps)
+    for o in h.owner_steps.values():
+        held += o.held
+        active += o.demand
+    pad = blocks * per_block - steps
+    out = []
+    for k, (a, b) in enumerate(
+        zip(
+            np.pad(held, (0, pad)).reshape(blocks, per_block).mean(axis=1),
+            np.pad(active, (0, pad)).reshape(blocks, per_block).mean(axis=1),
+            strict=True,
+        )
+    ):
+        out.append(
+            TimelinePoint(
+                t=h.start + k * per_block * h.step_seconds,
+                allocated_gpus=round(float(a), 3),
+                active_gpus=round(float(b), 3),
+            )
+        )
+    return out
+
+
+def _incidents(h: SummaryHistory, policy: ReportPolicy) -> list[Incident]:
+    """Xid changes and ECC double-bit increases per chunk; throttling per GPU with at least
+    ``throttle_incident_min`` of abnormal clock-event steps."""
+    out: list[Incident] = []
     chunk = h.chunk_seconds
+    abnormal = "|".join(policy.diagnosis.diagnosis.clock_events.abnormal)
     for i in h.incidents:
+        pod = f"{i.pod.namespace}/{i.pod.name}" if i.pod else None
         if i.kind == "throttle":
+            if i.count * h.step_seconds < policy.rightsizing.throttle_incident_min:
+                continue
+            out.append(
+                Incident(
+                    kind="throttle",
+                    node=i.node,
+                    gpu=i.gpu,
+                    pod=pod,
+                    first_seen=i.first_seen or h.start,
+                    last_seen=i.last_seen or h.end,
+                    count=i.count,
+                    value=f"one of {abnormal}",
+                    meaning=f"{i.count * h.step_seconds / 60:.0f} min of abnormal clock-event reasons",
+                )
+            )
             continue
         if i.kind == "xid":
             info = policy.diagnosis.health.xid_info(int(i.value))
@@ -204,12 +329,12 @@ def _counter_incidents(h: SummaryHistory, policy: ReportPolicy) -> list[Incident
             value = str(int(i.value))
         else:
             meaning, value = "uncorrectable (double-bit) ECC errors (increase over the chunk)", f"+{int(i.value)}"
-        incidents.append(
+        out.append(
             Incident(
                 kind=i.kind,  # type: ignore[arg-type]
                 node=i.node,
                 gpu=i.gpu,
-                pod=f"{i.pod.namespace}/{i.pod.name}" if i.pod else None,
+                pod=pod,
                 first_seen=h.start + i.chunk * chunk,
                 last_seen=h.start + (i.chunk + 1) * chunk,
                 count=i.count if i.kind == "xid" else int(i.value),
@@ -217,71 +342,4 @@ def _counter_incidents(h: SummaryHistory, policy: ReportPolicy) -> list[Incident
                 meaning=meaning,
             )
         )
-    return incidents
-
-
-def _throttle_incidents(h: SummaryHistory, policy: ReportPolicy) -> list[Incident]:
-    """One incident per GPU with at least ``throttle_incident_min`` of abnormal clock-event steps in total."""
-    steps: dict[tuple[str, str], list] = defaultdict(list)
-    for i in h.incidents:
-        if i.kind == "throttle":
-            steps[(i.node, i.gpu)].append(i)
-    abnormal = "|".join(policy.diagnosis.diagnosis.clock_events.abnormal)
-    out = []
-    for (node, gpu), found in steps.items():
-        total = sum(i.count for i in found)
-        if total * h.step_seconds < policy.rightsizing.throttle_incident_min:
-            continue
-        first, last = min(i.chunk for i in found), max(i.chunk for i in found)
-        pod = found[0].pod
-        out.append(
-            Incident(
-                kind="throttle",
-                node=node,
-                gpu=gpu,
-                pod=f"{pod.namespace}/{pod.name}" if pod else None,
-                first_seen=h.start + first * h.chunk_seconds,
-                last_seen=h.start + (last + 1) * h.chunk_seconds,
-                count=total,
-                value=f"one of {abnormal}",
-                meaning=f"{total * h.step_seconds / 60:.0f} min of abnormal clock-event reasons",
-            )
-        )
     return out
-
-
-def _add_series(
-    usage: WorkloadUsage,
-    fields: dict[str, SeriesSummary],
-    act: dict[str, np.ndarray],
-    count: np.ndarray,
-    decay: np.ndarray,
-    product: str,
-    pool: str,
-    gpu: str,
-) -> None:
-    for name, (fld, scale, _) in SIGNALS.items():
-        stats = act if name == "activity_percent" else (fields[fld].stats if fld in fields else None)
-        if stats is None:
-            continue
-        c = count if name == "activity_percent" else np.nan_to_num(stats["count"])
-        values = np.stack([stats[q] * scale for q, _ in _QUANTILE_WEIGHTS])
-        weights = np.stack([c * w * decay for _, w in _QUANTILE_WEIGHTS])
-        usage.histograms[name].add(values, weights=weights)
-    usage.products[product] += int(count.sum())
-    usage.pools.add(pool)
-    usage.gpus.add(gpu)
-    source = next((f for f in _ACTIVITY_ORDER if f in fields), "none")
-    usage.activity_sources[
-        {"sm_active": "SM_ACTIVE", "gr_engine_active": "GR_ENGINE_ACTIVE"}.get(source, "GPU_UTIL")
-    ] += 1
-    usage.allocated_steps_by_product[product] += float(count.sum())
-    usage.active_steps_by_product[product] += float((np.nan_to_num(act["avg"]) * count).sum())
-    for fld in fields:
-        s = fields[fld].stats
-        c = np.nan_to_num(s["count"])
-        if fld not in usage.block_sums:
-            usage.block_sums[fld] = np.zeros(len(count))
-            usage.block_counts[fld] = np.zeros(len(count))
-        usage.block_sums[fld] += np.nan_to_num(s["avg"]) * c
-        usage.block_counts[fld] += c

@@ -37,6 +37,10 @@ SIGNALS: dict[str, tuple[str, float, Buckets]] = {
 }
 
 
+# summary mode: the activity's sample at or above the safety percentile, bounded (``WorkloadUsage.quantiles`` key)
+SAFETY = "activity_percent:at_or_above"
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadKey:
     namespace: str
@@ -111,24 +115,55 @@ class WorkloadUsage:
     block_counts: dict[str, np.ndarray] = field(default_factory=dict)
     allocated_steps_by_product: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     active_steps_by_product: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    # summary mode: the pod arrays are per chunk, so the grid samples are counted by the TSDB instead
+    # summary mode: what the TSDB counted and summed, where raw mode has samples and per-pod step arrays
     samples: int | None = None
     sample_seconds: float | None = None
-    # raw mode: the activity samples themselves (views where a GPU was held all window), for exact, unweighted
-    # percentiles in safety decisions (``safety_share``); empty in summary mode
-    activity_samples: list[np.ndarray] = field(default_factory=list)
+    held_steps: np.ndarray | None = None  # GPUs held per step, summed over the workload's pods
+    busy_steps: np.ndarray | None = None  # of which busy
+    alive_steps: np.ndarray | None = None  # pods alive per step
+    pod_peaks: list[tuple[float, float, float]] = field(default_factory=list)  # per pod: GPUs held, busy, FB MiB
+    pod_ids: list[int] = field(default_factory=list)  # indices of its pods (raw mode: the keys of ``pods``)
+    # the exact (or, pooled in summary mode, bounded from above) quantiles per signal: signal → {level: value}
+    quantiles: dict[str, dict[float, float]] = field(default_factory=dict)
+    # raw mode: each signal's samples (views where a GPU was held all window), for the exact, unweighted quantiles
+    signal_samples: dict[str, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
     # raw mode: per step, the activity summed over every GPU the workload held (GPU-equivalents in use)
     demand: np.ndarray | None = None
 
+    @property
+    def activity_samples(self) -> list[np.ndarray]:
+        return self.signal_samples["activity_percent"]
+
+    def quantile(self, signal: str, q: float) -> float | None:
+        """The exact quantile ``q`` of ``signal`` over its samples (numpy's linear definition, as Prometheus'
+        ``quantile_over_time``), in the signal's unit; summary mode: what the TSDB gave (a bound when pooled)."""
+        known = self.quantiles.get(signal, {}).get(q)
+        if known is not None:
+            return known
+        parts = self.signal_samples.get(signal) if isinstance(self.signal_samples, dict) else None
+        if not parts:
+            return None
+        values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        values = values[~np.isnan(values)] if values.dtype.kind == "f" else values
+        if not values.size:
+            return None
+        scale = SIGNALS[signal][1] if signal in SIGNALS else 1.0
+        out = float(np.quantile(values.astype(np.float64), q)) * scale
+        self.quantiles.setdefault(signal, {})[q] = out
+        return out
+
     def safety_share(self, q: float) -> float | None:
         """The activity (0–1) a downsizing must leave room for: the exact, unweighted ``q`` quantile of every
-        GPU-step sample (the sample at or above it: ``method="higher"``); in summary mode, where no samples are
-        kept, the exact maximum (an upper bound of any quantile). None without a sample."""
+        GPU-step sample (the sample at or above it: ``method="higher"``); in summary mode the TSDB's quantile over
+        the raw samples (a bound from above when pooled over series or chunks). None without a sample."""
         if self.activity_samples:
             parts = self.activity_samples
             values = parts[0] if len(parts) == 1 else np.concatenate(parts)
             if values.size:
                 return float(np.quantile(values, q, method="higher"))
+        known = self.quantiles.get(SAFETY, {}).get(q)
+        if known is not None:
+            return known / 100.0
         hist = self.histograms.get("activity_percent")
         if hist is not None and hist.count:
             return float(hist.maximum) / 100.0
@@ -143,16 +178,34 @@ class WorkloadUsage:
         return max(self.activity_sources, key=lambda p: self.activity_sources[p]) if self.activity_sources else "none"
 
     def held_any(self, steps: int) -> np.ndarray:
+        if self.held_steps is not None:
+            return self.held_steps > 0
         out = np.zeros(steps, dtype=bool)
         for p in self.pods.values():
             out |= p.held > 0
         return out
 
     def busy_total(self, steps: int) -> np.ndarray:
+        if self.busy_steps is not None:
+            return self.busy_steps
         out = np.zeros(steps, dtype=np.float32)
         for p in self.pods.values():
             out += p.busy
         return out
+
+    def alive(self, steps: int) -> np.ndarray:
+        """Pods alive (holding a sampled GPU) at each step."""
+        if self.alive_steps is not None:
+            return self.alive_steps
+        if not self.pods:
+            return np.zeros(steps)
+        return np.sum([p.held > 0 for p in self.pods.values()], axis=0)
+
+    def peaks(self) -> list[tuple[float, float, float]]:
+        """Per pod: the most GPUs it held at once, the most busy at once, its peak FB used summed (MiB)."""
+        if self.pod_peaks:
+            return self.pod_peaks
+        return [(float(p.held.max()), float(p.busy.max()), float(p.fb_mib.max())) for p in self.pods.values()]
 
 
 # Verdicts over time: the diagnosis of each block's mean signals. An hour, or longer for long windows so a
@@ -219,6 +272,7 @@ def collect(history: History, *, half_life_seconds: float, idle_busy_percent: fl
             full = bool(held.all())
             busy = (p.busy if full else p.busy[held]).astype(np.intp)
             if busy.size:
+                usage.signal_samples["gpus_busy"].append(busy.astype(np.uint16))  # NB: 2 bytes a pod-step
                 np.clip(busy, 0, hist.buckets.count - 1, out=busy)
                 counts = np.bincount(busy, weights=decay if full else decay[held], minlength=hist.buckets.count)
                 hist.add_counts(counts, int(busy.size), float(busy.max()))
@@ -246,6 +300,8 @@ def _add_gpu(
         if values is None:
             continue
         hist = usage.histograms[name]
+        if name != "activity_percent":  # NB: the activity's own samples are appended below, clipped
+            usage.signal_samples[name].append(values if full else values[mask])
         known = counts_of.get(id(values))
         if known is not None and scale == 100.0:
             hist.add_counts(*known)

@@ -52,7 +52,7 @@ import numpy as np
 
 from gpuscale.errors import ConfigError, SourceUnavailable
 from gpuscale.metrics.attribution import Target, attribute
-from gpuscale.metrics.history import FIELD_ALIASES, FIELDS, History, Owner, PodRef, clean, pool_of
+from gpuscale.metrics.history import FIELD_ALIASES, FIELDS, History, Owner, PodRef, clean, in_cluster, pool_of
 from gpuscale.model import format_duration
 from gpuscale.sources.bounded import size_text
 from gpuscale.sources.promapi import PrometheusClient, TooManySamples
@@ -140,6 +140,7 @@ class Progress:
 
     def __init__(self, total: int, *, enabled: bool) -> None:
         self._bar = None
+        self._total = total
         if enabled and total:
             from rich.console import Console
             from rich.progress import Progress as RichProgress
@@ -152,6 +153,12 @@ class Progress:
     def advance(self) -> None:
         if self._bar is not None:
             self._bar.advance(self._task)
+
+    def add(self, more: int) -> None:
+        """``more`` steps of work found on the way (the total grows)."""
+        if self._bar is not None and more:
+            self._total += more
+            self._bar.update(self._task, total=self._total)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -273,11 +280,13 @@ async def _fetch_split(
 async def _measure_interval(client: PrometheusClient, *, start: float, end: float) -> float | None:
     """Seconds between one exporter's samples: an hour over the most samples any GPU has in it, the most of the
     window's last, middle and first hour (a GPU sampled all that hour gives the interval; the window's edge can cut
-    one sample off an hour, and a sample too many would only shorten the presence window by one part in 60)."""
+    one sample off an hour). The range is a millisecond short of the hour: Prometheus 2 closes it on both ends, and
+    samples on the minute would count 61 in it (summary mode's hours are samples × this interval)."""
     hour = min(3600.0, end - start)
     best = 0.0
     for at in (end, (start + end + hour) / 2, start + hour):
-        result = await client.query(f"max(count_over_time({FIELDS['gpu_util_percent']}[{hour:g}s]))", at=at)
+        promql = f"max(count_over_time({FIELDS['gpu_util_percent']}[{round(hour * 1000) - 1}ms]))"
+        result = await client.query(promql, at=at)
         for r in result:
             count = _number(r)
             best = max(best, count) if count is not None and np.isfinite(count) else best
@@ -325,7 +334,7 @@ class _Decoder:
                 mig = labels.get("GPU_I_ID")
                 gpu = self._gpus[key] = h.new_gpu(
                     f"{uuid}/{mig}" if mig else uuid,
-                    node=device.node or labels.get("instance", "unknown"),
+                    node=in_cluster(device.node or labels.get("instance", "unknown"), labels),
                     product=labels.get("modelName") or None,
                     mig_profile=labels.get("GPU_I_PROFILE") or None,
                 )
@@ -348,7 +357,7 @@ class _Decoder:
             fill = np.isnan(arr[idx])  # NB: an alias never overwrites the newer spelling's samples
             arr[idx[fill]] = vs[fill]
             if pod_ref is not None:
-                pi = h.pod_index(PodRef(pod_ref.namespace or "", pod_ref.name))
+                pi = h.pod_index(PodRef(in_cluster(pod_ref.namespace or "", labels), pod_ref.name))
                 gpu.pod[idx] = pi
             self._seen[fld] = self._seen.get(fld, 0) + 1
 
@@ -466,7 +475,7 @@ def _labels(sample: Any) -> dict[str, str]:
 def _pod_of(labels: Mapping[str, str]) -> PodRef | None:
     for pod_key, ns_key in (("exported_pod", "exported_namespace"), ("pod", "namespace")):
         if labels.get(pod_key) and labels.get(ns_key):
-            return PodRef(labels[ns_key], labels[pod_key])
+            return PodRef(in_cluster(labels[ns_key], labels), labels[pod_key])
     return None
 
 
@@ -481,7 +490,7 @@ async def identity(client: PrometheusClient, history: History, *, at: float, win
         client.query(f"last_over_time(kube_node_labels[{w}])", at=at),
         # the cold start each pod paid: Ready time − start time (kube-state-metrics ≥ 2.x)
         client.query(
-            f"last_over_time(kube_pod_status_ready_time[{w}]) - on(namespace, pod) "
+            f"last_over_time(kube_pod_status_ready_time[{w}]) - on(cluster, namespace, pod) "
             f"last_over_time(kube_pod_start_time[{w}])",
             at=at,
         ),
@@ -491,9 +500,11 @@ async def identity(client: PrometheusClient, history: History, *, at: float, win
     for kind, key, series in (("ReplicaSet", "replicaset", rs_owners), ("Job", "job_name", job_owners)):
         for s in series:
             m = _labels(s)
-            ns = m.get("exported_namespace") or m.get("namespace")
+            ns = in_cluster(m.get("exported_namespace") or m.get("namespace") or "", m)
             if ns and m.get(key) and m.get("owner_kind") not in (None, "", "<none>"):
                 parents[(kind, ns, m[key])] = (m["owner_kind"], m.get("owner_name", ""))
+    if isinstance(getattr(history, "parents", None), dict):  # summary mode maps its per-owner sums through them
+        history.parents.update(parents)  # type: ignore[attr-defined]
     for s in owners:
         m = _labels(s)
         ref = _pod_of(m)
@@ -517,7 +528,7 @@ async def identity(client: PrometheusClient, history: History, *, at: float, win
             history.startups[ref] = seconds
     for s in node_labels:
         m = _labels(s)
-        node, pool = m.get("node"), pool_of(m)
+        node, pool = in_cluster(m.get("node") or "", m), pool_of(m)
         if node and pool:
             history.node_pools[node] = pool
     if not owners:

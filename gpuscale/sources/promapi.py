@@ -62,6 +62,15 @@ _TOO_LARGE = re.compile(
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
+def _server_words(text: str) -> str:
+    """A server's error in one line of at most 300 characters. VictoriaMetrics quotes the whole query before its
+    reason (``error when executing query="…" on the time range …: reason``): the reason, at the end, is kept."""
+    words = one_line(text, 100_000)
+    if len(words) <= 300:
+        return words
+    return words[:100] + " … " + words[-197:]
+
+
 RETRY_MAX_SECONDS = 30.0
 """The longest wait between two attempts of one call."""
 WARNINGS_KEPT = 100
@@ -364,10 +373,10 @@ class PrometheusClient:
             except ValueError:
                 body = None
             error = body.get("error") if isinstance(body, dict) else None
-            message = one_line(str(error or text), 300)
+            message = _server_words(str(error or text))
             if status == 200 and body is None:
                 message = f"the answer is not JSON (cut short?): {one_line(text, 120)}"
-            if status in (400, 422, 503) and _TOO_LARGE.search(message):
+            if status in (400, 422, 503) and _TOO_LARGE.search(str(error or text)):
                 raise TooManySamples(message)
             if status in _RETRY_STATUS:
                 last = f"HTTP {status}: {message}"

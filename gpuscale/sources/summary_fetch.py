@@ -1,106 +1,245 @@
-"""``--mode summary``: the TSDB computes per-series summaries, gpuscale combines them (fleets whose raw samples
-do not fit one machine: 10,000 GPUs × 30 days × 1-minute samples is 432 M samples per field).
+"""``--mode summary``: the TSDB summarises the raw samples, gpuscale combines the summaries (fleets whose samples do
+not fit one machine: 100,000 GPUs × 30 days × one sample a minute is 4.3 billion samples).
 
-For every node batch (as in ``sources/history_fetch``) and every chunk of ``chunk`` seconds (one range query with
-``step = chunk`` covers the whole window), over a subquery at the report's step ``S`` so a summary describes
-exactly the grid samples raw mode would fetch::
+Every figure comes from raw samples through range selectors — never a subquery ``F[C:S]``, which evaluates ``F``
+on a grid and fills each gap from the server's lookback (5 min in Prometheus, far longer in VictoriaMetrics), so a
+pod sampled 13.1 h had counted 23.6 h. Three kinds of query, per node batch (``series_batch`` nodes):
 
-    count_over_time(F[C:S])  avg_over_time(F[C:S])  max_over_time(F[C:S])
-    quantile_over_time(q, F[C:S])  for q = 0.25, 0.5, 0.75, 0.9, 0.95
+* **per series and chunk** (one range query with ``step = chunk``, each point a chunk; ``--chunk`` defaults to the
+  window: one chunk, so every per-series figure is exact), for the six signals F::
 
-for F in GPU_UTIL, SM_ACTIVE, PIPE_TENSOR_ACTIVE, DRAM_ACTIVE, GR_ENGINE_ACTIVE, FB_USED; per pod (grouped by
-its four pod labels, so the GPUs of one pod are counted together)::
+      count_over_time(F[C])  sum_over_time(F[C])  max_over_time(F[C])
+      quantile_over_time(q, F[C])   for q in LEVELS (one request: each level labelled ``gpuscale_q``)
 
-    max_over_time((count by (P) (UTIL or SM_ACTIVE))[C:S])                      GPUs held at once
-    max_over_time((count by (P) (UTIL > i or SM_ACTIVE > s or GR > s))[C:S])    GPUs busy at once
-    max_over_time((sum by (P) (FB_USED))[C:S])                                   the pod's memory peak
+  dense levels for the three activity signals (a workload's pooled quantile is bounded from them: report/
+  quantile_bounds.py), four for the others. Counts, sums and maxima merge exactly across chunks and series.
+* **per pod owner and step** (kube_pod_owner joined on namespace/pod, summed by the TSDB: owners × steps points,
+  not GPUs × steps): GPUs held, GPUs busy, activity summed (SM, else GR engine, else util/100) and pods alive,
+  each over the samples in the step's window ``max_over_time(F[w])``, ``w`` = the larger of the step and the
+  scrape interval, a millisecond after the step as raw mode's presence; these give replica counts, idle
+  stretches, wake-ups and history spans. Per verdict block (an hour, or longer windows' blocks), each diagnosed
+  field's ``sum_over_time`` and ``count_over_time`` summed per owner: the verdicts over time.
+* **incidents**: ``max_over_time`` / ``changes`` of the Xid gauge and ``increase`` of the ECC DBE counter per chunk;
+  the steps whose clock-event mask has an abnormal bit (``floor(x / bit) % 2 == 1``), a sparse range query whose
+  answer holds only those steps.
 
-and for incidents ``max_over_time`` / ``changes`` of the Xid gauge, ``increase`` of the ECC DBE counter, and
-``count_over_time`` of the steps whose clock-event mask has an abnormal bit (``floor(x / bit) % 2 == 1``).
-55 range queries per node batch (53 without clock-event bits to look for) plus the 4 identity queries of raw
-mode, whatever the window: the answer is series × chunks points, not series × steps. Which figures this makes
-exact and which approximate is in ``report/summary.py`` and docs/report.md.
+Chunk edges: a point at ``T = edge - 1 ms`` over ``[C]`` holds the samples in ``[edge - C, edge - 1 ms]`` on
+Prometheus 3, VictoriaMetrics and Thanos (ranges open on the left, millisecond timestamps): the chunks partition the
+samples. Prometheus 2 closes ranges on the left too: a sample stamped exactly 1 ms before an edge counts in both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
+import sys
+from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from gpuscale.errors import SourceUnavailable
 from gpuscale.metrics.attribution import Target, attribute
 from gpuscale.metrics.history import (
     FIELD_ALIASES,
     FIELDS,
-    PodPeaks,
+    OwnerSteps,
     PodRef,
     SeriesSummary,
     SummaryHistory,
     SummaryIncident,
     clean,
+    in_cluster,
 )
-from gpuscale.model import format_duration
-from gpuscale.sources.history_fetch import FetchOptions, Progress, identity, regex_alternatives
-from gpuscale.sources.promapi import PrometheusClient
+from gpuscale.sources.history_fetch import (
+    FetchOptions,
+    Progress,
+    _measure_interval,
+    _points,
+    _series,
+    identity,
+    regex_alternatives,
+)
+from gpuscale.sources.promapi import PrometheusClient, TooManySamples
 
 SUMMARY_FIELDS = ("gpu_util_percent", "sm_active", "tensor_active", "dram_active", "gr_engine_active", "fb_used_mib")
-_STAT_QUERIES = {
-    "count": "count_over_time({sel}[{c}:{s}])",
-    "avg": "avg_over_time({sel}[{c}:{s}])",
-    "max": "max_over_time({sel}[{c}:{s}])",
-    "p25": "quantile_over_time(0.25, {sel}[{c}:{s}])",
-    "p50": "quantile_over_time(0.5, {sel}[{c}:{s}])",
-    "p75": "quantile_over_time(0.75, {sel}[{c}:{s}])",
-    "p90": "quantile_over_time(0.9, {sel}[{c}:{s}])",
-    "p95": "quantile_over_time(0.95, {sel}[{c}:{s}])",
-}
-_POD_LABELS = "namespace, pod, exported_namespace, exported_pod"
+ACTIVITY_FIELDS = ("sm_active", "gr_engine_active", "gpu_util_percent")  # the activity's sources, in its order
+DIAGNOSED_FIELDS = SUMMARY_FIELDS
+
+
+def _band(low: float, high: float, spacing: float) -> list[float]:
+    return [round(low + k * spacing, 4) for k in range(round((high - low) / spacing) + 1)]
+
+
+# NB: levels every 5 % and dense around p50, p95 and p99: a workload's pooled quantile bound loses, per part, the
+# samples between two levels (report/quantile_bounds.py), and a part of a mixed pool (GPUs at different levels) can
+# sit anywhere in its own distribution at the pooled p50. Each level is one more pass over the samples in the TSDB.
+DENSE_LEVELS: tuple[float, ...] = tuple(
+    sorted({*_band(0.05, 0.9, 0.05), *_band(0.46, 0.54, 0.01), *_band(0.93, 0.97, 0.005), *_band(0.98, 0.998, 0.002)})
+)
+COARSE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
+_POD_NORMALISED = (
+    'label_replace(label_replace({x}, "pod", "$1", "exported_pod", "(.+)"), '
+    '"namespace", "$1", "exported_namespace", "(.+)")'
+)
+_OWNER = ("cluster", "namespace", "owner_kind", "owner_name")  # NB: without a cluster label, the rest group
+
+
+def _ms(seconds: float) -> str:
+    return f"{round(seconds * 1000)}ms"
 
 
 def _sel(name: str, batch: list[str] | None) -> str:
     return f'{name}{{Hostname=~"{regex_alternatives(batch)}"}}' if batch else name
 
 
-def summary_queries(
-    batch: list[str] | None,
-    *,
-    chunk: float,
-    step: float,
-    idle_busy_percent: float,
-    idle_sm_active: float,
-    throttle_bits: tuple[int, ...] = (),
-) -> list[tuple[str, str, str]]:
-    """(kind, field or stat, PromQL) for one node batch."""
-    # NB: the subquery's range is half a step short of the chunk: Prometheus 2 closes range selectors on both
-    # ends ([T-C, T], one sample too many per chunk), Prometheus 3 and VictoriaMetrics on the right only
-    # ((T-C, T]); half a step short, every backend evaluates exactly the chunk's C/S grid steps.
-    c, s = format_duration(chunk - step / 2), format_duration(step)
-    # NB: changes() over one step more, so a change from the previous chunk's last sample counts here.
-    c_changes = format_duration(chunk + step / 2)
-    out = []
+# NB: VictoriaMetrics refuses a query longer than 16 KiB (-search.maxQueryLen): levels go out in packs under it
+_MAX_QUERY_CHARS = 12_000
+# NB: each level is a pass over the samples: VictoriaMetrics ends a query after 30 s (-search.maxQueryDuration), and
+# 45 levels of 400 GPUs × 30 days did not finish in that on a loaded machine; a refused query is asked again for
+# half the node batch, but only after its timeout.
+_LEVELS_PER_QUERY = 8
+
+
+def levels_of(fld: str) -> tuple[float, ...]:
+    """The levels asked first: dense for SM_ACTIVE (the activity wherever it is reported), four for the rest;
+    GR_ENGINE_ACTIVE and GPU_UTIL get the dense ones too in a batch where they stand in for it (``fallback``)."""
+    return DENSE_LEVELS if fld == "sm_active" else COARSE_LEVELS
+
+
+def quantile_query(batch: list[str] | None, fld: str, levels: tuple[float, ...], *, chunk: float) -> str:
+    """``quantile_over_time`` at each of ``levels`` in one query, each answer labelled ``gpuscale_q``."""
+    sel, c = _sel(FIELDS[fld], batch), _ms(chunk)
+    return " or ".join(
+        f'label_replace(quantile_over_time({q:g}, {sel}[{c}]), "gpuscale_q", "{q:g}", "", "")' for q in levels
+    )
+
+
+def level_packs(
+    batch: list[str] | None, fld: str, levels: tuple[float, ...], *, chunk: float
+) -> list[tuple[float, ...]]:
+    """``levels`` in groups whose query stays under ``_MAX_QUERY_CHARS`` for this batch."""
+    one = len(quantile_query(batch, fld, levels[:1], chunk=chunk)) + 4
+    size = max(1, min(_LEVELS_PER_QUERY, _MAX_QUERY_CHARS // one))
+    return [levels[i : i + size] for i in range(0, len(levels), size)]
+
+
+def series_queries(batch: list[str] | None, *, chunk: float, step: float) -> list[tuple[str, str, str]]:
+    """(kind, what, PromQL) per series and chunk for one node batch: counts, sums, maxima, quantiles, incidents."""
+    c = _ms(chunk)
+    out: list[tuple[str, str, str]] = []
     for fld in SUMMARY_FIELDS:
         sel = _sel(FIELDS[fld], batch)
-        out += [("stat", f"{fld}:{stat}", q.format(sel=sel, c=c, s=s)) for stat, q in _STAT_QUERIES.items()]
-    util, sm, gr = (_sel(FIELDS[f], batch) for f in ("gpu_util_percent", "sm_active", "gr_engine_active"))
-    fb = _sel(FIELDS["fb_used_mib"], batch)
-    busy = f"({util} > {idle_busy_percent:g}) or ({sm} > {idle_sm_active:g}) or ({gr} > {idle_busy_percent / 100:g})"
+        out += [
+            ("stat", f"{fld}:count", f"count_over_time({sel}[{c}])"),
+            ("stat", f"{fld}:total", f"sum_over_time({sel}[{c}])"),
+            ("stat", f"{fld}:maximum", f"max_over_time({sel}[{c}])"),
+        ]
+        out += [
+            ("quantiles", f"{fld}@{','.join(f'{q:g}' for q in pack)}", quantile_query(batch, fld, pack, chunk=chunk))
+            for pack in level_packs(batch, fld, levels_of(fld), chunk=chunk)
+        ]
+    xid = _sel(FIELDS["last_xid"], batch)
     out += [
-        ("pod", "held_max", f"max_over_time((count by ({_POD_LABELS}) ({util} or {sm}))[{c}:{s}])"),
-        ("pod", "busy_max", f"max_over_time((count by ({_POD_LABELS}) ({busy}))[{c}:{s}])"),
-        ("pod", "fb_max_mib", f"max_over_time((sum by ({_POD_LABELS}) ({fb}))[{c}:{s}])"),
-        ("xid", "max", f"max_over_time({_sel(FIELDS['last_xid'], batch)}[{c}:{s}])"),
-        ("xid", "changes", f"changes({_sel(FIELDS['last_xid'], batch)}[{c_changes}:{s}])"),
+        ("xid", "max", f"max_over_time({xid}[{c}])"),
+        # NB: one step more, so a change from the previous chunk's last sample counts in this one
+        ("xid", "changes", f"changes({xid}[{_ms(chunk + step)}])"),
         ("ecc", "increase", f"increase({_sel(FIELDS['ecc_dbe_volatile'], batch)}[{c}])"),
     ]
-    # Steps with an abnormal clock-event bit set: PromQL has no bitwise AND, but bit b of x is floor(x / b) % 2.
-    for name in (FIELDS["clock_event_reasons"], *FIELD_ALIASES["clock_event_reasons"]):
-        sel = _sel(name, batch)
-        any_bit = " or ".join(f"(floor({sel} / {bit}) % 2 == 1)" for bit in throttle_bits)
-        if any_bit:
-            out.append(("throttle", name, f"count_over_time(({any_bit})[{c}:{s}])"))
     return out
+
+
+def _joined(x: str, *, owner_window: float, exporter: str) -> str:
+    """``x`` per (GPU) series, labelled with its pod's owner from kube_pod_owner (the exporter's own pod is none)."""
+    pattern = exporter.replace("\\", "\\\\").replace('"', '\\"')
+    owners = (
+        f'max by (cluster, namespace, pod, owner_kind, owner_name) (last_over_time(kube_pod_owner{{pod!~"{pattern}"}}'
+        f"[{_ms(owner_window)}]))"
+    )
+    return f"{_POD_NORMALISED.format(x=x)} * on (cluster, namespace, pod) group_left (owner_kind, owner_name) {owners}"
+
+
+def step_queries(
+    batch: list[str] | None,
+    *,
+    window: float,
+    idle_busy_percent: float,
+    idle_sm_active: float,
+    exporter: str,
+) -> list[tuple[str, str]]:
+    """(what, PromQL) per pod owner at each grid step: GPUs held, busy, activity summed, pods alive."""
+    w = _ms(window)
+    util, sm, gr = (
+        f"max_over_time({_sel(FIELDS[f], batch)}[{w}])" for f in ("gpu_util_percent", "sm_active", "gr_engine_active")
+    )
+    sampled = f"({sm} or {gr} or {util})"
+    busy = f"(({util} > {idle_busy_percent:g}) or ({sm} > {idle_sm_active:g}) or ({gr} > {idle_busy_percent / 100:g}))"
+    activity = f"(clamp({sm}, 0, 1) or clamp({gr}, 0, 1) or clamp({util} / 100, 0, 1))"
+
+    def j(x: str) -> str:
+        return _joined(x, owner_window=max(window, 300.0), exporter=exporter)
+
+    by = ", ".join(_OWNER)
+    return [
+        ("held", f"count by ({by}) ({j(sampled)})"),
+        ("busy", f"count by ({by}) ({j(busy)})"),
+        ("demand", f"sum by ({by}) ({j(activity)})"),
+        ("alive", f"count by ({by}) (count by (cluster, namespace, pod, owner_kind, owner_name) ({j(sampled)}))"),
+    ]
+
+
+def block_queries(batch: list[str] | None, *, block: float, exporter: str) -> list[tuple[str, str]]:
+    """(field:sum|count, PromQL) per pod owner and verdict block, over the raw samples of each diagnosed field."""
+    b, by = _ms(block), ", ".join(_OWNER)
+    out = []
+    for fld in DIAGNOSED_FIELDS:
+        sel = _sel(FIELDS[fld], batch)
+        for stat, fn in (("sum", "sum_over_time"), ("count", "count_over_time")):
+            out.append(
+                (
+                    f"{fld}:{stat}",
+                    f"sum by ({by}) ({_joined(f'{fn}({sel}[{b}])', owner_window=block, exporter=exporter)})",
+                )
+            )
+    return out
+
+
+def throttle_queries(batch: list[str] | None, *, window: float, bits: tuple[int, ...]) -> list[tuple[str, str]]:
+    """The steps a GPU's clock-event mask had an abnormal bit: PromQL has no bitwise AND, but bit b of x is
+    floor(x / b) % 2; only the matching steps are answered."""
+    out = []
+    for name in (FIELDS["clock_event_reasons"], *FIELD_ALIASES["clock_event_reasons"]):
+        x = f"max_over_time({_sel(name, batch)}[{_ms(window)}])"
+        if bits:
+            out.append((name, " or ".join(f"(floor({x} / {bit}) % 2 == 1)" for bit in bits)))
+    return out
+
+
+async def _range(
+    client: PrometheusClient,
+    promql: str,
+    *,
+    first: float,
+    points: int,
+    step: float,
+    max_points: int,
+    add: Callable[[list[dict[str, Any]]], None],
+) -> None:
+    """``promql`` at ``first + k·step`` for k < points, in pieces of at most ``max_points``, halved on a refusal."""
+    k = 0
+    while k < points:
+        n = min(max_points, points - k)
+        while True:
+            try:
+                add(await client.query_range(promql, start=first + k * step, end=first + (k + n - 1) * step, step=step))
+                break
+            except TooManySamples:
+                if n == 1:
+                    raise  # NB: the caller halves the node batch
+                n = max(1, n // 2)
+        k += n
 
 
 async def fetch_summaries(
@@ -109,59 +248,134 @@ async def fetch_summaries(
     start: float,
     end: float,
     step: float,
-    chunk: float,
+    chunk: float | None,
+    block: float,
     options: FetchOptions,
     idle_busy_percent: float,
     idle_sm_active: float,
     throttle_bits: tuple[int, ...] = (),
+    safety_percentile: float | None = None,
     progress: bool | None = None,
 ) -> SummaryHistory:
-    import sys
-
+    """The summaries of [start, end) (module docstring); ``chunk`` None: one chunk, the window."""
     start = float(np.floor(start / step) * step)
-    chunk = max(step, float(np.floor(chunk / step) * step))
-    chunks = int(np.ceil((end - start) / chunk))
-    h = SummaryHistory(start=start, step_seconds=step, chunk_seconds=chunk, chunks=chunks, source=client.display_url)
+    steps = int(np.ceil((end - start) / step))
+    window = steps * step
+    chunk = window if chunk is None else min(window, max(step, float(np.floor(chunk / step) * step)))
+    chunks = int(np.ceil(window / chunk))
+    block = max(step, float(np.floor(block / step) * step))
+    h = SummaryHistory(
+        start=start,
+        step_seconds=step,
+        chunk_seconds=chunk,
+        chunks=chunks,
+        block_seconds=block,
+        source=client.display_url,
+    )
     nodes = await client.label_values(
         "Hostname", match='{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_.*|DCGM_FI_DEV_FB_USED"}', start=start, end=end
     )
+    interval = options.scrape_interval or await _measure_interval(client, start=start, end=start + window)
+    h.interval_seconds = interval or step
+    w = max(step, h.interval_seconds)
     batches: list[list[str] | None] = (
         [nodes[i : i + options.series_batch] for i in range(0, len(nodes), options.series_batch)] if nodes else [None]
     )
-    work = [
-        q
-        for batch in batches
-        for q in summary_queries(
-            batch,
-            chunk=chunk,
-            step=step,
-            idle_busy_percent=idle_busy_percent,
-            idle_sm_active=idle_sm_active,
-            throttle_bits=throttle_bits,
-        )
-    ]
-    bar = Progress(len(work), enabled=sys.stderr.isatty() if progress is None else progress)
-    decoder = _SummaryDecoder(h, re.compile(options.exporter_pod_pattern))
-    semaphore = asyncio.Semaphore(options.concurrency)
-    # Each point at T summarises (T - chunk, T]; the first ends one step before start + chunk, so chunk k holds
-    # the grid steps start + k·chunk … start + (k+1)·chunk - step, as raw mode's grid does.
-    first = start + chunk - step
+    exporter = options.exporter_pod_pattern
+    decoder = _SummaryDecoder(h, re.compile(exporter))
+    blocks = int(np.ceil(window / block))
+    timing = {
+        "stat": (start + chunk - 0.001, chunks, chunk),
+        "steps": (start + 0.001, steps, step),
+        "block": (start + block - 0.001, blocks, block),
+    }
 
-    async def one(kind: str, what: str, promql: str) -> None:
-        async with semaphore:
-            result = await client.query_range(promql, start=first, end=first + (chunks - 1) * chunk, step=chunk)
-        decoder.add(kind, what, result, first=first)
+    def queries(batch: list[str] | None) -> dict[tuple[str, str], str]:
+        """Every query of one node batch by (kind, what): built again for half a batch the server refused."""
+        out = {(k, w): q for k, w, q in series_queries(batch, chunk=chunk, step=step)}
+        for what, q in step_queries(
+            batch, window=w, idle_busy_percent=idle_busy_percent, idle_sm_active=idle_sm_active, exporter=exporter
+        ):
+            out[("steps", what)] = q
+        out |= {("block", what): q for what, q in block_queries(batch, block=block, exporter=exporter)}
+        out |= {("throttle", name): q for name, q in throttle_queries(batch, window=w, bits=throttle_bits)}
+        return out
+
+    def promql(kind: str, what: str, batch: list[str] | None) -> str:
+        if kind == "quantiles":
+            fld, _, levels = what.partition("@")
+            return quantile_query(batch, fld, tuple(float(q) for q in levels.split(",")), chunk=chunk)
+        return queries(batch)[(kind, what)]
+
+    jobs = [(kind, what, batch) for batch in batches for kind, what in queries(batch)]
+    bar = Progress(len(jobs), enabled=sys.stderr.isatty() if progress is None else progress)
+    semaphore = asyncio.Semaphore(options.concurrency)
+
+    async def one(kind: str, what: str, batch: list[str] | None) -> None:
+        first, points, every = timing.get(kind, timing["steps"] if kind == "throttle" else timing["stat"])
+        try:
+            async with semaphore:
+                await _range(client, promql(kind, what, batch), first=first, points=points, step=every,
+                             max_points=options.max_points,
+                             add=lambda result: decoder.add(kind, what.partition("@")[0], result, first=first,
+                                                            every=every))  # fmt: skip
+        except TooManySamples as e:
+            if not batch or len(batch) == 1:
+                raise SourceUnavailable(
+                    client.display_url,
+                    f"refuses a summary query even for one node and one point: {e} (raise its limits)",
+                    kind="too_large",
+                ) from None
+            half = len(batch) // 2
+            await one(kind, what, batch[:half])  # NB: halves of the node batch: every figure stays exact
+            await one(kind, what, batch[half:])
+            return
         bar.advance()
 
     try:
-        await asyncio.gather(*(one(*q) for q in work))
-        await identity(client, h, at=start + chunks * chunk, window=chunks * chunk)  # type: ignore[arg-type]
+        await asyncio.gather(*(one(*job) for job in jobs))
+        # the activity's fallbacks get the dense levels where a GPU of the batch has no SM_ACTIVE
+        more = [
+            ("quantiles", f"{fld}@{','.join(f'{q:g}' for q in pack)}", batch)
+            for batch in batches
+            for fld in decoder.fallbacks(batch)
+            for pack in level_packs(batch, fld, DENSE_LEVELS, chunk=chunk)
+        ]
+        bar.add(len(more))
+        await asyncio.gather(*(one(*job) for job in more))
+        if safety_percentile is not None and chunks == 1:
+            await _exact_ranks(client, decoder, safety_percentile, chunk=chunk, first=start + chunk - 0.001)
+        await identity(client, h, at=start + window, window=window)  # type: ignore[arg-type]
     finally:
         bar.close()
     decoder.finish()
-    h.gaps += [f"partial answer: {w}" for w in client.warnings]
+    if interval is None:
+        h.gaps.append("scrape interval not measurable (no GPU with two samples in an hour): a sample counts one step")
+    h.gaps += [f"partial answer: {warning}" for warning in client.warnings]
     h.queries = client.queries
     return h
+
+
+_RANK_QUERIES = 50  # at most: series of the same sample count share one; the rest keep the levels' bound
+_UUIDS_PER_QUERY = 200
+
+
+async def _exact_ranks(
+    client: PrometheusClient, decoder: _SummaryDecoder, q: float, *, chunk: float, first: float
+) -> None:
+    """The activity's sample at or above the safety quantile, exactly, for each series in one chunk: raw mode's
+    safety share (``method="higher"``), which no fixed level gives (the levels' bound interpolates past it)."""
+    groups = sorted(decoder.rank_levels(q).items(), key=lambda kv: -len(kv[1]))
+    jobs = [
+        (fld, level, uuids[i : i + _UUIDS_PER_QUERY])
+        for (fld, level), uuids in groups
+        for i in range(0, len(uuids), _UUIDS_PER_QUERY)
+    ][:_RANK_QUERIES]
+    for fld, level, uuids in jobs:
+        sel = f'{FIELDS[fld]}{{UUID=~"{regex_alternatives(uuids)}"}}'
+        promql = f'label_replace(quantile_over_time({level!r}, {sel}[{_ms(chunk)}]), "gpuscale_q", "{level!r}", "", "")'
+        result = await client.query_range(promql, start=first, end=first, step=chunk)
+        decoder.add("quantiles", fld, result, first=first, every=chunk)
 
 
 class _SummaryDecoder:
@@ -170,77 +384,174 @@ class _SummaryDecoder:
         self._exporter = exporter
         self._series: dict[tuple[Any, ...], SeriesSummary] = {}
         self._xid: dict[tuple[str, str], dict[str, np.ndarray]] = {}
-        self._meta: dict[tuple[str, str], tuple[str, PodRef | None]] = {}
+        self._meta: dict[tuple[str, str], PodRef | None] = {}
+        self._throttle: dict[tuple[str, str], tuple[PodRef | None, list[float]]] = {}
+        self._levels: dict[int, dict[float, np.ndarray]] = {}  # id(summary) → level → per chunk
 
-    def _points(self, values: list[Any], *, first: float) -> tuple[np.ndarray, np.ndarray]:
-        ts = np.fromiter((float(p[0]) for p in values), dtype=np.float64, count=len(values))
-        vs = clean(np.array([p[1] for p in values], dtype=np.float64)).astype(np.float64)
-        idx = np.rint((ts - first) / self.h.chunk_seconds).astype(np.int64)
-        ok = (idx >= 0) & (idx < self.h.chunks)
-        return idx[ok], vs[ok]
+    def rank_levels(self, q: float) -> dict[tuple[str, float], list[str]]:
+        """(field, level) → the GPU UUIDs whose activity series has, in its one chunk, its sample at or above the
+        quantile ``q`` exactly at that level: rank ``m = ⌈q(n - 1)⌉`` of ``n`` samples, asked at
+        ``(m + 10⁻⁶) / (n - 1)`` so the TSDB's interpolation lands on that sample (a hair above it, never below)."""
+        out: dict[tuple[str, float], set[str]] = defaultdict(set)
+        chosen: dict[tuple[str, PodRef | None], str] = {}
+        for (gpu, pod, fld), s in self._series.items():
+            if fld not in ACTIVITY_FIELDS or s.count.size != 1 or not np.nansum(s.count) > 1:
+                continue
+            known = chosen.get((gpu, pod))
+            if known is None or ACTIVITY_FIELDS.index(fld) < ACTIVITY_FIELDS.index(known):
+                chosen[(gpu, pod)] = fld
+        for (gpu, pod), fld in chosen.items():
+            n = int(self._series[(gpu, pod, fld)].count[0])
+            m = math.ceil(q * (n - 1) - 1e-9)
+            if m < n - 1:
+                out[(fld, (m + 1e-6) / (n - 1))].add(gpu.split("/")[0])
+        return {k: sorted(v) for k, v in out.items()}
+
+    def fallbacks(self, batch: list[str] | None) -> list[str]:
+        """The activity's fallback fields that stand in for SM_ACTIVE on some GPU of ``batch`` (a node list)."""
+        nodes = set(batch) if batch else None
+        have: dict[str, set[tuple[str, PodRef | None]]] = {f: set() for f in ACTIVITY_FIELDS}
+        for (gpu, pod, fld), s in self._series.items():
+            if fld in have and (nodes is None or s.node in nodes) and np.nansum(s.count) > 0:
+                have[fld].add((gpu, pod))
+        gr_alone = have["gr_engine_active"] - have["sm_active"]
+        util_alone = have["gpu_util_percent"] - have["sm_active"] - have["gr_engine_active"]
+        return [f for f, alone in (("gr_engine_active", gr_alone), ("gpu_util_percent", util_alone)) if alone]
 
     def _pod(self, labels: dict[str, str]) -> PodRef | None:
         for pod_key, ns_key in (("exported_pod", "exported_namespace"), ("pod", "namespace")):
             if labels.get(pod_key) and labels.get(ns_key):
                 if self._exporter.fullmatch(labels[pod_key]):
                     return None
-                return PodRef(labels[ns_key], labels[pod_key])
+                return PodRef(in_cluster(labels[ns_key], labels), labels[pod_key])
         return None
 
-    def add(self, kind: str, what: str, result: list[dict[str, Any]], *, first: float) -> None:
+    def _gpu(self, labels: dict[str, str]) -> tuple[str, str]:
+        device = attribute("DCGM_FI_DEV_GPU_UTIL", labels, Target(url=""))
+        uuid = device.key[2] or "?"
+        gpu = f"{uuid}/{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else uuid
+        return gpu, in_cluster(device.node or labels.get("instance", "unknown"), labels)
+
+    def _summary(self, labels: dict[str, str], fld: str) -> SeriesSummary:
+        gpu, node = self._gpu(labels)
+        pod = self._pod(labels)
+        key = (gpu, pod, fld)
+        s = self._series.get(key)
+        if s is None:
+            chunks = self.h.chunks
+            s = self._series[key] = SeriesSummary(
+                gpu,
+                node,
+                labels.get("modelName") or None,
+                pod,
+                fld,
+                count=np.full(chunks, np.nan),
+                total=np.full(chunks, np.nan),
+                maximum=np.full(chunks, np.nan),
+            )
+        return s
+
+    def add(self, kind: str, what: str, result: list[dict[str, Any]], *, first: float, every: float) -> None:
         h = self.h
-        nan = np.full(h.chunks, np.nan)
-        for series in result:
-            labels = series.get("metric") or {}
-            idx, vs = self._points(series.get("values") or [], first=first)
-            if kind == "pod":
-                pod = self._pod(labels)
-                if pod is None:
-                    continue
-                peaks = h.pods.get(pod) or h.pods.setdefault(
-                    pod, PodPeaks(np.zeros(h.chunks), np.zeros(h.chunks), np.zeros(h.chunks))
-                )
-                arr = getattr(peaks, what)
-                arr[idx] = np.nan_to_num(vs)
+        for entry in result:
+            labels, values = _series(entry)
+            if labels is None or not values:
                 continue
-            device = attribute("DCGM_FI_DEV_GPU_UTIL", labels, Target(url=""))
-            uuid = device.key[2] or "?"
-            gpu = f"{uuid}/{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else uuid
-            node = device.node or labels.get("instance", "unknown")
-            pod = self._pod(labels)
-            if kind == "stat":
+            ts, vs, _ = _points(values)
+            vs = clean(vs).astype(np.float64)
+            idx = np.rint((ts - first) / every).astype(np.int64)
+            ok = (idx >= 0) & ~np.isnan(vs)
+            idx, vs, ts = idx[ok], vs[ok], ts[ok]
+            if kind == "steps" or kind == "block":
+                self._owner(kind, what, labels, idx, vs)
+            elif kind == "stat":
                 fld, stat = what.split(":")
-                key = (gpu, pod, fld)
-                s = self._series.get(key)
-                if s is None:
-                    s = self._series[key] = SeriesSummary(
-                        gpu, node, labels.get("modelName") or None, pod, fld, {k: nan.copy() for k in _STAT_QUERIES}
-                    )
-                s.stats[stat][idx] = vs
+                getattr(self._summary(labels, fld), stat)[idx[idx < h.chunks]] = vs[idx < h.chunks]
+            elif kind == "quantiles":
+                level = labels.pop("gpuscale_q", None)
+                s = self._summary(labels, what)
+                try:
+                    q = float(level or "nan")
+                except ValueError:
+                    continue
+                row = self._levels.setdefault(id(s), {}).setdefault(q, np.full(h.chunks, np.nan))
+                row[idx[idx < h.chunks]] = vs[idx < h.chunks]
             elif kind == "xid":
-                d = self._xid.setdefault((gpu, node), {"max": nan.copy(), "changes": nan.copy()})
-                d[what][idx] = vs
-                self._meta[(gpu, node)] = (node, pod)
-            elif kind == "throttle":
-                for i, v in zip(idx, vs, strict=True):
-                    if v >= 1:
-                        h.incidents.append(SummaryIncident("throttle", node, gpu, pod, int(i), float(v), int(v)))
+                gpu, node = self._gpu(labels)
+                d = self._xid.setdefault(
+                    (gpu, node), {"max": np.full(h.chunks, np.nan), "changes": np.full(h.chunks, np.nan)}
+                )
+                d[what][idx[idx < h.chunks]] = vs[idx < h.chunks]
+                self._meta[(gpu, node)] = self._pod(labels)
             elif kind == "ecc":
+                gpu, node = self._gpu(labels)
                 for i, v in zip(idx, vs, strict=True):
-                    if v >= 0.5:
-                        h.incidents.append(SummaryIncident("ecc-dbe", node, gpu, pod, int(i), float(round(v)), 1))
+                    if v >= 0.5 and i < h.chunks:
+                        h.incidents.append(
+                            SummaryIncident("ecc-dbe", node, gpu, self._pod(labels), int(i), float(round(v)), 1)
+                        )
+            elif kind == "throttle":
+                gpu, node = self._gpu(labels)
+                _, seen = self._throttle.setdefault((gpu, node), (self._pod(labels), []))
+                seen.extend(float(t) - 0.001 for t in ts)
+
+    def _owner(self, kind: str, what: str, labels: dict[str, str], idx: np.ndarray, vs: np.ndarray) -> None:
+        h = self.h
+        key = (
+            in_cluster(labels.get("namespace", ""), labels),
+            labels.get("owner_kind", ""),
+            labels.get("owner_name", ""),
+        )
+        if not key[0] or not key[2]:
+            return
+        o = h.owner_steps.get(key)
+        if o is None:
+            steps = h.steps
+            o = h.owner_steps[key] = OwnerSteps(np.zeros(steps), np.zeros(steps), np.zeros(steps), np.zeros(steps))
+        if kind == "steps":
+            arr = getattr(o, what)
+            keep = idx < len(arr)
+            np.add.at(arr, idx[keep], vs[keep])  # NB: summed over node batches
+            return
+        fld, stat = what.split(":")
+        blocks = int(np.ceil(h.steps * h.step_seconds / h.block_seconds))
+        target = o.block_sums if stat == "sum" else o.block_counts
+        arr = target.setdefault(fld, np.zeros(blocks))
+        keep = idx < blocks
+        np.add.at(arr, idx[keep], vs[keep])
 
     def finish(self) -> None:
         h = self.h
         h.series = list(self._series.values())
+        for s in h.series:
+            rows = self._levels.get(id(s), {})
+            s.levels = tuple(sorted(rows))
+            s.quantiles = np.array([rows[q] for q in s.levels]).reshape(len(s.levels), h.chunks)
         for (gpu, node), d in self._xid.items():
-            _, pod = self._meta[(gpu, node)]
+            pod = self._meta[(gpu, node)]
             for i in np.flatnonzero((d["max"] > 0) & (d["changes"] > 0)):
                 h.incidents.append(
                     SummaryIncident("xid", node, gpu, pod, int(i), float(d["max"][i]), int(d["changes"][i]))
                 )
+        for (gpu, node), (pod, seen) in self._throttle.items():
+            times = sorted(set(seen))
+            h.incidents.append(
+                SummaryIncident(
+                    "throttle",
+                    node,
+                    gpu,
+                    pod,
+                    0,
+                    float(len(times)),
+                    len(times),
+                    first_seen=times[0],
+                    last_seen=times[-1],
+                )
+            )
         if not h.series:
             h.gaps.append("no DCGM series in the window: is dcgm-exporter scraped by this server?")
         missing = sorted({FIELDS[f] for f in SUMMARY_FIELDS} - {FIELDS[s.field] for s in h.series})
         if h.series and missing:
             h.gaps.append(f"not reported by any GPU: {', '.join(missing)}")
+        if h.series and not h.owner_steps:
+            h.gaps.append("no kube_pod_owner joined the DCGM series: no replica counts, idle stretches or verdicts")

@@ -296,9 +296,18 @@ def _spawn(kind: Kind, args: Sequence[str], *, url: str, workdir: Path, config_p
     return Backend(kind, url, process, workdir, log_path, config_path)
 
 
-def _write_config(workdir: Path, scrape_configs: Sequence[Mapping[str, Any]], scrape_interval: str) -> Path:
+def _write_config(
+    workdir: Path,
+    scrape_configs: Sequence[Mapping[str, Any]],
+    scrape_interval: str,
+    external_labels: Mapping[str, str] | None = None,
+) -> Path:
     config = {
-        "global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval},
+        "global": {
+            "scrape_interval": scrape_interval,
+            "scrape_timeout": scrape_interval,
+            **({"external_labels": dict(external_labels)} if external_labels else {}),
+        },
         "scrape_configs": [dict(c) for c in scrape_configs],
     }
     path = workdir / "scrape.yml"
@@ -340,11 +349,13 @@ def start_backend(
     workdir: Path,
     scrape_interval: str = "1s",
     extra_args: Sequence[str] = (),
+    external_labels: Mapping[str, str] | None = None,
 ) -> Backend:
     """Start Prometheus or single-node VictoriaMetrics (its built-in scraper) scraping ``scrape_configs``,
-    on a free port with storage under ``workdir``. Not yet ready: ``await backend.wait_ready(targets=N)``."""
+    on a free port with storage under ``workdir``. Not yet ready: ``await backend.wait_ready(targets=N)``.
+    ``external_labels``: Prometheus' global ones (a Thanos sidecar adds them to every series it serves)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    config = _write_config(workdir, scrape_configs, scrape_interval)
+    config = _write_config(workdir, scrape_configs, scrape_interval, external_labels)
     port = free_port()
     args = [*COMMANDS[kind](config, port, workdir / "data"), *extra_args]
     return _spawn(kind, args, url=f"http://127.0.0.1:{port}", workdir=workdir, config_path=config)

@@ -15,4 +15,4 @@ def test_the_documented_schema_is_the_models():
         "regenerate: python -c 'import json; from gpuscale.report.schema import Report; "
         "print(json.dumps(Report.model_json_schema(by_alias=True), indent=2))' > docs/report.schema.json"
     )
-    assert SCHEMA == "gpuscale.io/report/v1"
+    assert SCHEMA == "gpuscale.io/report/v2"
