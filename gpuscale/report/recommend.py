@@ -26,19 +26,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuscale.report.one_gpu import HOURS_PER_MONTH, OneGpuShape, one_gpu_alternatives, rounded
 from gpuscale.report.policy import Product, ReportPolicy
 from gpuscale.report.schema import CostFigures, Recommendation, SignalStats, VerdictShare, Workload
 from gpuscale.report.stats import confidence, estimate
 from gpuscale.report.usage import SIGNALS, WorkloadUsage, longest_run
 from gpuscale.report.verdict_hours import BUSY_VERDICTS, diagnosis_recommendations, verdicts_over_time
 
-HOURS_PER_MONTH = 730.0
 DAY_SECONDS = 86400.0
 _UNITS = {"fb_used_mib": "mib", "gpus_busy": "gpus"}
-
-
-def _r(x: float, digits: int = 2) -> float:
-    return round(float(x), digits)
 
 
 def workload_report(
@@ -79,23 +75,10 @@ def workload_report(
     if status == "not-enough-data":
         recs = [_not_enough_data(policy, history_seconds=history_seconds, samples=samples, conf=conf)]
     else:
-        recs = _recommend(
-            usage,
-            policy=policy,
-            product=product,
-            signals=signals,
-            requested=requested,
-            share_target=safe_share,
-            busy=busy,
-            longest_idle=longest_idle,
-            pod_count=pod_count,
-            conf=conf,
-            verdicts=verdicts,
-            busy_hours=busy_hours,
-            steps=steps,
-            step_seconds=step_seconds,
-            cold_starts=cold_starts or [],
-        )
+        recs = _recommend(usage, policy=policy, product=product, signals=signals, requested=requested,
+                          share_target=safe_share, busy=busy, longest_idle=longest_idle, pod_count=pod_count,
+                          conf=conf, verdicts=verdicts, busy_hours=busy_hours, steps=steps,
+                          step_seconds=step_seconds, cold_starts=cold_starts or [])  # fmt: skip
     recs, rule = choose_action(recs)
     return Workload(
         namespace=usage.key.namespace,
@@ -105,12 +88,12 @@ def workload_report(
         pods=pod_count,
         product=usage.product,
         pools=sorted(usage.pools),
-        gpus_requested_per_pod=_r(requested) if requested else None,
+        gpus_requested_per_pod=rounded(requested) if requested else None,
         requests_source=requests_source,  # type: ignore[arg-type]
         history_seconds=history_seconds,
         samples=samples,
-        coverage=_r(idx.size / (idx[-1] - idx[0] + 1), 4) if idx.size else 1.0,
-        confidence=_r(conf, 3),
+        coverage=rounded(idx.size / (idx[-1] - idx[0] + 1), 4) if idx.size else 1.0,
+        confidence=rounded(conf, 3),
         status=status,  # type: ignore[arg-type]
         busy=busy,
         activity_signal=usage.activity_source,
@@ -196,16 +179,16 @@ def _signal_stats(
         exact = {q: usage.quantile(name, q) for q in (0.5, 0.95, 0.99)}
         signals[name] = SignalStats(
             unit=_UNITS.get(name, "percent"),  # type: ignore[arg-type]
-            p50=_r(exact[0.5]) if exact[0.5] is not None else None,
-            p95=_r(exact[0.95]) if exact[0.95] is not None else None,
-            p99=_r(exact[0.99]) if exact[0.99] is not None else None,
-            max=_r(est.maximum),
-            trend_p50=_r(est.p50),
-            trend_p90=_r(est.p90),
-            trend_p95=_r(est.p95),
-            target=_r(est.target),
-            lower_bound=_r(est.lower),
-            upper_bound=_r(est.upper) if math.isfinite(est.upper) else 1e300,
+            p50=rounded(exact[0.5]) if exact[0.5] is not None else None,
+            p95=rounded(exact[0.95]) if exact[0.95] is not None else None,
+            p99=rounded(exact[0.99]) if exact[0.99] is not None else None,
+            max=rounded(est.maximum),
+            trend_p50=rounded(est.p50),
+            trend_p90=rounded(est.p90),
+            trend_p95=rounded(est.p95),
+            target=rounded(est.target),
+            lower_bound=rounded(est.lower),
+            upper_bound=rounded(est.upper) if math.isfinite(est.upper) else 1e300,
             samples=est.samples,
         )
     return signals
@@ -222,7 +205,7 @@ def _not_enough_data(policy: ReportPolicy, *, history_seconds: float, samples: i
             f"not enough data: {history_seconds / 3600:.1f} h and {samples} samples "
             f"(need {rs.min_history / 3600:g} h and {rs.min_samples})"
         ),
-        evidence={"history_hours": _r(history_seconds / 3600), "samples": samples, "confidence": _r(conf, 3)},
+        evidence={"history_hours": rounded(history_seconds / 3600), "samples": samples, "confidence": rounded(conf, 3)},
     )
 
 
@@ -243,7 +226,7 @@ def _keep(
         summary="keep the request: " + ("busy, no downsizing" if busy else "no smaller shape fits the measured use"),
         evidence={
             "activity_target_percent": activity.target if activity else None,
-            f"activity_p{rs.safety_percentile * 100:g}_percent": _r(safe_share * 100)
+            f"activity_p{rs.safety_percentile * 100:g}_percent": rounded(safe_share * 100)
             if safe_share is not None
             else None,
             "busy_verdict_hours": busy_hours,
@@ -256,7 +239,7 @@ def _activity_bands(usage: WorkloadUsage) -> list[float]:
     """Shares of recency-weighted GPU-time per 10 % band, from the activity histogram's 0.5-point buckets."""
     weights = usage.histograms["activity_percent"].weights
     bands = np.array([weights[20 * k : 20 * k + 20].sum() for k in range(9)] + [weights[180:].sum()])
-    return [_r(b / bands.sum(), 4) for b in bands] if bands.sum() else [0.0] * 10
+    return [rounded(b / bands.sum(), 4) for b in bands] if bands.sum() else [0.0] * 10
 
 
 def _recommend(
@@ -293,7 +276,7 @@ def _recommend(
     fb = signals.get("fb_used_mib")
     # NB: a busy workload is never downsized; a smaller shape only replaces one whole GPU.
     if not busy and share_target is not None and fb is not None and need.gpus == 1:
-        shape = _OneGpuShape(
+        shape = OneGpuShape(
             product=product,
             price=price,
             requested=requested,
@@ -304,7 +287,7 @@ def _recommend(
             share_safe=share_target,  # the exact safety-percentile share (see workload_report)
             share_target=min(1.0, share_target * (1 + margin)),  # what a smaller shape must hold: that plus margin
         )
-        out += [r for rule in (_mig_profile, _smaller_gpu, _time_slicing) if (r := rule(shape, policy=policy))]
+        out += one_gpu_alternatives(shape, policy=policy)
     out += _replicas(usage, policy=policy, requested=requested, price=price, busy_hours=busy_hours, steps=steps)
     out += _scale_to_zero(usage, policy=policy, steps=steps, step_seconds=step_seconds, price=price,
                           requested=requested, longest_idle=longest_idle, cold_starts=cold_starts or [])  # fmt: skip
@@ -358,127 +341,15 @@ def _fewer_gpus(
             "gpus_requested": requested,
             "gpus_busy_max": need.peak_busy,
             "gpus_busy_p95": signals["gpus_busy"].p95 if "gpus_busy" in signals else None,
-            "pod_fb_peak_mib": _r(need.peak_pod_fb_mib),
+            "pod_fb_peak_mib": rounded(need.peak_pod_fb_mib),
             "gpu_memory_mib": need.gpu_memory_mib,
             "gpus_for_memory": need.for_memory,
             "margin": rs.margin_fraction,
             "recommended": needed,
-            "average_pods": _r(avg_pods),
-            "gpu_hours_freed_per_month": _r(freed * avg_pods * HOURS_PER_MONTH),
+            "average_pods": rounded(avg_pods),
+            "gpu_hours_freed_per_month": rounded(freed * avg_pods * HOURS_PER_MONTH),
         },
-        monthly_saving=_r(saving) if saving is not None else None,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _OneGpuShape:
-    """What a 1-GPU pod must keep on a smaller shape (MIG profile, smaller GPU, a time-sliced share)."""
-
-    product: Product | None
-    price: float | None
-    requested: float
-    avg_pods: float
-    margin: float
-    peak_gpu_fb: float
-    fit_fb: float  # peak FB × (1 + margin), MiB
-    share_safe: float  # the safety-percentile compute share
-    share_target: float  # that + margin, at most 1
-
-    def freed(self, share: float) -> tuple[float, float | None]:
-        """(GPU-hours a month, their price) freed when each pod keeps ``1 - share`` of its GPU."""
-        # NB: multiplied left to right in the order they always were, so the rounded figures stay the same
-        hours = share * self.avg_pods * HOURS_PER_MONTH * min(self.requested, 1.0)
-        if self.price is None:
-            return hours, None
-        return hours, self.price * share * self.avg_pods * HOURS_PER_MONTH * min(self.requested, 1.0)
-
-
-def _mig_profile(shape: _OneGpuShape, *, policy: ReportPolicy) -> Recommendation | None:
-    """**MIG profile**: the smallest profile holding the memory and compute share needed."""
-    rs, product, margin, share_target = policy.rightsizing, shape.product, shape.margin, shape.share_target
-    if product is None:
-        return None
-    mig = _mig_fit(product, fb_mib=shape.fit_fb, share=share_target)
-    if mig is None or mig.compute_share >= 1.0:
-        return None  # NB: the whole GPU as a MIG profile saves nothing: not a recommendation
-    freed_hours, saving = shape.freed(1 - mig.compute_share)
-    return Recommendation(
-        kind="mig-profile",
-        severity="warning",
-        short=f"mig {mig.profile}",
-        summary=f"fits MIG {mig.profile} on {product.name}: peak FB {shape.peak_gpu_fb / 1024:.1f} GiB "
-        f"(+{margin:.0%} = {shape.fit_fb / 1024:.1f} ≤ {mig.memory_mib / 1024:.1f} GiB), activity "
-        f"p{rs.safety_percentile * 100:g} {shape.share_safe:.0%} (+{margin:.0%} = {share_target:.0%}) "
-        f"≤ {mig.compute_share:.0%}",
-        evidence={
-            f"activity_p{rs.safety_percentile * 100:g}": _r(shape.share_safe, 4),
-            "fb_peak_mib": _r(shape.peak_gpu_fb),
-            "fb_needed_mib": _r(shape.fit_fb),
-            "profile_memory_mib": mig.memory_mib,
-            "compute_share_target": _r(share_target, 4),
-            "profile_compute_share": _r(mig.compute_share, 4),
-            "resource": f"nvidia.com/mig-{mig.profile}",
-            "gpu_hours_freed_per_month": _r(freed_hours),
-        },
-        monthly_saving=_r(saving) if saving is not None else None,
-    )
-
-
-def _smaller_gpu(shape: _OneGpuShape, *, policy: ReportPolicy) -> Recommendation | None:
-    """**smaller GPU**: the cheapest priced product holding the memory and the throughput needed."""
-    rs, product, price, share_target = policy.rightsizing, shape.product, shape.price, shape.share_target
-    smaller = _smaller_product(policy, product, fb_mib=shape.fit_fb, share=share_target, price=price)
-    if smaller is None or product is None:
-        return None
-    cand, cand_price = smaller
-    saving = (price - cand_price) * shape.avg_pods * HOURS_PER_MONTH if price is not None else None
-    return Recommendation(
-        kind="smaller-gpu",
-        severity="warning",
-        short=f"smaller-gpu {cand.name}",
-        summary=f"a {cand.name} would do: peak FB {shape.peak_gpu_fb / 1024:.1f} GiB fits its "
-        f"{cand.memory_mib / 1024:.0f} GiB; activity p{rs.safety_percentile * 100:g} "
-        f"+{shape.margin:.0%} = {share_target:.0%} of a {product.name} is "
-        f"{share_target * product.tflops / cand.tflops:.0%} of it",
-        evidence={
-            f"activity_p{rs.safety_percentile * 100:g}": _r(shape.share_safe, 4),
-            "fb_needed_mib": _r(shape.fit_fb),
-            "candidate_memory_mib": cand.memory_mib,
-            "compute_share_target": _r(share_target, 4),
-            "tflops_now": product.tflops,
-            "tflops_candidate": cand.tflops,
-            "price_now": price,
-            "price_candidate": cand_price,
-        },
-        monthly_saving=_r(saving) if saving is not None else None,
-    )
-
-
-def _time_slicing(shape: _OneGpuShape, *, policy: ReportPolicy) -> Recommendation | None:
-    """**time-slicing**: when the compute share and memory leave room for enough such pods on one GPU."""
-    rs, share_target = policy.rightsizing, shape.share_target
-    gpu_memory = shape.product.memory_mib if shape.product else None
-    pods_per_gpu = int(1.0 / share_target) if share_target > 0 else rs.time_slicing_min_pods
-    if gpu_memory:
-        pods_per_gpu = min(pods_per_gpu, int(gpu_memory // max(shape.fit_fb, 1.0)))
-    if pods_per_gpu < rs.time_slicing_min_pods:
-        return None
-    freed_hours, saving = shape.freed(1 - 1 / pods_per_gpu)
-    return Recommendation(
-        kind="time-slicing",
-        severity="info",
-        short=f"time-slicing {pods_per_gpu}/GPU",
-        summary=f"time-slicing candidate: {pods_per_gpu} such pods fit one GPU "
-        f"(compute share {share_target:.0%}, peak FB {shape.peak_gpu_fb / 1024:.1f} GiB)",
-        evidence={
-            f"activity_p{rs.safety_percentile * 100:g}": _r(shape.share_safe, 4),
-            "compute_share_target": _r(share_target, 4),
-            "fb_needed_mib": _r(shape.fit_fb),
-            "gpu_memory_mib": gpu_memory,
-            "pods_per_gpu": pods_per_gpu,
-            "gpu_hours_freed_per_month": _r(freed_hours),
-        },
-        monthly_saving=_r(saving) if saving is not None else None,
+        monthly_saving=rounded(saving) if saving is not None else None,
     )
 
 
@@ -517,14 +388,14 @@ def _scale_to_zero(
     gpus = max(requested, 1.0)
     monthly_hours = zero_hours / days * (HOURS_PER_MONTH / 24.0) * gpus
     evidence: dict[str, float | int | str | None] = {
-        "longest_idle_hours": _r(longest_idle / 3600),
+        "longest_idle_hours": rounded(longest_idle / 3600),
         "min_idle_stretch_hours": stz.min_idle_stretch / 3600,
-        "wakeups_per_day": _r(per_day),
-        "cold_start_seconds": _r(cold_start),
+        "wakeups_per_day": rounded(per_day),
+        "cold_start_seconds": rounded(cold_start),
         "cold_start_source": cold_source,
-        "added_latency_seconds_per_day": _r(latency),
+        "added_latency_seconds_per_day": rounded(latency),
         "latency_budget_seconds_per_day": stz.latency_budget_per_day,
-        "gpu_hours_freed_per_month": _r(monthly_hours),
+        "gpu_hours_freed_per_month": rounded(monthly_hours),
     }
     if latency > stz.latency_budget_per_day:
         return [
@@ -549,7 +420,7 @@ def _scale_to_zero(
             f"{cold_start:.0f} s each ({latency:.0f} s/day, within the {stz.latency_budget_per_day:g} s budget), "
             f"and free {monthly_hours:.0f} GPU-hours a month",
             evidence=evidence,
-            monthly_saving=_r(saving) if saving is not None else None,
+            monthly_saving=rounded(saving) if saving is not None else None,
         )
     ]
 
@@ -588,17 +459,17 @@ def _replicas(
             f"{p_demand:.2f} GPUs busy (mean {float(demand.mean()):.2f}), +{rs.margin_fraction:.0%} at "
             f"{rule.target_utilisation:.0%} of {requested:g} GPU{'s' if requested != 1 else ''} per pod",
             evidence={
-                "current_pods_mean": _r(current),
+                "current_pods_mean": rounded(current),
                 "current_pods_peak": int(alive.max()),
                 "recommended": needed,
-                f"demand_{pct}_gpus": _r(p_demand, 3),
-                "demand_mean_gpus": _r(float(demand.mean()), 3),
+                f"demand_{pct}_gpus": rounded(p_demand, 3),
+                "demand_mean_gpus": rounded(float(demand.mean()), 3),
                 "gpus_per_pod": requested,
                 "target_utilisation": rule.target_utilisation,
                 "margin": rs.margin_fraction,
-                "gpu_hours_freed_per_month": _r(freed * HOURS_PER_MONTH),
+                "gpu_hours_freed_per_month": rounded(freed * HOURS_PER_MONTH),
             },
-            monthly_saving=_r(saving) if saving is not None else None,
+            monthly_saving=rounded(saving) if saving is not None else None,
         )
     ]
 
@@ -607,22 +478,3 @@ def _average_pods(usage: WorkloadUsage, steps: int) -> float:
     """Mean number of pods alive while the workload held GPUs (a cost multiplier)."""
     alive = np.asarray(usage.alive(steps))
     return float(alive[alive > 0].mean()) if alive.size and (alive > 0).any() else 0.0
-
-
-def _mig_fit(product: Product, *, fb_mib: float, share: float):
-    fits = [m for m in product.mig if m.memory_mib >= fb_mib and m.compute_share >= share]
-    return min(fits, key=lambda m: (m.compute_share, m.memory_mib)) if fits else None
-
-
-def _smaller_product(policy: ReportPolicy, product: Product | None, *, fb_mib: float, share: float, price):
-    if product is None or price is None:
-        return None
-    best = None
-    for cand in policy.gpus.products:
-        cand_price = policy.prices.per_gpu_hour(cand.name)
-        if cand is product or cand_price is None or cand_price >= price:
-            continue
-        fits = cand.memory_mib >= fb_mib and share * product.tflops <= cand.tflops * policy.rightsizing.busy_share
-        if fits and (best is None or cand_price < best[1]):
-            best = (cand, cand_price)
-    return best

@@ -110,7 +110,7 @@ class FetchOptions:
     backoff_seconds: float = 1.0
     max_points: int = 10_000
     scrape_interval: float | None = None
-    """Seconds between an exporter's samples; None: measured from the server (``_measure_interval``)."""
+    """Seconds between an exporter's samples; None: measured from the server (``measure_scrape_interval``)."""
     max_response_bytes: int = 128 * 1024 * 1024
     """A bigger answer is refused (not decoded): a 300 MB answer took 5.8 GB of memory to decode."""
     memory_budget_bytes: int = 1536 * 1024 * 1024
@@ -201,7 +201,7 @@ async def fetch_history(
         for c in chunks
     ]
     bar = Progress(len(work), enabled=sys.stderr.isatty() if progress is None else progress)
-    interval = options.scrape_interval or await _measure_interval(client, start=start, end=start + steps * step)
+    interval = options.scrape_interval or await measure_scrape_interval(client, start=start, end=start + steps * step)
     if interval is None:
         history.gaps.append(
             "scrape interval not measurable (no GPU with two samples in an hour): hours assume one sample per step"
@@ -277,7 +277,7 @@ async def _fetch_split(
     state.add(fld, name, result, shift=shift)
 
 
-async def _measure_interval(client: PrometheusClient, *, start: float, end: float) -> float | None:
+async def measure_scrape_interval(client: PrometheusClient, *, start: float, end: float) -> float | None:
     """Seconds between one exporter's samples: an hour over the most samples any GPU has in it, the most of the
     window's last, middle and first hour (a GPU sampled all that hour gives the interval; the window's edge can cut
     one sample off an hour). The range is a millisecond short of the hour: Prometheus 2 closes it on both ends, and
@@ -312,13 +312,13 @@ class _Decoder:
     def add(self, fld: str, name: str, result: list[Any], *, shift: float = 0.0) -> None:
         h = self.h
         for series in result:
-            labels, values = _series(series)
+            labels, values = matrix_series(series)
             if labels is None:
                 self.dropped_series += 1
                 continue
             if not values:
                 continue
-            ts, vs, dropped = _points(values)
+            ts, vs, dropped = matrix_points(values)
             self.dropped_points += dropped
             if not ts.size:
                 continue
@@ -397,7 +397,7 @@ class _Decoder:
             )
 
 
-def _series(series: Any) -> tuple[dict[str, str] | None, list[Any]]:
+def matrix_series(series: Any) -> tuple[dict[str, str] | None, list[Any]]:
     """A range answer's series as (labels, points); labels None when it is no series at all. Labels that are not
     strings are left out: they cannot name a GPU or a pod."""
     if not isinstance(series, dict) or not isinstance(series.get("metric", {}), dict):
@@ -411,7 +411,7 @@ def _series(series: Any) -> tuple[dict[str, str] | None, list[Any]]:
     return {k: v for k, v in metric.items() if isinstance(k, str) and isinstance(v, str)}, values
 
 
-def _points(values: list[Any]) -> tuple[np.ndarray, np.ndarray, int]:
+def matrix_points(values: list[Any]) -> tuple[np.ndarray, np.ndarray, int]:
     """Timestamps (float64) and values (float64, NaN/Inf kept for ``clean``) of a series' ``[t, "v"]`` pairs, in
     strictly increasing time; how many points were dropped (not such a pair, or not after the one before)."""
     try:

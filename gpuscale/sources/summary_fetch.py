@@ -56,10 +56,10 @@ from gpuscale.metrics.history import (
 from gpuscale.sources.history_fetch import (
     FetchOptions,
     Progress,
-    _measure_interval,
-    _points,
-    _series,
     identity,
+    matrix_points,
+    matrix_series,
+    measure_scrape_interval,
     regex_alternatives,
 )
 from gpuscale.sources.promapi import PrometheusClient, TooManySamples
@@ -242,6 +242,76 @@ async def _range(
         k += n
 
 
+class _SummaryJobs:
+    """The queries of one summary fetch, each run in pieces of at most ``max_points``, and a node batch the server
+    refuses asked again in halves (every figure stays exact)."""
+
+    def __init__(
+        self,
+        client: PrometheusClient,
+        decoder: _SummaryDecoder,
+        options: FetchOptions,
+        *,
+        timing: dict[str, tuple[float, int, float]],
+        chunk: float,
+        step: float,
+        rate_window: float,
+        block: float,
+        idle: tuple[float, float],
+        throttle_bits: tuple[int, ...],
+    ) -> None:
+        self.client, self.decoder, self.options, self.timing = client, decoder, options, timing
+        self.chunk, self.step, self.rate_window, self.block = chunk, step, rate_window, block
+        self.idle, self.throttle_bits = idle, throttle_bits
+        self.semaphore = asyncio.Semaphore(options.concurrency)
+        self.bar: Progress | None = None
+
+    def queries(self, batch: list[str] | None) -> dict[tuple[str, str], str]:
+        """Every query of one node batch by (kind, what): built again for half a batch the server refused."""
+        exporter, (busy_percent, sm_active) = self.options.exporter_pod_pattern, self.idle
+        out = {(k, w): q for k, w, q in series_queries(batch, chunk=self.chunk, step=self.step)}
+        for what, q in step_queries(
+            batch, window=self.rate_window, idle_busy_percent=busy_percent, idle_sm_active=sm_active, exporter=exporter
+        ):
+            out[("steps", what)] = q
+        out |= {("block", what): q for what, q in block_queries(batch, block=self.block, exporter=exporter)}
+        throttled = throttle_queries(batch, window=self.rate_window, bits=self.throttle_bits)
+        out |= {("throttle", name): q for name, q in throttled}
+        return out
+
+    def promql(self, kind: str, what: str, batch: list[str] | None) -> str:
+        if kind == "quantiles":
+            fld, _, levels = what.partition("@")
+            return quantile_query(batch, fld, tuple(float(q) for q in levels.split(",")), chunk=self.chunk)
+        return self.queries(batch)[(kind, what)]
+
+    async def one(self, kind: str, what: str, batch: list[str] | None) -> None:
+        timing = self.timing
+        first, points, every = timing.get(kind, timing["steps"] if kind == "throttle" else timing["stat"])
+        try:
+            async with self.semaphore:
+                await _range(self.client, self.promql(kind, what, batch), first=first, points=points, step=every,
+                             max_points=self.options.max_points,
+                             add=lambda result: self.decoder.add(kind, what.partition("@")[0], result, first=first,
+                                                                 every=every))  # fmt: skip
+        except TooManySamples as e:
+            if not batch or len(batch) == 1:
+                raise SourceUnavailable(
+                    self.client.display_url,
+                    f"refuses a summary query even for one node and one point: {e} (raise its limits)",
+                    kind="too_large",
+                ) from None
+            half = len(batch) // 2
+            await self.one(kind, what, batch[:half])
+            await self.one(kind, what, batch[half:])
+            return
+        if self.bar is not None:
+            self.bar.advance()
+
+    async def run(self, jobs: list[tuple[str, str, list[str] | None]]) -> None:
+        await asyncio.gather(*(self.one(*job) for job in jobs))
+
+
 async def fetch_summaries(
     client: PrometheusClient,
     *,
@@ -275,65 +345,24 @@ async def fetch_summaries(
     nodes = await client.label_values(
         "Hostname", match='{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_.*|DCGM_FI_DEV_FB_USED"}', start=start, end=end
     )
-    interval = options.scrape_interval or await _measure_interval(client, start=start, end=start + window)
+    interval = options.scrape_interval or await measure_scrape_interval(client, start=start, end=start + window)
     h.interval_seconds = interval or step
-    w = max(step, h.interval_seconds)
     batches: list[list[str] | None] = (
         [nodes[i : i + options.series_batch] for i in range(0, len(nodes), options.series_batch)] if nodes else [None]
     )
-    exporter = options.exporter_pod_pattern
-    decoder = _SummaryDecoder(h, re.compile(exporter))
-    blocks = int(np.ceil(window / block))
+    decoder = _SummaryDecoder(h, re.compile(options.exporter_pod_pattern))
     timing = {
         "stat": (start + chunk - 0.001, chunks, chunk),
         "steps": (start + 0.001, steps, step),
-        "block": (start + block - 0.001, blocks, block),
+        "block": (start + block - 0.001, int(np.ceil(window / block)), block),
     }
-
-    def queries(batch: list[str] | None) -> dict[tuple[str, str], str]:
-        """Every query of one node batch by (kind, what): built again for half a batch the server refused."""
-        out = {(k, w): q for k, w, q in series_queries(batch, chunk=chunk, step=step)}
-        for what, q in step_queries(
-            batch, window=w, idle_busy_percent=idle_busy_percent, idle_sm_active=idle_sm_active, exporter=exporter
-        ):
-            out[("steps", what)] = q
-        out |= {("block", what): q for what, q in block_queries(batch, block=block, exporter=exporter)}
-        out |= {("throttle", name): q for name, q in throttle_queries(batch, window=w, bits=throttle_bits)}
-        return out
-
-    def promql(kind: str, what: str, batch: list[str] | None) -> str:
-        if kind == "quantiles":
-            fld, _, levels = what.partition("@")
-            return quantile_query(batch, fld, tuple(float(q) for q in levels.split(",")), chunk=chunk)
-        return queries(batch)[(kind, what)]
-
-    jobs = [(kind, what, batch) for batch in batches for kind, what in queries(batch)]
-    bar = Progress(len(jobs), enabled=sys.stderr.isatty() if progress is None else progress)
-    semaphore = asyncio.Semaphore(options.concurrency)
-
-    async def one(kind: str, what: str, batch: list[str] | None) -> None:
-        first, points, every = timing.get(kind, timing["steps"] if kind == "throttle" else timing["stat"])
-        try:
-            async with semaphore:
-                await _range(client, promql(kind, what, batch), first=first, points=points, step=every,
-                             max_points=options.max_points,
-                             add=lambda result: decoder.add(kind, what.partition("@")[0], result, first=first,
-                                                            every=every))  # fmt: skip
-        except TooManySamples as e:
-            if not batch or len(batch) == 1:
-                raise SourceUnavailable(
-                    client.display_url,
-                    f"refuses a summary query even for one node and one point: {e} (raise its limits)",
-                    kind="too_large",
-                ) from None
-            half = len(batch) // 2
-            await one(kind, what, batch[:half])  # NB: halves of the node batch: every figure stays exact
-            await one(kind, what, batch[half:])
-            return
-        bar.advance()
-
+    work = _SummaryJobs(client, decoder, options, timing=timing, chunk=chunk, step=step,
+                        rate_window=max(step, h.interval_seconds), block=block,
+                        idle=(idle_busy_percent, idle_sm_active), throttle_bits=throttle_bits)  # fmt: skip
+    jobs = [(kind, what, batch) for batch in batches for kind, what in work.queries(batch)]
+    work.bar = bar = Progress(len(jobs), enabled=sys.stderr.isatty() if progress is None else progress)
     try:
-        await asyncio.gather(*(one(*job) for job in jobs))
+        await work.run(jobs)
         # the activity's fallbacks get the dense levels where a GPU of the batch has no SM_ACTIVE
         more = [
             ("quantiles", f"{fld}@{','.join(f'{q:g}' for q in pack)}", batch)
@@ -342,7 +371,7 @@ async def fetch_summaries(
             for pack in level_packs(batch, fld, DENSE_LEVELS, chunk=chunk)
         ]
         bar.add(len(more))
-        await asyncio.gather(*(one(*job) for job in more))
+        await work.run(more)
         if safety_percentile is not None and chunks == 1:
             await _exact_ranks(client, decoder, safety_percentile, chunk=chunk, first=start + chunk - 0.001)
         await identity(client, h, at=start + window, window=window)  # type: ignore[arg-type]
@@ -454,10 +483,10 @@ class _SummaryDecoder:
     def add(self, kind: str, what: str, result: list[dict[str, Any]], *, first: float, every: float) -> None:
         h = self.h
         for entry in result:
-            labels, values = _series(entry)
+            labels, values = matrix_series(entry)
             if labels is None or not values:
                 continue
-            ts, vs, _ = _points(values)
+            ts, vs, _ = matrix_points(values)
             vs = clean(vs).astype(np.float64)
             idx = np.rint((ts - first) / every).astype(np.int64)
             ok = (idx >= 0) & ~np.isnan(vs)

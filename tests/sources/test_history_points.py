@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuscale.sources.history_fetch import _points, _series
+from gpuscale.sources.history_fetch import matrix_points, matrix_series
 
 
 @pytest.mark.parametrize(
@@ -24,12 +24,12 @@ from gpuscale.sources.history_fetch import _points, _series
     ids=["clean", "non-finite", "bad-strings", "wrong-types", "not-pairs", "out-of-order", "huge-ints", "empty"],
 )
 def test_points(values, kept, dropped):
-    ts, vs, n = _points(values)
+    ts, vs, n = matrix_points(values)
     assert ts.tolist() == kept and n == dropped and ts.size == vs.size
 
 
 def test_the_first_of_duplicates_is_kept():
-    _, vs, _ = _points([[1, "1"], [1, "2"]])
+    _, vs, _ = matrix_points([[1, "1"], [1, "2"]])
     assert vs.tolist() == [1.0]
 
 
@@ -45,11 +45,11 @@ def test_the_first_of_duplicates_is_kept():
     ],
 )
 def test_series(series, ok):
-    labels, _ = _series(series)
+    labels, _ = matrix_series(series)
     assert (labels is not None) == ok
 
 
 def test_labels_that_are_not_strings_are_left_out():
-    labels, _ = _series({"metric": {"UUID": "a", "pod": 7, "ns": None}, "values": []})
+    labels, _ = matrix_series({"metric": {"UUID": "a", "pod": 7, "ns": None}, "values": []})
     assert labels == {"UUID": "a"}
-    assert np.isfinite(_points([[1, "2"]])[1]).all()
+    assert np.isfinite(matrix_points([[1, "2"]])[1]).all()
