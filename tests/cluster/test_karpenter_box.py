@@ -365,8 +365,13 @@ def test_a_failed_gpu_node_is_cordoned_drained_and_replaced_by_karpenter(scene, 
     # What becomes of the failed node: drained, empty, and removed by Karpenter's emptiness consolidation.
     wait_for("Karpenter removes the emptied node", lambda: get_node(box, failing) is None, timeout=240)
     scene.figures["xid_to_node_removed_s"] = time.monotonic() - xid_at
-    claims = box.rest().get("/apis/karpenter.sh/v1/nodeclaims").expect(200)["items"]
-    assert not [c for c in claims if c.get("status", {}).get("nodeName") == failing]
+
+    def claim_gone() -> bool:
+        # NB: the Node goes first; its NodeClaim follows once Karpenter's finalizer has seen the Node gone
+        claims = box.rest().get("/apis/karpenter.sh/v1/nodeclaims").expect(200)["items"]
+        return not [c for c in claims if c.get("status", {}).get("nodeName") == failing]
+
+    wait_for("Karpenter removes the emptied node's NodeClaim", claim_gone, timeout=60)
     karpenter_log = (box.plane.workdir / "karpenter.log").read_text(errors="replace")
     decisions = [line for line in karpenter_log.splitlines() if "disrupting node(s)" in line and failing in line]
     assert decisions and all('"Empty/' in line for line in decisions), decisions

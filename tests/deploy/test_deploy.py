@@ -190,7 +190,10 @@ def test_every_kustomization_is_rendered():
     # deploy/controller and its components are rendered and checked by tests/deploy/test_deploy_controller.py.
     controller = {
         "controller",
-        *(f"controller/components/{c}" for c in ("act", "drain", "safe-to-evict", "dry-run", "embedded-scrape")),
+        *(
+            f"controller/components/{c}"
+            for c in ("act", "drain", "safe-to-evict", "dry-run", "embedded-scrape", "karpenter-weights")
+        ),
     }
     # components/monitoring (deploy/monitoring as a component) is rendered by tests/operating/test_monitoring.py.
     assert found == {*ADAPTER_OVERLAYS, *OTHER_KUSTOMIZATIONS, *COMPONENTS, *controller, "components/monitoring"}

@@ -169,9 +169,18 @@ async def test_ctrl_c_while_the_demo_starts_ends_it_at_once():
         sys.executable, "-m", "gpuscale.cli.main", "demo", "--port", "0",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
-    await asyncio.sleep(2.0)  # NB: inside the start: the simulated cluster is up, the adapter is refreshing
+    # NB: inside the start: the adapter is listening (its first line), the simulated cluster is up and the printed
+    # paths are not yet served. A fixed 2 s sleep sent the signal, on a loaded machine, while Python was still
+    # importing, before the demo had any handler (exit 130).
+    try:
+        first = await asyncio.wait_for(proc.stdout.readline(), 60)
+    except BaseException:
+        await reaped(proc, proc.wait(), 0)  # NB: killed and reaped on this loop
+        raise
+    assert b"serving the metrics APIs" in first, first
     proc.send_signal(signal.SIGINT)
     started = time.monotonic()
-    out, _ = await reaped(proc, proc.communicate(), 30)
+    rest, _ = await reaped(proc, proc.communicate(), 30)
+    out = first + rest
     assert proc.returncode == 0 and time.monotonic() - started < 15, out.decode()[-2000:]
     assert "Traceback" not in out.decode(), out.decode()[-2000:]
