@@ -204,7 +204,19 @@ def _adapter(prometheus: str, events: str, probe: bool, queue: mp.Queue) -> None
 
 
 async def _probe(log) -> None:
-    """How late the serving loop wakes from a 1 ms sleep; lags over 2 ms are written down."""
+    """How late the serving loop wakes from a 1 ms sleep (lags over 2 ms are written down), and every cyclic garbage
+    collection over 1 ms (on whichever thread: it holds the interpreter lock throughout)."""
+    import gc
+
+    started: list[float] = [0.0]
+
+    def collected(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif (took := time.perf_counter() - started[0]) > 0.001:
+            log.write(f"gc {time.time() - took:.6f} {took * 1e3:.2f} {info['generation']}\n")
+
+    gc.callbacks.append(collected)
     while True:
         due = time.perf_counter() + 0.001
         await asyncio.sleep(0.001)
@@ -338,7 +350,7 @@ def latency_round(loadgen: str, urls: Path, log: Path, seconds: float, work: Pat
             )
         else:
             slow.append((ms, "at rest"))
-    lags = [(at, ms) for kind, at, ms in events(log) if kind == "lag" and at >= began]
+    lags = [(kind, at, ms) for kind, at, ms in events(log) if kind in ("lag", "gc") and at >= began]
     return {
         "p50_rest": statistics.median(rest),
         "p99_rest": p99(rest),
@@ -436,7 +448,8 @@ def main() -> None:
             procs.append(ctx.Process(target=_bare, args=(size, q), daemon=True))
             procs[-1].start()
             bare_urls = work / "bare-urls"
-            bare_urls.write_text("".join(f"{q.get(timeout=60)}{p}\n" for p in paths()))
+            bare = q.get(timeout=60)
+            bare_urls.write_text("".join(f"{bare}{p}\n" for p in paths()))
             results: dict[str, list] = {"latency": [], "first": [], "parse": []}
             for n in range(args.rounds):
                 if "latency" in only:
@@ -450,10 +463,10 @@ def main() -> None:
                           f"(swap s, end s after start): {r['refreshes']}", flush=True)  # fmt: skip
                     for ms, where in r["slowest"]:
                         print(f"    {ms:7.2f} ms  {where}")
-                    for at_, ms in r["lags"][:40] if args.probe else ():
+                    for kind, at_, ms in r["lags"][:60] if args.probe else ():
                         w = next((w for w in r["windows"] if w[0] - 0.5 <= at_ <= w[2] + 1), None)
                         where = f"{at_ - w[0]:+.3f} s from start, {at_ - w[1]:+.3f} s from swap" if w else "at rest"
-                        print(f"    loop lag {ms:6.2f} ms  {where}")
+                        print(f"    {'loop lag' if kind == 'lag' else 'gc'} {ms:6.2f} ms  {where}")
                 if "first" in only:
                     at = load()
                     procs_pids = (procs[1].pid, procs[2].pid)
