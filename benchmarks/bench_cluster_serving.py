@@ -144,10 +144,10 @@ def _fake_prometheus(queue: mp.Queue) -> None:
 # --- the adapter (a child process) -------------------------------------------------------------------------------
 
 
-def _adapter(prometheus: str, events: str, probe: bool, queue: mp.Queue) -> None:
-    sys.setswitchinterval(0.001)  # NB: as `gpuscale adapter` runs (cli/main.py)
-
+def _adapter(prometheus: str, events: str, probe: bool, switch: float | None, queue: mp.Queue) -> None:
     import gpuscale.cli.adapter as composition
+
+    sys.setswitchinterval(switch or composition.SWITCH_INTERVAL_S)  # NB: as `gpuscale adapter` runs (cli/main.py)
     from gpuscale.selectors import LabelSelector
     from gpuscale.settings import AdapterSettings
     from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects, WorkloadInfo
@@ -417,6 +417,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each latency round (default 20)")
     parser.add_argument("--probe", action="store_true", help="add the loop-lag probe to the adapter (diagnosis)")
+    parser.add_argument("--switch-interval", type=float, help="the adapter's sys.setswitchinterval (experiments)")
     parser.add_argument("--only", default="latency,first,parse", help="comma-separated: latency, first, parse")
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -435,7 +436,8 @@ def main() -> None:
             procs.append(ctx.Process(target=_fake_prometheus, args=(q,), daemon=True))
             procs[-1].start()
             prometheus = f"http://127.0.0.1:{q.get(timeout=300)}"
-            procs.append(ctx.Process(target=_adapter, args=(prometheus, str(log), args.probe, q), daemon=True))
+            adapter_args = (prometheus, str(log), args.probe, args.switch_interval, q)
+            procs.append(ctx.Process(target=_adapter, args=adapter_args, daemon=True))
             procs[-1].start()
             base = q.get(timeout=300)
             urls.write_text("".join(f"{base}{p}\n" for p in paths()))
@@ -463,7 +465,7 @@ def main() -> None:
                           f"(swap s, end s after start): {r['refreshes']}", flush=True)  # fmt: skip
                     for ms, where in r["slowest"]:
                         print(f"    {ms:7.2f} ms  {where}")
-                    for kind, at_, ms in r["lags"][:60] if args.probe else ():
+                    for kind, at_, ms in sorted(r["lags"], key=lambda x: -x[2])[:20] if args.probe else ():
                         w = next((w for w in r["windows"] if w[0] - 0.5 <= at_ <= w[2] + 1), None)
                         where = f"{at_ - w[0]:+.3f} s from start, {at_ - w[1]:+.3f} s from swap" if w else "at rest"
                         print(f"    {'loop lag' if kind == 'lag' else 'gc'} {ms:6.2f} ms  {where}")

@@ -60,6 +60,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# NB: the event loop waits for the interpreter lock each time it comes back from the kernel (select, recv, send)
+# while the refresh's build thread runs Python; at the default 5 ms, every request met by a refresh waited ~5 ms
+# per hand-over. At 1 ms: the loop's lag during a 10,000-GPU refresh, p50 5.2 → 0.7 ms (benchmarks/
+# bench_refresh_lag.py, answers decoded in a thread); the build costs a few more switches. `gpuscale adapter` sets it.
+SWITCH_INTERVAL_S = 0.001
+
 
 @dataclass
 class RunningAdapter:
