@@ -9,11 +9,11 @@ open loop** — each query once per 15 s, as kube-controller-manager's HPA sync 
 What runs, each in its own process: the fake Prometheus (every DCGM field's answer made once at start; each answer
 carries the time it is served, so nothing turns stale), the adapter, the load generator, and for item 2 a bare
 aiohttp server. The adapter is ``start_adapter`` (cli/adapter.py: the PrometheusSource with its decoder process, the
-pipeline, the answer cache, forecasts, the adapter's runner with its fast path) over plain HTTP, with the
-switch interval ``gpuscale adapter`` sets; its watch cache is a fixed one (StaticClusterObjects: the 5,000 pods with
-their labels and the 1,000 Deployments) instead of a Kubernetes API, so its refresh is the full one (demand-driven
-refresh needs the API's HPA list: here it would fetch the same series). The adapter records when each refresh
-starts, swaps its snapshot and ends (a file the benchmark reads).
+pipeline with demand-driven refresh, the answer cache, forecasts, the adapter's runner with its fast path) over
+plain HTTP, with the switch interval ``gpuscale adapter`` sets; its watch cache is a fixed one (StaticClusterObjects:
+the 5,000 pods with their labels and the 1,000 Deployments) and its HPA cache gives the 1,000 HPAs' references,
+instead of a Kubernetes API. The adapter records when each refresh starts, swaps its snapshot and ends (a file the
+benchmark reads).
 
 Printed, three rounds each, with the load average at the start of every run:
 
@@ -164,10 +164,32 @@ def _adapter(prometheus: str, events: str, probe: bool, switch: float | None, qu
         workloads[namespace, app] = WorkloadInfo("Deployment", namespace, app, LabelSelector.parse(f"app={app}"), {})
     cluster = Cluster(pods=pods, workloads=workloads.values())
 
-    async def fixed_cluster(settings, resources):
-        return None, cluster
+    class Hpas:
+        """The 1,000 HPAs' references, as the adapter's HPA cache (sources/hpas.py) gives them once synced."""
 
-    composition.make_cluster = fixed_cluster  # NB: the one step replaced (module docstring)
+        synced = True
+
+        def __init__(self, api: object) -> None:
+            self.refs = frozenset((m, hpa_of(h * PODS_PER_HPA)[0]) for h in range(HPAS) for m in METRICS)
+
+        def references(self) -> frozenset:
+            return self.refs
+
+        def health(self) -> list:
+            return []
+
+        async def start(self) -> None:
+            return None
+
+        async def stop(self) -> None:
+            return None
+
+    async def fixed_cluster(settings, resources):
+        return object(), cluster  # NB: an API client no step uses but for the HPA cache (Hpas)
+
+    # NB: the two steps replaced (module docstring); demand-driven refresh and the rest run as shipped
+    composition.make_cluster = fixed_cluster
+    composition.HpaCache = Hpas
     log = open(events, "a", buffering=1)  # noqa: SIM115
 
     async def main() -> None:
@@ -217,12 +239,33 @@ async def _probe(log) -> None:
             log.write(f"gc {time.time() - took:.6f} {took * 1e3:.2f} {info['generation']}\n")
 
     gc.callbacks.append(collected)
+    _time_callbacks(log)
     while True:
         due = time.perf_counter() + 0.001
         await asyncio.sleep(0.001)
         late = time.perf_counter() - due
         if late > 0.002:
             log.write(f"lag {time.time() - late:.6f} {late * 1e3:.2f}\n")
+
+
+def _time_callbacks(log) -> None:
+    """Every serving-loop callback that used over 1 ms of the loop thread's CPU: what runs on the serving loop, apart
+    from waiting for the interpreter lock or for a core (neither counts as the thread's CPU time)."""
+    import threading
+
+    handle_run = asyncio.events.Handle._run
+    serving = threading.get_ident()  # NB: the sources' own loops run in other threads
+
+    def timed(handle: asyncio.events.Handle) -> None:
+        cpu = time.thread_time()
+        handle_run(handle)
+        if (used := time.thread_time() - cpu) > 0.001 and threading.get_ident() == serving:
+            callback = handle._callback
+            task = getattr(callback, "__self__", None)
+            named = task.get_coro() if isinstance(task, asyncio.Task) else callback
+            log.write(f"busy {time.time() - used:.6f} {used * 1e3:.2f} {getattr(named, '__qualname__', '?')}\n")
+
+    asyncio.events.Handle._run = timed  # type: ignore[method-assign]
 
 
 def _bare(size: int, queue: mp.Queue) -> None:
@@ -269,11 +312,11 @@ def tree_cpu(pid: int) -> float:
 
 
 def events(path: Path) -> list[tuple[str, float, float]]:
-    out = []
-    for line in path.read_text().splitlines():
-        kind, at, *rest = line.split()
-        out.append((kind, float(at), float(rest[0]) if rest else 0.0))
-    return out
+    return [(kind, float(at), float(rest[0]) if rest else 0.0) for kind, at, *rest in _lines(path)]
+
+
+def _lines(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines()]
 
 
 def refreshes(path: Path) -> list[tuple[float, float, float]]:
@@ -351,6 +394,7 @@ def latency_round(loadgen: str, urls: Path, log: Path, seconds: float, work: Pat
         else:
             slow.append((ms, "at rest"))
     lags = [(kind, at, ms) for kind, at, ms in events(log) if kind in ("lag", "gc") and at >= began]
+    busy = [(float(at), float(ms), what) for kind, at, ms, what in (x for x in _lines(log) if x[0] == "busy")]
     return {
         "p50_rest": statistics.median(rest),
         "p99_rest": p99(rest),
@@ -361,6 +405,7 @@ def latency_round(loadgen: str, urls: Path, log: Path, seconds: float, work: Pat
         "refreshes": [(round(swap - start, 2), round(end - start, 2)) for start, swap, end in windows],
         "slowest": sorted(slow, reverse=True)[:5],
         "lags": lags,
+        "busy": [b for b in busy if b[0] >= began],
         "windows": windows,
         "rps": r["rps"],
         "errors": r["errors"] + r["non_2xx"] + r["unfinished"],
@@ -406,6 +451,15 @@ def parse_round(repeats: int) -> float:
         for p in loops:
             times[p].append(bench_parser.per_scrape_us(p, text, loops[p]))
     return statistics.median(times[bench_parser.prometheus_client]) / statistics.median(times[bench_parser.ours])
+
+
+def _where(at: float, windows: list[tuple[float, float, float]]) -> str:
+    """When ``at`` was, against the refreshes (start, swap, end)."""
+    w = next((w for w in windows if w[0] - 0.5 <= at <= w[2] + 1), None)
+    if w is not None:
+        return f"{at - w[0]:+.3f} s from a refresh start, {at - w[1]:+.3f} s from its swap"
+    ended = [end for _, _, end in windows if end < at]
+    return f"at rest, {at - max(ended):.2f} s after a refresh ended" if ended else "at rest"
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -466,9 +520,9 @@ def main() -> None:
                     for ms, where in r["slowest"]:
                         print(f"    {ms:7.2f} ms  {where}")
                     for kind, at_, ms in sorted(r["lags"], key=lambda x: -x[2])[:20] if args.probe else ():
-                        w = next((w for w in r["windows"] if w[0] - 0.5 <= at_ <= w[2] + 1), None)
-                        where = f"{at_ - w[0]:+.3f} s from start, {at_ - w[1]:+.3f} s from swap" if w else "at rest"
-                        print(f"    {'loop lag' if kind == 'lag' else 'gc'} {ms:6.2f} ms  {where}")
+                        print(f"    {'loop lag' if kind == 'lag' else 'gc'} {ms:6.2f} ms  {_where(at_, r['windows'])}")
+                    for at_, ms, what in sorted(r["busy"], key=lambda x: -x[1])[:15] if args.probe else ():
+                        print(f"    loop CPU {ms:6.2f} ms in {what}  {_where(at_, r['windows'])}")
                 if "first" in only:
                     at = load()
                     procs_pids = (procs[1].pid, procs[2].pid)
