@@ -501,6 +501,7 @@ def main() -> None:
             if warm["requests"] != len(paths()):
                 raise SystemExit(f"bench_cluster_serving: warm-up: {warm}")
             size = warm["body_bytes"] // warm["requests"]
+            print(f"adapter ready; mean answer {size} bytes (bare aiohttp serves that many)", flush=True)
             procs.append(ctx.Process(target=_bare, args=(size, q), daemon=True))
             procs[-1].start()
             bare_urls = work / "bare-urls"

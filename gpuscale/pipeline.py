@@ -84,7 +84,6 @@ class Pipeline:
         self._started = 0  # cycles started
         self._finished = 0  # the number of the newest cycle that ended (in success or failure)
         self._ended = asyncio.Condition()
-        self._freeing: set[asyncio.Future[int]] = set()  # old snapshots being freed (_retire)
 
     async def refresh_once(self) -> Snapshot:
         started = time.perf_counter()
@@ -104,26 +103,26 @@ class Pipeline:
             self.store.update(snapshot)  # NB: on the loop, one reference swap: a request sees one whole snapshot
             if install is not None:
                 install()  # NB: no await in between: no request sees the new snapshot without what was prepared
-            self._retire(retired)
+            freeing = self._retire(retired)
             del retired
             self.refreshes += 1
             if self.on_refresh:
                 self.on_refresh(snapshot, time.perf_counter() - started)
+            if freeing is not None:
+                await freeing  # NB: the refresh ends once its garbage is gone: no freeing overlaps the next one
             return snapshot
         finally:
             async with self._ended:
                 self._finished = max(self._finished, number)
                 self._ended.notify_all()
 
-    def _retire(self, snapshot: Snapshot | None) -> None:
+    def _retire(self, snapshot: Snapshot | None) -> asyncio.Future[int] | None:
         """Free the snapshot just replaced in a worker thread, piecemeal (gpuscale/piecemeal.py): dropped here, its
-        ~10⁵ objects at 10,000 GPUs were freed on the event loop in one go, holding every request for 10–20 ms."""
+        ~10⁵ objects at 10,000 GPUs were freed on the event loop in one go, holding every request for 10–40 ms."""
         # NB: held by refresh_once's name, this argument and getrefcount's: nobody reads it any more
         if snapshot is None or sys.getrefcount(snapshot) != 3:
-            return
-        freeing = asyncio.get_running_loop().run_in_executor(None, free_piecemeal, snapshot, SNAPSHOT_CONTAINERS)
-        self._freeing.add(freeing)
-        freeing.add_done_callback(self._freeing.discard)
+            return None
+        return asyncio.get_running_loop().run_in_executor(None, free_piecemeal, snapshot, SNAPSHOT_CONTAINERS)
 
     async def refresh_soon(self, *, timeout: float) -> None:
         """Return once a refresh that started after this call has ended (``run`` is woken to start it now).
