@@ -241,11 +241,13 @@ async def _probe(log) -> None:
     gc.callbacks.append(collected)
     _time_callbacks(log)
     while True:
-        due = time.perf_counter() + 0.001
+        due, cpu = time.perf_counter() + 0.001, time.process_time()
         await asyncio.sleep(0.001)
         late = time.perf_counter() - due
         if late > 0.002:
-            log.write(f"lag {time.time() - late:.6f} {late * 1e3:.2f}\n")
+            # NB: the process's CPU meanwhile tells a lock held by another thread (≈ the lag) from a process
+            # waiting for a core (≈ 0)
+            log.write(f"lag {time.time() - late:.6f} {late * 1e3:.2f} {(time.process_time() - cpu) * 1e3:.1f}\n")
 
 
 def _time_callbacks(log) -> None:
@@ -393,7 +395,11 @@ def latency_round(loadgen: str, urls: Path, log: Path, seconds: float, work: Pat
             )
         else:
             slow.append((ms, "at rest"))
-    lags = [(kind, at, ms) for kind, at, ms in events(log) if kind in ("lag", "gc") and at >= began]
+    lags = [
+        (kind, float(at), float(ms), rest[0] if rest else "")
+        for kind, at, ms, *rest in (x for x in _lines(log) if x[0] in ("lag", "gc"))
+        if float(at) >= began
+    ]
     busy = [(float(at), float(ms), what) for kind, at, ms, what in (x for x in _lines(log) if x[0] == "busy")]
     return {
         "p50_rest": statistics.median(rest),
@@ -520,8 +526,13 @@ def main() -> None:
                           f"(swap s, end s after start): {r['refreshes']}", flush=True)  # fmt: skip
                     for ms, where in r["slowest"]:
                         print(f"    {ms:7.2f} ms  {where}")
-                    for kind, at_, ms in sorted(r["lags"], key=lambda x: -x[2])[:20] if args.probe else ():
-                        print(f"    {'loop lag' if kind == 'lag' else 'gc'} {ms:6.2f} ms  {_where(at_, r['windows'])}")
+                    for kind, at_, ms, extra in sorted(r["lags"], key=lambda x: -x[2])[:20] if args.probe else ():
+                        what = (
+                            f"loop lag {ms:6.2f} ms (process CPU meanwhile {extra} ms)"
+                            if kind == "lag"
+                            else (f"gc (generation {extra}) {ms:6.2f} ms")
+                        )
+                        print(f"    {what}  {_where(at_, r['windows'])}")
                     for at_, ms, what in sorted(r["busy"], key=lambda x: -x[1])[:15] if args.probe else ():
                         print(f"    loop CPU {ms:6.2f} ms in {what}  {_where(at_, r['windows'])}")
                 if "first" in only:
