@@ -33,11 +33,14 @@ from gpuscale.adapter.provider import MetricsProvider, Values
 from gpuscale.adapter.wire import EXTERNAL_GROUP, ItemEncoder, external_item, external_list
 from gpuscale.errors import GpuscaleError, SelectorError
 from gpuscale.metrics.store import MetricsStore, Snapshot
+from gpuscale.piecemeal import free_piecemeal
 from gpuscale.selectors import LabelSelector
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_ENTRIES = 2048
+# NB: a cluster's distinct HPA queries: 1,000 HPAs × 4 metrics are 4,000 (at 2,048, half of them were never
+# prepared and each poll computed its answer on request); the bytes cap bounds the memory
+DEFAULT_MAX_ENTRIES = 16384
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_KEEP_WARM_SECONDS = 300.0  # NB: 20 polls of an HPA's default 15 s period; KEDA polls every 30 s
 
@@ -109,6 +112,7 @@ class AnswerCache:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._entries: dict[MetricQuery, _Entry] = {}
+        self._retired: dict[MetricQuery, _Entry] | None = None  # the entries last replaced, freed off the loop
         self._bytes = 0
         self._asked: dict[MetricQuery, float] = {}  # last asked (monotonic), least recent first
         self._max_entries = max_entries
@@ -157,6 +161,8 @@ class AnswerCache:
         """Build the bodies of the queries asked within ``keep_warm_seconds`` against ``snapshot``, which is not
         served yet; runs in the refresh's worker thread. Returns what installs them: call it on the event loop
         right after the snapshot is swapped into ``provider``'s store, before any request can see it."""
+        free_piecemeal(self, ("_retired",))
+        self._retired = None
         now = self._monotonic()
         asked = dict(self._asked)  # NB: one C-level copy; the event loop keeps adding to the original
         # NB: forecast answers are not prepared: the forecasts move on after the swap (on_refresh, in the same
@@ -168,10 +174,15 @@ class AnswerCache:
         store.update(snapshot)
         view = provider.reading(store)
         cluster_state = provider.cluster_state()  # NB: before reading the watch cache: a later change misses
-        prepared: list[tuple[MetricQuery, float, bytes]] = []
+        # NB: the token these answers hold for once the snapshot is swapped in (the store's next version); install
+        # checks it. The entries are made here, so that the swap installs them in one assignment.
+        token = (provider.store.version + 1, *cluster_state)
+        entries: dict[MetricQuery, _Entry] = {}
         size = 0
         failed = 0
         for query in wanted:
+            if len(entries) >= self._max_entries:
+                break
             try:
                 body, expires = answer(view, query, self._encoder)
             except (GpuscaleError, SelectorError):
@@ -183,15 +194,17 @@ class AnswerCache:
             if size + len(body) > self._max_bytes:
                 break
             size += len(body)
-            prepared.append((query, expires, body))
+            entries[query] = _Entry(token, expires, body, prepared=True)
         if failed:
             log.debug("%d of %d answers not prepared (the request computes them)", failed, len(wanted))
 
         def install() -> None:
-            token = (provider.store.version, *cluster_state)
-            # NB: every entry of an older store version is dead (versions only grow): start afresh.
-            self._entries, self._bytes = {}, 0
-            for query, expires, body in prepared:
-                self._put(query, _Entry(token, expires, body, prepared=True))
+            now = (provider.store.version, *cluster_state)
+            if now != token:  # NB: the store was updated by someone else too: the entries hold for this state
+                for entry in entries.values():
+                    entry.token = now
+            # NB: every entry of an older store version is dead (versions only grow): replaced as a whole, the old
+            # ones freed by the next preparation, in its thread (freed here, 4,000 bodies held the loop ~1 ms)
+            self._retired, self._entries, self._bytes = self._entries, entries, size
 
         return install

@@ -39,7 +39,7 @@ from gpuscale.adapter.answers import MetricQuery
 
 __all__ = ["DEFAULT_MAX_TARGETS", "FAST_PATH", "FastPath", "PreparedResponse"]
 
-DEFAULT_MAX_TARGETS = 4096
+DEFAULT_MAX_TARGETS = 16384  # NB: beyond a cluster's distinct HPA queries (answers.DEFAULT_MAX_ENTRIES)
 FAST_PATH = web.AppKey("fast_path", object)  # a FastPath (defined below)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

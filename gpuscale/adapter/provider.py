@@ -30,6 +30,9 @@ from gpuscale.model import DEPLOYMENT, NAMESPACE, NODE, POD, RESOURCE_CLAIM, STA
 from gpuscale.selectors import LabelSelector
 from gpuscale.sources.cluster_index import ClusterObjects
 
+# NB: selections (and positions) kept per (metric, namespace, selector): beyond a cluster's distinct HPA queries,
+# 1,000 HPAs × 4 metrics = 4,000, whose selections were otherwise all forgotten and found again every few refreshes
+SELECTIONS_KEPT = 16384
 WORKLOAD_KINDS = {"deployments.apps": DEPLOYMENT, "statefulsets.apps": STATEFULSET}
 CLAIMS = "resourceclaims.resource.k8s.io"
 
@@ -122,7 +125,7 @@ class _Columns:
             return None  # NB: a source whose order changes every refresh would rebuild positions every time
         kept = self._readers.get(selection)
         if kept is None or kept[0] is not layout:
-            if len(self._readers) > 4096:
+            if len(self._readers) > SELECTIONS_KEPT:
                 self._readers.clear()
             kept = self._readers[selection] = (layout, layout.reader(objs))
         reader = kept[1]
@@ -388,7 +391,7 @@ class MetricsProvider:
             keys = self._store_keys.get(metric)
             if keys is None or any(o in values and o not in keys for o in objs):
                 keys = self._store_keys[metric] = {k: k for k in values}
-            if len(self._stored_selections) > 4096:
+            if len(self._stored_selections) > SELECTIONS_KEPT:
                 self._stored_selections.clear()
             cached = self._stored_selections[key] = [keys.get(o, o) for o in objs]
         return cached
@@ -406,7 +409,7 @@ class MetricsProvider:
         key = (namespace, selector, self.cluster.generation)
         cached = self._selections.get(key)
         if cached is None:
-            if len(self._selections) > 4096:
+            if len(self._selections) > SELECTIONS_KEPT:
                 self._selections.clear()
             cached = self._selections[key] = [
                 ObjectRef(POD, p.name, p.namespace) for p in self.cluster.select_pods(namespace, selector)

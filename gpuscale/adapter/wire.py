@@ -126,7 +126,7 @@ class ItemEncoder:
     thread (dict reads and writes only); bounded by ``max_heads`` per table and ``max_tables``.
     """
 
-    def __init__(self, *, max_heads: int = 200_000, max_tables: int = 4096) -> None:
+    def __init__(self, *, max_heads: int = 200_000, max_tables: int = 16384) -> None:
         self._tables: dict[tuple[str, str, str], _Memo] = {}
         self._max_heads = max_heads
         self._max_tables = max_tables

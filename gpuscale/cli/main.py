@@ -200,13 +200,9 @@ async def _until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
 async def _run_adapter(settings: AdapterSettings, stop: asyncio.Event) -> None:
     import sys
 
-    from gpuscale.cli.adapter import start_adapter
+    from gpuscale.cli.adapter import SWITCH_INTERVAL_S, start_adapter
 
-    # NB: the event loop waits for the interpreter lock each time it comes back from the kernel (select, recv,
-    # send) while the refresh's build thread runs Python; at the default 5 ms, every request met by a refresh
-    # waited ~5 ms per hand-over. At 1 ms: the loop's lag during a 10,000-GPU refresh, p50 5.2 → 0.7 ms
-    # (benchmarks/bench_refresh_lag.py, answers decoded in a thread); the build costs a few more switches.
-    sys.setswitchinterval(0.001)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     adapter = await start_adapter(settings)
     logging.getLogger("gpuscale").info("serving the metrics APIs on %s", ", ".join(adapter.listening))
     try:

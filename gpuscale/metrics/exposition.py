@@ -81,6 +81,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
@@ -159,6 +161,10 @@ _PAIR: Final = rf"[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*{_QUOTED}[ \t]*"
 _LABEL_SET_RE: Final = re.compile(rf"(?:{_PAIR},)*(?:{_PAIR})?[ \t]*")
 # One name="value" pair. Its matches are exactly the pairs, in order, on text _LABEL_SET_RE accepts.
 _LABEL_PAIR_RE: Final = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"')
+# Label names joined by commas (the fast decode's check of every key at once).
+_LABEL_NAMES_RE: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*(?:,[a-zA-Z_][a-zA-Z0-9_]*)*")
+_KEY_AND_VALUE: Final = itemgetter(0, 2)  # of a str.partition: (key, value)
+_SEPARATOR: Final = itemgetter(1)
 _BLANKS_RE: Final = re.compile(r"[ \t]+")
 _ESCAPE_RE: Final = re.compile(r"\\(.)")
 _LABEL_ESCAPES: Final = {"\\": "\\", '"': '"', "n": "\n"}
@@ -234,10 +240,25 @@ def _ends_with_eof(text: str) -> bool:
 def _decode_labels(label_text: str) -> _LabelEntry | None:
     """Decode the text between a label set's braces; None if it is not a well-formed label set.
 
-    The common form (no blanks, as every exporter writes it) is checked in one C-level pass: splitting
-    on the pair regex leaves the separators, and the text is exactly ``pair,pair,…[,]`` iff the first
-    separator is empty and all others are single commas. Blanks take the general regex.
+    The common form (no blanks, no escapes, no trailing comma, as every exporter writes it) is cut with str
+    methods (below). Otherwise, splitting on the pair regex leaves the separators, and the text is exactly
+    ``pair,pair,…[,]`` iff the first separator is empty and all others are single commas. Blanks take the
+    general regex.
     """
+    if label_text[-1:] == '"' and "\\" not in label_text:
+        # NB: 'k1="v1",…,kn="vn"' cut at '",' and each piece at its first '="': exactly the pairs when every piece has
+        # its '="', the text holds 2n quotes (so no key or value holds one) and the keys are label names. All in C
+        # calls (map, dict, one regex over the joined keys): no bytecode per pair, a third of the regex split's cost.
+        cut = list(map(str.partition, label_text[:-1].split('",'), repeat('="')))
+        decoded = dict(map(_KEY_AND_VALUE, cut))
+        if (
+            label_text.count('"') == 2 * len(cut)
+            and all(map(_SEPARATOR, cut))
+            and _LABEL_NAMES_RE.fullmatch(",".join(decoded)) is not None
+        ):
+            if len(decoded) != len(cut):
+                _duplicate([key for key, _, _ in cut])
+            return MappingProxyType(decoded), frozenset(decoded.items())
     pieces = _LABEL_PAIR_RE.split(label_text)
     separators = pieces[::3]
     last = separators[-1]
@@ -252,12 +273,17 @@ def _decode_labels(label_text: str) -> _LabelEntry | None:
         raw_values = [_unescape(raw, _LABEL_ESCAPES) if "\\" in raw else raw for raw in raw_values]
     labels = dict(zip(keys, raw_values, strict=True))
     if len(labels) != len(keys):
-        seen: set[str] = set()
-        for key in keys:
-            if key in seen:
-                raise _Malformed(f"duplicate label {key!r}")
-            seen.add(key)
+        _duplicate(keys)
     return MappingProxyType(labels), frozenset(labels.items())
+
+
+def _duplicate(keys: list[str]) -> None:
+    """Raise for the first label name ``keys`` has twice."""
+    seen: set[str] = set()
+    for key in keys:
+        if key in seen:
+            raise _Malformed(f"duplicate label {key!r}")
+        seen.add(key)
 
 
 def _decode_into(cache: dict[str, _LabelEntry], label_text: str) -> _LabelEntry | None:

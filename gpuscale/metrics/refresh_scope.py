@@ -173,19 +173,21 @@ class RefreshScope:
         self._fetched = self._pending
 
     def terms(self, scopes: Iterable[Scope]) -> dict[TermQuery, frozenset[str] | None]:
-        out: dict[TermQuery, frozenset[str] | None] = {}
+        # NB: on the event loop at every refresh's start: each metric's queries made once, the namespaces gathered in
+        # sets and frozen at the end (a frozenset grown by one namespace at a time, a query made per scope: 15 ms for
+        # 1,000 HPAs × 4 metrics over 100 namespaces, held requests that long)
+        queries_of: dict[str, list[TermQuery]] = {}
+        namespaces: dict[TermQuery, set[str] | None] = {}  # None: every namespace
         for name, namespace in scopes:
-            metric = self.catalogue.get(name)
-            if metric is None:
-                continue
-            for term in metric.terms:
-                if term is None:
-                    continue
-                query = term_query(term, window_seconds=self.catalogue.window(metric))
-                if query in out and out[query] is None:
-                    continue
+            queries = queries_of.get(name)
+            if queries is None:
+                metric = self.catalogue.get(name)
+                terms = metric.terms if metric is not None else ()
+                window = self.catalogue.window(metric) if metric is not None else 0.0
+                queries = queries_of[name] = [term_query(t, window_seconds=window) for t in terms if t is not None]
+            for query in queries:
                 if namespace is None:
-                    out[query] = None
-                else:
-                    out[query] = (out.get(query) or frozenset()) | {namespace}
-        return out
+                    namespaces[query] = None
+                elif (where := namespaces.setdefault(query, set())) is not None:
+                    where.add(namespace)
+        return {query: None if where is None else frozenset(where) for query, where in namespaces.items()}

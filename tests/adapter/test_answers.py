@@ -272,6 +272,34 @@ async def test_only_queries_asked_recently_are_prepared(aiohttp_client):
     assert _answered(r.metrics) == {"prepared": 1, "cached": 0, "computed": 3}
 
 
+async def test_each_of_thousands_of_distinct_queries_is_prepared_by_the_next_refresh():
+    # 1,000 HPAs × 4 metrics ask 4,000 distinct queries; at a bound of 2,048 half of them were computed on request
+    from gpuscale.adapter.answers import MetricQuery
+    from gpuscale.adapter.wire import CUSTOM_GROUP
+    from gpuscale.selectors import LabelSelector
+
+    r = Refreshing()
+    await r.refresh(10)
+    queries = [
+        MetricQuery(
+            CUSTOM_GROUP,
+            "v1beta2",
+            "pods",
+            "serving",
+            "*",
+            "gpu_utilization",
+            LabelSelector.parse(f"app=web,hpa!=h{i}"),
+            LabelSelector.everything(),
+        )
+        for i in range(4100)
+    ]
+    for query in queries:
+        r.answers.body(r.provider, query)
+    await r.refresh(20)
+    assert {_values(r.answers.body(r.provider, query))[0] for query in queries} == {"20"}
+    assert _answered(r.metrics) == {"prepared": 4100, "cached": 0, "computed": 4100}
+
+
 @pytest.mark.parametrize(("max_entries", "max_bytes", "kept"), [(2, 1 << 20, 2), (100, 700, 1), (100, 1 << 20, 4)])
 async def test_the_cache_stays_within_its_bounds(aiohttp_client, max_entries, max_bytes, kept):
     r = Refreshing()

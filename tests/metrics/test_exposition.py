@@ -676,3 +676,15 @@ class TestArbitraryInput:
     def test_any_text_gives_samples_or_an_exposition_error(self, text: str) -> None:
         with contextlib.suppress(ExpositionError):
             parse_samples(text)
+
+
+@pytest.mark.parametrize("text", ['m{k",a="v"x"} 1', 'm{a="x"y",b="z"} 1', 'm{a="x",b="y"z"} 1', 'm{a b="x"} 1'])
+def test_label_text_the_quick_cut_could_misread_is_refused(text):
+    # NB: each cuts at '",' and '="' into pieces that look like pairs; only the careful reading finds the fault
+    with pytest.raises(ExpositionError):
+        parse_samples(text)
+
+
+def test_label_values_may_hold_what_the_quick_cut_cuts_at():
+    (sample,) = parse_samples('m{a="x=y,z",b="{}",c="",d="a,b=c"} 1')
+    assert dict(sample.labels) == {"a": "x=y,z", "b": "{}", "c": "", "d": "a,b=c"}

@@ -1,4 +1,4 @@
-// Command loadgen drives one HTTP(S) URL and prints one JSON line of results.
+// Command loadgen drives one HTTP(S) URL, or a list of them in turn, and prints one JSON line of results.
 //
 // Two modes, both over a fixed number of HTTP/1.1 keep-alive connections:
 //
@@ -7,6 +7,11 @@
 //	-mode rate     requests are due at a fixed rate (wrk2's model, which Debian's wrk lacks); a request's
 //	               latency counts from when it was due, not from when a connection was free to send it, so a
 //	               server that falls behind shows its queueing delay in p99 (no coordinated omission).
+//
+// With -urls the requests cycle through the file's URLs in order (one per line: many distinct HPA queries, as a
+// cluster with many HPAs asks); -count ends a closed-mode run after that many requests (each URL of the list asked
+// once: -count = the number of URLs); -trace writes one line per request: when it was due (Unix ns), its latency
+// (µs) and its status (0: a transport error), for relating slow requests to what the server was doing then.
 //
 // The generator reports its own CPU time, so a run shows whether it, rather than the server, was the limit.
 // A client certificate and extra headers make it speak like the kube-aggregator's front proxy.
@@ -24,6 +29,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -54,6 +60,9 @@ type result struct {
 
 func main() {
 	url := flag.String("url", "", "URL to GET")
+	urlsFile := flag.String("urls", "", "file of URLs to GET in turn, one per line (instead of -url)")
+	count := flag.Int("count", 0, "-mode closed: stop after this many requests (0: run for -duration)")
+	traceFile := flag.String("trace", "", "write one line per request here: due (Unix ns), latency (µs), status")
 	mode := flag.String("mode", "closed", "closed | rate")
 	connections := flag.Int("connections", 16, "keep-alive connections")
 	duration := flag.Duration("duration", 10*time.Second, "how long to send")
@@ -65,41 +74,65 @@ func main() {
 	var extra headers
 	flag.Var(&extra, "H", "extra request header 'Name: value' (repeatable)")
 	flag.Parse()
-	if *url == "" || (*mode != "closed" && *mode != "rate") || *connections < 1 || *rate <= 0 {
-		fmt.Fprintln(os.Stderr, "loadgen: -url is required, -mode is closed or rate, -connections ≥ 1, -rate > 0")
+	if (*url == "") == (*urlsFile == "") || (*mode != "closed" && *mode != "rate") || *connections < 1 || *rate <= 0 {
+		fmt.Fprintln(os.Stderr, "loadgen: one of -url or -urls, -mode is closed or rate, -connections ≥ 1, -rate > 0")
 		os.Exit(2)
+	}
+	urls := []string{*url}
+	if *urlsFile != "" {
+		text, err := os.ReadFile(*urlsFile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen: -urls:", err)
+			os.Exit(2)
+		}
+		urls = strings.Fields(string(text))
+		if len(urls) == 0 {
+			fmt.Fprintln(os.Stderr, "loadgen: -urls: no URL in", *urlsFile)
+			os.Exit(2)
+		}
 	}
 	client, err := newClient(*connections, *caFile, *certFile, *keyFile)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
 		os.Exit(2)
 	}
-	req, err := http.NewRequest(http.MethodGet, *url, nil)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "loadgen: -url:", err)
-		os.Exit(2)
-	}
-	for _, h := range extra {
-		name, value, ok := strings.Cut(h, ":")
-		if !ok {
-			fmt.Fprintf(os.Stderr, "loadgen: -H %q: want 'Name: value'\n", h)
+	reqs := make([]*http.Request, len(urls))
+	for i, u := range urls {
+		req, err := http.NewRequest(http.MethodGet, u, nil)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen: URL:", err)
 			os.Exit(2)
 		}
-		req.Header.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+		for _, h := range extra {
+			name, value, ok := strings.Cut(h, ":")
+			if !ok {
+				fmt.Fprintf(os.Stderr, "loadgen: -H %q: want 'Name: value'\n", h)
+				os.Exit(2)
+			}
+			req.Header.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+		}
+		reqs[i] = req
 	}
-	g := &gen{client: client, req: req}
+	g := &gen{client: client, reqs: reqs}
 	if *warmup > 0 {
-		g.closed(*connections, *warmup)
+		g.closed(*connections, *warmup, 0)
 		g.reset()
 	}
+	g.tracing = *traceFile != ""
 	cpu0 := cpuSeconds()
 	var r result
 	if *mode == "closed" {
-		r = g.closed(*connections, *duration)
+		r = g.closed(*connections, *duration, *count)
 	} else {
 		r = g.fixedRate(*connections, *duration, *rate)
 	}
 	r.CPUSeconds = cpuSeconds() - cpu0
+	if g.tracing {
+		if err := g.writeTrace(*traceFile); err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen: -trace:", err)
+			os.Exit(2)
+		}
+	}
 	out, _ := json.Marshal(r)
 	fmt.Println(string(out))
 }
@@ -136,9 +169,18 @@ func newClient(connections int, caFile, certFile, keyFile string) (*http.Client,
 	return &http.Client{Transport: transport, Timeout: 30 * time.Second}, nil
 }
 
+type traced struct {
+	due     time.Time
+	latency time.Duration
+	status  int
+}
+
 type gen struct {
-	client *http.Client
-	req    *http.Request
+	client  *http.Client
+	reqs    []*http.Request
+	next    atomic.Int64 // the index of the next request's URL (in turn through reqs)
+	tracing bool
+	trace   []traced
 
 	mu        sync.Mutex
 	latencies []time.Duration
@@ -153,11 +195,22 @@ func (g *gen) reset() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.latencies, g.errors, g.non2xx, g.bytes, g.firstErr, g.firstBad = nil, 0, 0, 0, "", 0
+	g.trace = nil
+	g.next.Store(0)
+}
+
+func (g *gen) writeTrace(path string) error {
+	var b strings.Builder
+	for _, t := range g.trace {
+		fmt.Fprintf(&b, "%d %d %d\n", t.due.UnixNano(), t.latency.Microseconds(), t.status)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // one sends a request and records its latency measured from “due“.
 func (g *gen) one(due time.Time) {
-	resp, err := g.client.Do(g.req)
+	req := g.reqs[int((g.next.Add(1)-1)%int64(len(g.reqs)))]
+	resp, err := g.client.Do(req)
 	var n int64
 	status := 0
 	if err == nil {
@@ -168,6 +221,9 @@ func (g *gen) one(due time.Time) {
 	took := time.Since(due)
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.tracing {
+		g.trace = append(g.trace, traced{due, took, status})
+	}
 	switch {
 	case err != nil:
 		g.errors++
@@ -185,15 +241,23 @@ func (g *gen) one(due time.Time) {
 	}
 }
 
-func (g *gen) closed(connections int, d time.Duration) result {
+func (g *gen) closed(connections int, d time.Duration, count int) result {
 	start := time.Now()
 	deadline := start.Add(d)
 	var wg sync.WaitGroup
+	var sent atomic.Int64
 	for i := 0; i < connections; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(deadline) {
+			for {
+				if count > 0 {
+					if sent.Add(1) > int64(count) {
+						return
+					}
+				} else if !time.Now().Before(deadline) {
+					return
+				}
 				g.one(time.Now())
 			}
 		}()
