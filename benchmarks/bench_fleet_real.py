@@ -63,6 +63,7 @@ from gpuscale.sim.gpu_activity import H100_SXM, activity  # noqa: E402
 from gpuscale.sim.gpu_nodes import GpuSlot, SimNode  # noqa: E402
 from gpuscale.sim.load import unit_hash  # noqa: E402
 from tests.cluster.controlplane import ControlPlane, cached_binaries, start_control_plane  # noqa: E402
+from tests.cluster.kubelet import running_status  # noqa: E402
 from tests.e2e.backends import start_backend  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
@@ -187,26 +188,8 @@ PATCH_SMP = "application/strategic-merge-patch+json"
 PATCH_JSON = "application/json-patch+json"
 
 
-def running(ip: str, containers: list[str]) -> dict:
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return {
-        "status": {
-            "phase": "Running",
-            "hostIP": ip,
-            "podIP": ip,
-            "podIPs": [{"ip": ip}],
-            "startTime": now,
-            "conditions": [
-                {"type": t, "status": "True", "lastTransitionTime": now}
-                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-            ],
-            "containerStatuses": [
-                {"name": c, "ready": True, "started": True, "restartCount": 0, "image": "x", "imageID": "",
-                 "state": {"running": {"startedAt": now}}}
-                for c in containers
-            ],
-        }
-    }  # fmt: skip
+# NB: what a kubelet reports for a started pod, as the tests' kubelet writes it
+MAIN_ONLY = {"spec": {"containers": [{"name": "main"}]}}
 
 
 async def add_pod(
@@ -228,7 +211,8 @@ async def add_pod(
         "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}]},
     }
     await api.call("POST", f"/api/v1/namespaces/{ns}/pods", body, ok=(201, 409))
-    await api.call("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", running(ip, ["main"]), patch=PATCH_SMP)
+    status = running_status(MAIN_ONLY, ip)
+    await api.call("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", status, patch=PATCH_SMP)
 
 
 def deployment(ns: str, name: str, replicas: int) -> dict:
@@ -300,7 +284,7 @@ async def bind(api: Api, fleet: Fleet, pods: list[dict], free: list[tuple[int, i
         await api.call("POST", f"/api/v1/namespaces/{ns}/pods/{name}/binding", binding, ok=(201, 409, 404))
         ip = f"127.4.{(n * GPUS + g) // 250 % 250}.{(n * GPUS + g) % 250 + 1}"
         await api.call(
-            "PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", running(ip, ["main"]), patch=PATCH_SMP,
+            "PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", running_status(MAIN_ONLY, ip), patch=PATCH_SMP,
             ok=(200, 404),
         )  # fmt: skip
         fleet.holders.setdefault(n, {})[g] = (ns, name, "inference")

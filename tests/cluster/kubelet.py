@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 from tests.cluster.rest import Rest
 
-__all__ = ["FakeKubelet", "make_node", "now_rfc3339"]
+__all__ = ["FakeKubelet", "make_node", "now_rfc3339", "running_status"]
 
 
 def now_rfc3339() -> str:
@@ -64,7 +64,7 @@ def make_node(
     return node
 
 
-def _running_status(pod: Mapping, ip: str) -> dict:
+def running_status(pod: Mapping, ip: str) -> dict:
     now = now_rfc3339()
     containers = [c["name"] for c in pod["spec"].get("containers", [])]
     return {
@@ -146,7 +146,7 @@ class FakeKubelet:
                 self.errors.append(f"bind {namespace}/{name}: {answer.status} {answer.body}")
             return
         if status.get("phase") != "Running":
-            answer = self.rest.patch(f"{base}/status", _running_status(pod, next(self._ips)), "strategic")
+            answer = self.rest.patch(f"{base}/status", running_status(pod, next(self._ips)), "strategic")
             if not answer.ok and answer.status != 404:
                 self.errors.append(f"status {namespace}/{name}: {answer.status} {answer.body}")
 
