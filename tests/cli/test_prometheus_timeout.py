@@ -18,21 +18,9 @@ import pytest
 from gpuscale.cli.main import _parser, main
 from gpuscale.errors import SourceUnavailable
 from gpuscale.settings import AdapterSettings, from_arguments
+from tests.replay.test_history import HPA
 
 DEFAULTS = {"adapter": "10s", "controller": "10s", "top": "3s", "report": "1m", "simulate": "1m", "backtest": "1m"}
-
-HPA = """apiVersion: autoscaling/v2
-kind: HorizontalPodAutoscaler
-metadata: {name: q}
-spec:
-  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: llm}
-  maxReplicas: 10
-  metrics:
-    - type: Pods
-      pods:
-        metric: {name: inference_queue_depth}
-        target: {type: AverageValue, averageValue: "4"}
-"""
 
 
 @pytest.fixture
