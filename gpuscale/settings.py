@@ -231,8 +231,8 @@ class AdapterSettings(CommandSettings):
     prometheus: PrometheusConnection = group(
         PrometheusConnection,
         url="read from this Prometheus-compatible server instead",
-        timeout="deadline of a refresh's Prometheus queries, bodies included (at most --refresh-interval); also of "
-        "the forecasts' history query when a workload is first forecast",
+        # NB: the forecasts' history query (cli/forecast_history.py) has it too, uncut: it runs once per namespace
+        timeout="deadline of a refresh's Prometheus queries, bodies included (at most --refresh-interval)",
     )
     prometheus_max_response_size: int = Field(
         64 * 1024 * 1024,
