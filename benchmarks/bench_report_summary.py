@@ -145,9 +145,9 @@ async def load(url: str, gen) -> float:
 
 
 async def run_mode(url: str, mode: str, *, start: float, end: float, step: float, chunk: float | None, policy):
-    options = FetchOptions(series_batch=50, timeout_seconds=600)
+    options = FetchOptions(series_batch=50)
     async with aiohttp.ClientSession() as session:
-        client = PrometheusClient(url, session=session, **options.client_limits())
+        client = PrometheusClient(url, session=session, timeout_seconds=600, **options.client_limits())
         w0, c0 = time.monotonic(), time.process_time()
         if mode == "summary":
             idle = policy.diagnosis.diagnosis.idle

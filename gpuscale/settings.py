@@ -11,11 +11,16 @@ give the command its own defaults or help text); its fields' flags are the group
 (``PrometheusConnection.token_file`` is ``--prometheus-token-file`` in every command). A command is built from the
 flat flag names (``AdapterSettings(prometheus_url=…)``, or the parsed command line), and the group is handed whole
 to what needs it (``settings.prometheus``); a group's field also reads by its flag name (``settings.log_level``).
+
+A flag a command published under another name before its field moved into a group keeps working under that name
+(``group(..., old_flags={"timeout": "--timeout"})``): the old name warns once on stderr, naming the new flag, and
+giving both is an error.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
 from typing import Any, ClassVar, get_args, get_origin
 
@@ -48,6 +53,8 @@ class PrometheusConnection(SettingsGroup):
     client_cert: str | None = Field(None, description="client certificate for --prometheus-url")
     client_key: str | None = Field(None, description="client key for --prometheus-url")
     insecure_skip_verify: bool = Field(False, description="do not verify the Prometheus TLS certificate")
+    # NB: a command reading on a cycle bounds it by its cycle too (PrometheusClient.connect's ``within``)
+    timeout: Seconds = Field(10.0, gt=0, description="deadline of one Prometheus query, its answer's body included")
     # NB: a key without its certificate is refused by the client (promapi.py), after the files themselves are checked
 
 
@@ -137,10 +144,28 @@ class AuthenticationFlags(SettingsGroup):
     requestheader_uid_headers: list[str] = Field(default_factory=list, description="headers carrying the user's UID")
 
 
-def group(factory: type[SettingsGroup] | Any, **help_text: str) -> Any:
+def group(factory: type[SettingsGroup] | Any, *, old_flags: dict[str, str] | None = None, **help_text: str) -> Any:
     """A group field of a command: ``factory`` makes its default (a group class, or a function giving the command's
-    own defaults); ``help_text`` replaces a field's help where this command reads it its own way."""
-    return Field(default_factory=factory, json_schema_extra={"help": help_text} if help_text else None)
+    own defaults); ``help_text`` replaces a field's help where this command reads it its own way; ``old_flags``
+    names the flag a group field had in this command before it moved into the group (field name → ``--old-flag``),
+    kept working as a deprecated alias (module docstring)."""
+    extra = {"help": help_text, "old_flags": old_flags or {}}
+    return Field(default_factory=factory, json_schema_extra=extra if help_text or old_flags else None)
+
+
+def _group_extra(info: FieldInfo, key: str) -> dict[str, str]:
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    return extra.get(key) or {}  # type: ignore[return-value]
+
+
+def old_flags(model: type[BaseModel]) -> dict[str, str]:
+    """The deprecated flag names ``model`` still accepts: ``--old-flag`` → the dest of the flag that replaced it."""
+    renamed = {}
+    for info in model.model_fields.values():
+        kind = _group_type(info)
+        for field_name, old in _group_extra(info, "old_flags").items():
+            renamed[old] = kind.flag_prefix + field_name  # type: ignore[union-attr]
+    return renamed
 
 
 def _group_type(info: FieldInfo) -> type[SettingsGroup] | None:
@@ -169,6 +194,15 @@ class CommandSettings(BaseModel):
                 values[name] = {**default.model_dump(exclude_unset=True), **given}
         return values
 
+    def given(self) -> set[str]:
+        """The flat names of the fields set rather than defaulted; a group field counts as set where the command's
+        own group default (``group(lambda: …)``) sets it."""
+        names = set(self.model_fields_set)
+        for group_name, info in type(self).model_fields.items():
+            if (kind := _group_type(info)) is not None:
+                names |= {kind.flag_prefix + f for f in getattr(self, group_name).model_fields_set}
+        return names
+
     def __getattr__(self, name: str) -> Any:
         # NB: a group's field read by its flag's name (settings.log_level for settings.logging.log_level), as
         # the commands' code read their flat settings before groups; only reached when normal lookup fails.
@@ -195,12 +229,10 @@ class AdapterSettings(CommandSettings):
         description="label selector of inference pods to scrape (pods annotated gpuscale.io/scrape=true are too)",
     )
     prometheus: PrometheusConnection = group(
-        PrometheusConnection, url="read from this Prometheus-compatible server instead"
-    )
-    prometheus_timeout: Seconds = Field(
-        10.0,
-        gt=0,
-        description="deadline of a refresh's Prometheus queries, bodies included (at most --refresh-interval)",
+        PrometheusConnection,
+        url="read from this Prometheus-compatible server instead",
+        # NB: the forecasts' history query (cli/forecast_history.py) has it too, uncut: it runs once per namespace
+        timeout="deadline of a refresh's Prometheus queries, bodies included (at most --refresh-interval)",
     )
     prometheus_max_response_size: int = Field(
         64 * 1024 * 1024,
@@ -332,15 +364,13 @@ class ControllerSettings(CommandSettings):
         discover_exporters="scrape the dcgm-exporter pods found through the Kubernetes API (their node: the pod's)",
         scrape_timeout="timeout of one exporter scrape",
     )
+    # NB: its timeout is not the scrape timeout: one read asks for every GPU's ~20 series at once, which at 8,000
+    # GPUs took a busy 2-core Prometheus far longer than one exporter scrape (docs/benchmarks.md, the fleet on the
+    # real API)
     prometheus: PrometheusConnection = group(
-        PrometheusConnection, url="read DCGM series from this Prometheus-compatible server"
-    )
-    # NB: not the scrape timeout: one read asks for every GPU's ~20 series at once, which at 8,000 GPUs took a
-    # busy 2-core Prometheus far longer than one exporter scrape (docs/benchmarks.md, the fleet on the real API)
-    prometheus_timeout: Seconds = Field(
-        10.0,
-        gt=0,
-        description="deadline of a reconcile's Prometheus queries, bodies included (at most --interval)",
+        PrometheusConnection,
+        url="read DCGM series from this Prometheus-compatible server",
+        timeout="deadline of a reconcile's Prometheus queries, bodies included (at most --interval)",
     )
     files: PolicyFiles = group(
         PolicyFiles,
@@ -396,16 +426,27 @@ def flag_fields(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo, Any, s
             yield name, info, default, info.description or ""
             continue
         defaults = info.get_default(call_default_factory=True)
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        help_text: dict[str, str] = extra.get("help") or {}  # type: ignore[assignment]
+        help_text = _group_extra(info, "help")
         for field_name, field in kind.model_fields.items():
             described = help_text.get(field_name, field.description or "")
             yield kind.flag_prefix + field_name, field, getattr(defaults, field_name), described
 
 
+# NB: where add_arguments leaves the command's name (``gpuscale report``) for from_arguments' warnings
+_COMMAND_DEST = "settings_command"
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _old_dest(old: str) -> str:
+    return "old_flag_" + old.removeprefix("--").replace("-", "_")
+
+
 def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
     for name, field, default, described in flag_fields(model):
-        flag = "--" + name.replace("_", "-")
+        flag = _flag(name)
         origin = get_origin(field.annotation)
         if default not in (None, [], "") and is_duration(field):
             default = format_duration(default)
@@ -419,6 +460,25 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> No
             parser.add_argument(flag, dest=name, action="append", default=None, help=described + shown)
         else:
             parser.add_argument(flag, dest=name, default=None, help=described + shown)
+    for old, name in old_flags(model).items():
+        described = f"deprecated: the old name of {_flag(name)}"
+        parser.add_argument(old, dest=_old_dest(old), metavar=name.upper(), default=None, help=described)
+    if old_flags(model):
+        parser.set_defaults(**{_COMMAND_DEST: parser.prog})  # NB: the deprecation warning names the command
+
+
+def _renamed_values(model: type[BaseModel], args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The values given under an old flag name, by the new flag's dest, and which old name each was given as (new
+    flag → old); ConfigError when a flag is given under both names."""
+    values, typed = {}, {}
+    for old, name in old_flags(model).items():
+        value = getattr(args, _old_dest(old), None)
+        if value is None:
+            continue
+        if getattr(args, name, None) is not None:
+            raise ConfigError(f"{old}: give {_flag(name)} or its deprecated name {old}, not both")
+        values[name], typed[_flag(name)] = value, old
+    return values, typed
 
 
 def _argument(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
@@ -434,18 +494,25 @@ def _argument(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
 def from_arguments(model: type[BaseModel], args: argparse.Namespace) -> Any:
     names = {name for name, *_ in flag_fields(model)}
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    renamed, typed = _renamed_values(model, args)
+    values.update(renamed)
     try:
-        return model.model_validate(values)
+        settings = model.model_validate(values)
     except ValidationError as e:
         problems = []
         for err in e.errors():
             msg = err["msg"].removeprefix("Value error, ")
             field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
             if err["loc"] and not (len(err["loc"]) == 1 and field is not None and _group_type(field)):
-                problems.append(f"{_argument(model, err['loc'])}: {msg}")
+                flag = _argument(model, err["loc"])
+                problems.append(f"{typed.get(flag, flag)}: {msg}")  # NB: the name the user typed
             else:  # a cross-field rule (of the command or of a group); its message starts with the flag it is about
                 problems.append(f"--{msg}")
         raise ConfigError("; ".join(problems)) from None
+    command = getattr(args, _COMMAND_DEST, None)
+    for new_flag, old in typed.items():  # NB: after validation, so a bad value is one line, the error
+        print(f"{command + ': ' if command else ''}{old} is deprecated; use {new_flag}", file=sys.stderr)
+    return settings
 
 
 __all__ = [
@@ -469,4 +536,5 @@ __all__ = [
     "from_arguments",
     "get_args",
     "group",
+    "old_flags",
 ]

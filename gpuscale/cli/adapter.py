@@ -566,7 +566,7 @@ def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> Prome
 
     client = PrometheusClient.connect(
         settings.prometheus,
-        timeout_seconds=read_timeout("--prometheus-timeout", settings.prometheus_timeout, settings),
+        within=read_timeout("--prometheus-timeout", settings.prometheus.timeout, settings),
         max_body_bytes=settings.prometheus_max_response_size,
         max_body_flag="--prometheus-max-response-size",
     )

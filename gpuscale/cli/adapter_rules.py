@@ -47,9 +47,8 @@ def scrape_history_seconds(settings: AdapterSettings, catalogue: Catalogue) -> f
 def read_timeout(flag: str, timeout: float, settings: AdapterSettings) -> float:
     """A read may not outlast the refresh it belongs to; say so when a timeout the user gave is cut."""
     interval = settings.refresh_interval
-    # NB: --scrape-timeout lives in the exporter group (no flag prefix, and the adapter's own default is the group's)
-    given = settings.model_fields_set | settings.scrape.model_fields_set
-    if timeout > interval and flag.removeprefix("--").replace("-", "_") in given:
+    # NB: the adapter's exporter and Prometheus groups default as the groups do, so a timeout set is one given
+    if timeout > interval and flag.removeprefix("--").replace("-", "_") in settings.given():
         log.warning(
             "%s %s is longer than --refresh-interval %s: reads time out after %s",
             flag,

@@ -42,7 +42,11 @@ class BacktestSettings(CommandSettings):
         None, description="request trace: Azure LLM CSV, Mooncake JSONL, CSV timestamp,input_tokens,output_tokens"
     )
     rate: str | None = Field(None, description="recorded request rate instead: CSV timestamp,value (requests/s)")
-    prometheus: PrometheusConnection = group(PrometheusConnection, url="read the request rate from this Prometheus")
+    prometheus: PrometheusConnection = group(
+        lambda: PrometheusConnection(timeout=60.0),
+        url="read the request rate from this Prometheus",
+        timeout="deadline of the range query, its answer included",
+    )
     query: str | None = Field(
         None, description="with --prometheus-url: PromQL of one workload's request rate, e.g. sum(rate(x[1m]))"
     )
@@ -102,7 +106,7 @@ async def _prometheus_rate(settings: BacktestSettings) -> tuple[str, np.ndarray,
         end = parse_instant(settings.history_end) if settings.history_end else time.time()
     except ValueError as e:
         raise ConfigError(f"--history-end: {e}") from None
-    client = PrometheusClient.connect(settings.prometheus, timeout_seconds=60.0)
+    client = PrometheusClient.connect(settings.prometheus)
     try:
         result = await client.query_range(
             settings.query, start=end - settings.history_span, end=end, step=settings.history_step

@@ -158,9 +158,7 @@ def _sources(
         from gpuscale.sources.prometheus import PrometheusSource
 
         source: MetricsSource = PrometheusSource(
-            PrometheusClient.connect(
-                settings.prometheus, timeout_seconds=min(settings.prometheus_timeout, settings.interval)
-            ),
+            PrometheusClient.connect(settings.prometheus, within=settings.interval),
             queries=device_queries(TELEMETRY_SERIES),
             fresh_within_seconds=max(60.0, 3 * settings.interval),
         )

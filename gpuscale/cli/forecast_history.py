@@ -17,15 +17,14 @@ from gpuscale.settings import AdapterSettings
 from gpuscale.sources.kube import KubeCache
 from gpuscale.sources.promapi import PrometheusClient
 
-BACKFILL_TIMEOUT_SECONDS = 10.0
-
 
 def rate_history(
     settings: AdapterSettings, catalogue: Catalogue, metric: MetricDefinition, cluster: KubeCache, rate: DemandSettings
 ) -> RateHistory:
     """The forecasts' rate as Prometheus recorded it (one range query per namespaces first forecast), so a restarted
     adapter serves forecasts from its first refresh instead of 10 minutes later (issue 38). Called from the
-    refresh's worker thread; the query runs on the serving loop, bounded by BACKFILL_TIMEOUT_SECONDS."""
+    refresh's worker thread; the query runs on the serving loop, bounded by --prometheus-timeout (not cut to the refresh
+    interval: it runs once per namespace, when a workload there is first forecast)."""
     from gpuscale.replay.metric_history import promql_for
 
     promql = promql_for(metric, window_s=catalogue.window(metric))
@@ -35,7 +34,7 @@ def rate_history(
     loop_thread = threading.get_ident()
 
     async def fetch(namespaces: frozenset[str], now: float) -> dict[ObjectRef, list[tuple[float, float]]]:
-        client = PrometheusClient.connect(settings.prometheus, timeout_seconds=BACKFILL_TIMEOUT_SECONDS)
+        client = PrometheusClient.connect(settings.prometheus)
         try:
             result = await client.query_range(promql, start=now - span_s, end=now - 1.0, step=rate.step_s)
         finally:
@@ -58,6 +57,6 @@ def rate_history(
     def history(namespaces: frozenset[str], now: float) -> dict[ObjectRef, list[tuple[float, float]]]:
         if threading.get_ident() == loop_thread:
             raise RuntimeError("the rate history is read from the refresh's worker thread only")
-        return asyncio.run_coroutine_threadsafe(fetch(namespaces, now), loop).result(BACKFILL_TIMEOUT_SECONDS + 5)
+        return asyncio.run_coroutine_threadsafe(fetch(namespaces, now), loop).result(settings.prometheus.timeout + 5)
 
     return history

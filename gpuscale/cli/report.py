@@ -40,8 +40,12 @@ _LATEST_END = 1e10  # epoch seconds (year 2286): a later --end is a typo, and no
 
 
 class ReportSettings(CommandSettings):
+    # NB: --timeout was this deadline's published name before the Prometheus flags became one group
     prometheus: PrometheusConnection = group(
-        PrometheusConnection, url="Prometheus-compatible server holding the DCGM history"
+        lambda: PrometheusConnection(timeout=60.0),
+        url="Prometheus-compatible server holding the DCGM history",
+        timeout="deadline of one query, its answer included (a timed-out query is retried: --retries)",
+        old_flags={"timeout": "--timeout"},
     )
     from_file: str | None = Field(None, description="(--from) make the report from a file written by --export")
     export: str | None = Field(None, description="also write the fetched history to this file (.npz, documented)")
@@ -74,7 +78,6 @@ class ReportSettings(CommandSettings):
     configmap: str | None = Field(
         None, description="NAMESPACE/NAME: also write report.md and report.json into this (existing) ConfigMap"
     )
-    timeout: Seconds = Field(60.0, gt=0, description="per-query timeout")
     retries: int = Field(3, ge=0, le=10, description="retries of a failed or timed-out query")
     series_batch: int = Field(50, ge=1, description="nodes per range query (halved when the server refuses)")
     max_points: int = Field(10_000, ge=10, le=11_000, description="steps per range query (Prometheus allows 11,000)")
@@ -128,7 +131,6 @@ async def _fetch(settings: ReportSettings, *, now: float, policy: Any = None) ->
     from gpuscale.sources.promapi import PrometheusClient
 
     options = FetchOptions(
-        timeout_seconds=settings.timeout,
         retries=settings.retries,
         series_batch=settings.series_batch,
         max_points=settings.max_points,

@@ -66,7 +66,9 @@ class SimulateSettings(CommandSettings):
     )
     history: str | None = Field(None, description="metric history instead of a trace: CSV timestamp,pod,metric,value")
     prometheus: PrometheusConnection = group(
-        PrometheusConnection, url="metric history from this Prometheus (range queries)"
+        lambda: PrometheusConnection(timeout=60.0),
+        url="metric history from this Prometheus (range queries)",
+        timeout="deadline of one metric's range query, its answer included",
     )
     history_end: str | None = Field(
         None, description="end of the Prometheus history: Unix seconds, RFC 3339 or now-2h (default: now)"
@@ -405,7 +407,7 @@ async def _prometheus_history(settings: SimulateSettings, hpas, catalogue, *, sk
     start = end - settings.history_span
     samples: dict[str, dict[str, list[tuple[float, float]]]] = {}
     # NB: the same client, TLS and authentication as the adapter's (--prometheus-*), its answers capped in size
-    client = PrometheusClient.connect(settings.prometheus, timeout_seconds=60.0)
+    client = PrometheusClient.connect(settings.prometheus)
     try:
         for name in names:
             definition = catalogue.get(name)

@@ -109,8 +109,12 @@ class TopOptions(CommandSettings):
         "route to pod IPs needed",
         scrape_timeout="timeout of one scrape or API request",
     )
+    # NB: 3 s, what top's Prometheus reads had before they had a deadline of their own (the scrape timeout's
+    # default): top answers a person at a terminal, who is better served by a slow server's error than a long wait
     prometheus: PrometheusConnection = group(
-        PrometheusConnection, url="read the exporters' series from this Prometheus instead"
+        lambda: PrometheusConnection(timeout=3.0),
+        url="read the exporters' series from this Prometheus instead",
+        timeout="deadline of one refresh's Prometheus queries, bodies included",
     )
     adapter_url: str | None = Field(
         None,
@@ -291,9 +295,7 @@ def _metrics_sources(
 
         terms = device_queries() + (queries(inference) if inference is not None else [])
         source: MetricsSource = PrometheusSource(
-            PrometheusClient.connect(
-                settings.prometheus, timeout_seconds=settings.scrape_timeout, max_body_bytes=settings.max_body_bytes * 4
-            ),
+            PrometheusClient.connect(settings.prometheus, max_body_bytes=settings.max_body_bytes * 4),
             queries=terms,
             fresh_within_seconds=max_age,  # NB: a restarted Prometheus's old samples are not today's numbers
         )

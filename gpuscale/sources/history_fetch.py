@@ -105,7 +105,8 @@ class GridBudget:
 
 @dataclass(frozen=True, slots=True)
 class FetchOptions:
-    timeout_seconds: float = 60.0
+    """How a history is fetched; the client's deadline per query is the command's (``--prometheus-timeout``)."""
+
     retries: int = 3
     backoff_seconds: float = 1.0
     max_points: int = 10_000
@@ -120,9 +121,8 @@ class FetchOptions:
     exporter_pod_pattern: str = DEFAULT_EXPORTER_POD
 
     def client_limits(self) -> dict[str, Any]:
-        """The ``PrometheusClient`` keyword arguments of a fetch: its deadline, retries and body cap."""
+        """The ``PrometheusClient`` keyword arguments of a fetch: its retries and body cap."""
         return {
-            "timeout_seconds": self.timeout_seconds,
             "retries": self.retries,
             "backoff_seconds": self.backoff_seconds,
             "max_body_bytes": self.max_response_bytes,

@@ -4,10 +4,11 @@ history (``sources/history_fetch.py``, ``sources/summary_fetch.py``) and simulat
 
 One connection, one client (ENGINEERING.md §3.11, prometheus-adapter's ``makePromClient``): a command's
 ``PrometheusConnection`` settings group (``--prometheus-url``, ``--prometheus-token-file``, ``--prometheus-ca-file``,
-``--prometheus-client-cert``/``--prometheus-client-key``, ``--prometheus-insecure-skip-verify``) becomes a
-``PrometheusClient`` through ``PrometheusClient.connect``, so every command gets the same TLS and authentication.
-The command adds its limits: a deadline per call (``timeout_seconds``), a body cap (``max_body_bytes``, refused
-while it streams in, never decoded: sources/bounded.py) and ``retries`` with doubling backoff.
+``--prometheus-client-cert``/``--prometheus-client-key``, ``--prometheus-insecure-skip-verify``,
+``--prometheus-timeout``) becomes a ``PrometheusClient`` through ``PrometheusClient.connect``, so every command gets
+the same TLS, authentication and deadline per call (each command's own default; one reading on a cycle bounds it by
+the cycle: ``within``). The command adds its other limits: a body cap (``max_body_bytes``, refused while it streams
+in, never decoded: sources/bounded.py) and ``retries`` with doubling backoff.
 
 Credential files rotate (Kubernetes swaps projected tokens and mounted certificates through a ``..data`` symlink):
 each is stat'ed before every request and read again when it changed, within files.py's limits; one that cannot be
@@ -272,9 +273,10 @@ class PrometheusClient:
             raise ConfigError(str(e)) from e
 
     @classmethod
-    def connect(cls, connection: PrometheusConnection, **limits: Any) -> PrometheusClient:
-        """The client of a command's ``--prometheus-*`` flags; ``limits``: the keyword arguments after the
-        credentials (deadline, body cap, retries, session…)."""
+    def connect(cls, connection: PrometheusConnection, *, within: float = math.inf, **limits: Any) -> PrometheusClient:
+        """The client of a command's ``--prometheus-*`` flags, its deadline ``--prometheus-timeout``, or ``within``
+        seconds if that is shorter (a read never outlasts the refresh or reconcile it belongs to); ``limits``: the
+        other keyword arguments after the credentials (body cap, retries, session…)."""
         if connection.url is None:
             raise ConfigError("--prometheus-url: not given")
         return cls(
@@ -284,6 +286,7 @@ class PrometheusClient:
             client_cert=connection.client_cert,
             client_key=connection.client_key,
             insecure_skip_verify=connection.insecure_skip_verify,
+            timeout_seconds=min(connection.timeout, within),
             **limits,
         )
 

@@ -74,11 +74,15 @@ class FakePrometheus:
         return web.json_response(body)
 
 
-async def fetch(server, **options):
+async def fetch(server, *, timeout_seconds=60.0, **options):
     opts = FetchOptions(backoff_seconds=0.0, **options)
     async with aiohttp.ClientSession() as session:
         client = PrometheusClient(
-            str(server.make_url("")), session=session, sleep=lambda s: asyncio.sleep(0), **opts.client_limits()
+            str(server.make_url("")),
+            session=session,
+            sleep=lambda s: asyncio.sleep(0),
+            timeout_seconds=timeout_seconds,
+            **opts.client_limits(),
         )
         history = await fetch_history(client, start=START, end=START + HOURS * 3600, step=STEP, options=opts)
         return history, client
