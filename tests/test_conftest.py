@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # A worker still busy 5 s after the controller's exit order (here: collecting garbage for 7.5 s at unconfigure, as
 # pytest's unraisable-exception cleanup does with a big heap on a loaded machine) gets execnet's SIGINT. NB: 7.5 s
-# sits between that SIGINT (5 s) and the controller's kill of a worker that has not exited (10 s).
+# sits between that SIGINT (5 s) and the controller's kill of a worker that has not exited (10 s). One worker is
+# enough to draw it.
 SLOW_EXIT = """
 import gc, os, time
 {hooks}
@@ -18,8 +19,9 @@ junk = []
 def pytest_unconfigure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         junk.extend([[i] for i in range(100_000)])
-        end = time.monotonic() + 7.5
-        while time.monotonic() < end:
+        start = time.monotonic()
+        time.sleep(3.0)  # NB: idle until shortly before the SIGINT: only the moment it lands must be in gc
+        while time.monotonic() < start + 7.5:
             gc.collect()
 """
 TESTS = """
@@ -39,7 +41,7 @@ def _run(directory: Path, hooks: str) -> str:
     (directory / "conftest.py").write_text(SLOW_EXIT.format(hooks=hooks))
     (directory / "test_it.py").write_text(TESTS)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", str(directory)],
+        [sys.executable, "-m", "pytest", "-n", "1", "-q", "-p", "no:cacheprovider", str(directory)],
         capture_output=True,
         text=True,
         cwd=directory,
