@@ -81,8 +81,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
@@ -161,10 +159,6 @@ _PAIR: Final = rf"[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*{_QUOTED}[ \t]*"
 _LABEL_SET_RE: Final = re.compile(rf"(?:{_PAIR},)*(?:{_PAIR})?[ \t]*")
 # One name="value" pair. Its matches are exactly the pairs, in order, on text _LABEL_SET_RE accepts.
 _LABEL_PAIR_RE: Final = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"')
-# Label names joined by commas (the fast decode's check of every key at once).
-_LABEL_NAMES_RE: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*(?:,[a-zA-Z_][a-zA-Z0-9_]*)*")
-_KEY_AND_VALUE: Final = itemgetter(0, 2)  # of a str.partition: (key, value)
-_SEPARATOR: Final = itemgetter(1)
 _BLANKS_RE: Final = re.compile(r"[ \t]+")
 _ESCAPE_RE: Final = re.compile(r"\\(.)")
 _LABEL_ESCAPES: Final = {"\\": "\\", '"': '"', "n": "\n"}
@@ -237,36 +231,36 @@ def _ends_with_eof(text: str) -> bool:
     return text[start:end] == "# EOF"
 
 
-def _decode_labels(label_text: str) -> _LabelEntry | None:
+def _decode_labels(label_text: str, pairs: dict[str, tuple[str, str]]) -> _LabelEntry | None:
     """Decode the text between a label set's braces; None if it is not a well-formed label set.
 
     The common form (no blanks, no escapes, no trailing comma, as every exporter writes it) is cut with str
     methods (below). Otherwise, splitting on the pair regex leaves the separators, and the text is exactly
     ``pair,pair,…[,]`` iff the first separator is empty and all others are single commas. Blanks take the
-    general regex.
+    general regex. ``pairs`` is the parse's cache of the common form's pieces (``_pair``).
     """
     if label_text[-1:] == '"' and "\\" not in label_text:
-        # NB: 'k1="v1",…,kn="vn"' cut at '",' and each piece at its first '="': exactly the pairs when every piece has
-        # its '="', the text holds 2n quotes (so no key or value holds one) and the keys are label names. All in C
-        # calls (map, dict, one regex over the joined keys): no bytecode per pair, a third of the regex split's cost.
-        cut = list(map(str.partition, label_text[:-1].split('",'), repeat('="')))
-        decoded = dict(map(_KEY_AND_VALUE, cut))
-        if (
-            label_text.count('"') == 2 * len(cut)
-            and all(map(_SEPARATOR, cut))
-            and _LABEL_NAMES_RE.fullmatch(",".join(decoded)) is not None
-        ):
-            if len(decoded) != len(cut):
-                _duplicate([key for key, _, _ in cut])
-            return MappingProxyType(decoded), frozenset(decoded.items())
+        # NB: 'k1="v1",…,kn="vn"' cut at '",' gives pieces 'ki="vi'; it is exactly those pairs iff every piece is one
+        # (_pair). The label sets of one exporter repeat most pairs (a GPU's identity in each of its label sets,
+        # the model and driver in all), so a piece is checked once per parse and a label set costs a split, a
+        # lookup per piece and the dict: no bytecode per pair.
+        pieces = label_text[:-1].split('",')
+        found = list(map(pairs.get, pieces))
+        if None in found:
+            found = [_pair(pairs, piece) if pair is None else pair for piece, pair in zip(pieces, found, strict=True)]
+        if None not in found:
+            decoded = dict(found)
+            if len(decoded) != len(found):
+                _duplicate([key for key, _ in found])
+            return MappingProxyType(decoded), frozenset(found)
     pieces = _LABEL_PAIR_RE.split(label_text)
     separators = pieces[::3]
     last = separators[-1]
     if separators[0] == "" and last in ("", ",") and separators.count(",") == len(separators) - 2 + (last == ","):
         keys, raw_values = pieces[1::3], pieces[2::3]
     elif _LABEL_SET_RE.fullmatch(label_text) is not None:
-        pairs = _LABEL_PAIR_RE.findall(label_text)
-        keys, raw_values = [key for key, _ in pairs], [raw for _, raw in pairs]
+        matched = _LABEL_PAIR_RE.findall(label_text)
+        keys, raw_values = [key for key, _ in matched], [raw for _, raw in matched]
     else:
         return None
     if "\\" in label_text:
@@ -275,6 +269,17 @@ def _decode_labels(label_text: str) -> _LabelEntry | None:
     if len(labels) != len(keys):
         _duplicate(keys)
     return MappingProxyType(labels), frozenset(labels.items())
+
+
+def _pair(pairs: dict[str, tuple[str, str]], piece: str) -> tuple[str, str] | None:
+    """``(key, value)`` of a piece ``key="value`` of the common form (cached in ``pairs``), or None.
+
+    NB: the piece holds exactly one quote, that of its '="', so no key or value holds one."""
+    key, separator, value = piece.partition('="')
+    if not separator or '"' in value or _LABEL_NAME_RE.fullmatch(key) is None:
+        return None
+    pair = pairs[piece] = (key, value)
+    return pair
 
 
 def _duplicate(keys: list[str]) -> None:
@@ -286,15 +291,15 @@ def _duplicate(keys: list[str]) -> None:
         seen.add(key)
 
 
-def _decode_into(cache: dict[str, _LabelEntry], label_text: str) -> _LabelEntry | None:
+def _decode_into(parser: _Parser, label_text: str) -> _LabelEntry | None:
     """The fast paths' cache miss: decode and cache a label set, or None (the careful path then reports this
     line's errors in order)."""
     try:
-        entry = _decode_labels(label_text)
+        entry = _decode_labels(label_text, parser.pairs)
     except _Malformed:
         return None
     if entry is not None:
-        cache[label_text] = entry
+        parser.label_cache[label_text] = entry
     return entry
 
 
@@ -346,7 +351,7 @@ def _find_label_set_end(line: str, brace: int) -> int:
 class _Parser:
     """Per-parse state. The hot loop lives in ``_parse`` with these containers bound to locals."""
 
-    __slots__ = ("auto", "eof", "families", "helped", "label_cache", "om", "routes", "typed", "types")
+    __slots__ = ("auto", "eof", "families", "helped", "label_cache", "om", "pairs", "routes", "typed", "types")
 
     def __init__(self, *, om: bool, auto: bool) -> None:
         self.om = om
@@ -358,6 +363,7 @@ class _Parser:
         self.helped: set[str] = set()
         self.routes: dict[str, _Route] = {}
         self.label_cache: dict[str, _LabelEntry] = {"": _EMPTY_LABELS}
+        self.pairs: dict[str, tuple[str, str]] = {}  # see _decode_labels
 
     # -- metadata ----------------------------------------------------------------------------------
 
@@ -451,7 +457,7 @@ class _Parser:
         """Decode (and cache) the true text between a label set's braces, or say what is wrong with it."""
         entry = self.label_cache.get(label_text)
         if entry is None:
-            entry = _decode_labels(label_text)
+            entry = _decode_labels(label_text, self.pairs)
             if entry is None:
                 raise _diagnose_labels(label_text)
             self.label_cache[label_text] = entry
@@ -523,6 +529,19 @@ def _value(token: str, *, what: str = "value") -> float:
         raise _Malformed(f"invalid {what} {_quoted(token)}") from None
 
 
+def _convert(values: dict[str, float], token: str) -> float | None:
+    """The fast path's value: ``float(token)`` (cached in ``values``), or None if ``_value`` would not accept it
+    as a value token the tokenisers could give (the tokenisers then take the line)."""
+    # NB: float() also accepts "1_000", non-ASCII digits and surrounding whitespace; a token never holds a tab.
+    if "_" in token or "\t" in token or not token.isascii():
+        return None
+    try:
+        value = values[token] = float(token)
+    except ValueError:
+        return None
+    return value
+
+
 def _series_text(name: str, labels: Mapping[str, str]) -> str:
     inner = ",".join(f"{key}={_quoted(value)}" for key, value in labels.items())
     return f"{name}{{{inner}}}" if labels else name
@@ -578,6 +597,46 @@ def _parse(
                     raise _Malformed("text after '# EOF'")
                 continue
 
+            if fast:
+                # The commonest line, "name{labels} value" or "name value", whose label text, name and value text
+                # are each checked (and cached) on first sight: one cut at its last blank (the label text is then
+                # what lies between its first '{' and last '}', as below). Anything else (a timestamp, blank runs,
+                # tabs, an exemplar, a duplicate, a bucket's bound, a DCGM blank, NaN, an error) falls through to
+                # the tokenisers below, which redo the line. Nothing here raises but route(), and its error is then
+                # this line's first (the tokens, labels and value are good).
+                head, _, value_token = line.rpartition(" ")
+                if head[-1:] == "}":
+                    brace = head.find("{")
+                    name = head[:brace]
+                    entry = label_cache.get(head[brace + 1 : -1])
+                    if entry is None and brace > 0:
+                        entry = _decode_into(parser, head[brace + 1 : -1])
+                else:
+                    name, entry = head, empty_labels
+                if entry is not None:
+                    value = values.get(value_token)
+                    if value is None:
+                        value = _convert(values, value_token)
+                    if value is not None:
+                        route = routes.get(name)
+                        if route is None and name_ok(name) is not None:
+                            route = parser.route(name)
+                        if route is not None:
+                            family, family_samples, _, bound, seen = route
+                            label_key = entry[1]
+                            if (
+                                label_key not in seen
+                                and bound is None
+                                and value < blank_floor
+                                and (family is current or not om)
+                            ):
+                                seen.add(label_key)
+                                sample = new_tuple(Sample, (name, entry[0], value, None))
+                                samples.append(sample)
+                                if families:
+                                    family_samples.append(sample)
+                                continue
+
             # Fast tokeniser: a strict subset of what split() accepts, giving the same tokens.
             name = None
             route = None
@@ -585,23 +644,10 @@ def _parse(
             if fast:
                 brace = line.find("{")
                 parts = None
-                if brace > 0:
-                    # The commonest line, "name{labels} value": one cut at its last blank.
-                    head, _, value_token = line.rpartition(" ")
-                    if head[-1:] == "}" and value_token and "\t" not in value_token and not (om and "#" in value_token):
-                        label_text = head[brace + 1 : -1]
-                        cached = label_cache.get(label_text)
-                        if cached is None:
-                            cached = _decode_into(label_cache, label_text)
-                        if cached is not None:
-                            candidate = line[:brace]
-                            route = routes.get(candidate)
-                            if route is not None or name_ok(candidate) is not None:
-                                name, entry, time_token = candidate, cached, None
                 if brace < 0:
                     if "\t" not in line and not (om and "#" in line):
                         parts = line.split(" ")
-                elif name is None:
+                else:
                     close = line.rfind("}")
                     rest = line[close + 1 :]
                     # NB: in OpenMetrics a '#' after the labels starts an exemplar: the careful path's job.
@@ -609,7 +655,7 @@ def _parse(
                         label_text = line[brace + 1 : close]
                         cached = label_cache.get(label_text)
                         if cached is None:
-                            cached = _decode_into(label_cache, label_text)
+                            cached = _decode_into(parser, label_text)
                         if cached is not None:
                             entry = cached
                             parts = rest.split(" ")
