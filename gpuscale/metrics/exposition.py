@@ -191,8 +191,10 @@ _BOUND_LABELS: Final = {
     ("summary", ""): "quantile",
 }
 
-# Decoded labels and their series identity (a frozenset caches its hash, so series keys hash cheaply).
-_LabelEntry = tuple[Mapping[str, str], frozenset[tuple[str, str]]]
+# Decoded labels and their series identity: the frozenset of the pairs written 'key="value' with the value decoded
+# (one string per pair, and one-to-one: a label name holds no '='). The common form's pieces are exactly those
+# strings, their hashes already computed by the lookups; a frozenset caches its own hash, so series keys hash cheaply.
+_LabelEntry = tuple[Mapping[str, str], frozenset[str]]
 # Per sample name: its family, the family's sample list, "is a DCGM metric", the label that must hold a
 # float ("le"/"quantile") and the series seen so far under this name.
 _Route = tuple[MetricFamily, list[Sample], bool, str | None, set[object]]
@@ -252,7 +254,7 @@ def _decode_labels(label_text: str, pairs: dict[str, tuple[str, str]]) -> _Label
             decoded = dict(found)
             if len(decoded) != len(found):
                 _duplicate([key for key, _ in found])
-            return MappingProxyType(decoded), frozenset(found)
+            return MappingProxyType(decoded), frozenset(pieces)
     pieces = _LABEL_PAIR_RE.split(label_text)
     separators = pieces[::3]
     last = separators[-1]
@@ -268,7 +270,7 @@ def _decode_labels(label_text: str, pairs: dict[str, tuple[str, str]]) -> _Label
     labels = dict(zip(keys, raw_values, strict=True))
     if len(labels) != len(keys):
         _duplicate(keys)
-    return MappingProxyType(labels), frozenset(labels.items())
+    return MappingProxyType(labels), frozenset([f'{key}="{value}' for key, value in labels.items()])
 
 
 def _pair(pairs: dict[str, tuple[str, str]], piece: str) -> tuple[str, str] | None:
@@ -276,7 +278,8 @@ def _pair(pairs: dict[str, tuple[str, str]], piece: str) -> tuple[str, str] | No
 
     NB: the piece holds exactly one quote, that of its '="', so no key or value holds one."""
     key, separator, value = piece.partition('="')
-    if not separator or '"' in value or _LABEL_NAME_RE.fullmatch(key) is None:
+    # NB: for ASCII text, isidentifier() is exactly the label name grammar [a-zA-Z_][a-zA-Z0-9_]*.
+    if not separator or '"' in value or not (key.isascii() and key.isidentifier()):
         return None
     pair = pairs[piece] = (key, value)
     return pair
@@ -351,7 +354,7 @@ def _find_label_set_end(line: str, brace: int) -> int:
 class _Parser:
     """Per-parse state. The hot loop lives in ``_parse`` with these containers bound to locals."""
 
-    __slots__ = ("auto", "eof", "families", "helped", "label_cache", "om", "pairs", "routes", "typed", "types")
+    __slots__ = ("auto", "bases", "eof", "families", "helped", "label_cache", "om", "pairs", "routes", "typed", "types")
 
     def __init__(self, *, om: bool, auto: bool) -> None:
         self.om = om
@@ -362,6 +365,8 @@ class _Parser:
         self.typed: set[str] = set()
         self.helped: set[str] = set()
         self.routes: dict[str, _Route] = {}
+        # Every name a routed sample name could belong to (itself, or itself less a suffix): TYPE's cheap check.
+        self.bases: set[str] = set()
         self.label_cache: dict[str, _LabelEntry] = {"": _EMPTY_LABELS}
         self.pairs: dict[str, tuple[str, str]] = {}  # see _decode_labels
 
@@ -412,7 +417,7 @@ class _Parser:
                 raise _Malformed(f"duplicate TYPE for metric {name}")
             family = self.families.get(name) or self._new_family(name, what="TYPE")
             routes = self.routes
-            if name in routes or any(name + suffix in routes for suffix in suffixes):
+            if name in self.bases and (name in routes or any(name + suffix in routes for suffix in suffixes)):
                 raise _Malformed(f"TYPE for metric {name} after its samples")
             self.typed.add(name)
             family.type = kind
@@ -451,6 +456,9 @@ class _Parser:
         bound = _BOUND_LABELS.get((family.type, suffix))
         route: _Route = (family, family.samples, name.startswith(_DCGM_PREFIX), bound, set())
         self.routes[name] = route
+        self.bases.add(name)
+        if name.endswith(_ALL_SUFFIXES):
+            self.bases.update(name[: -len(s)] for s in _ALL_SUFFIXES if name.endswith(s))
         return route
 
     def labels(self, label_text: str) -> _LabelEntry:
@@ -574,6 +582,8 @@ def _parse(
     current: MetricFamily | None = None
     finished: set[str] = set()  # OpenMetrics families whose samples have ended
     values: dict[str, float] = {}  # value text → float, converted once per distinct text
+    closed: dict[str, _LabelEntry] = {}  # the fast path's label cache: the label text with its closing '}'
+    sample_type = Sample
     eof = False
     number, line = 0, ""
     try:
@@ -599,20 +609,21 @@ def _parse(
 
             if fast:
                 # The commonest line, "name{labels} value" or "name value", whose label text, name and value text
-                # are each checked (and cached) on first sight: one cut at its last blank (the label text is then
-                # what lies between its first '{' and last '}', as below). Anything else (a timestamp, blank runs,
-                # tabs, an exemplar, a duplicate, a bucket's bound, a DCGM blank, NaN, an error) falls through to
-                # the tokenisers below, which redo the line. Nothing here raises but route(), and its error is then
+                # are each checked (and cached) on first sight: one cut at its last blank, one at its first '{'; the
+                # label text then ends at the last '}', as below. Anything else (a timestamp, blank runs, tabs, an
+                # exemplar, a duplicate, a bucket's bound, a DCGM blank, NaN, an error) falls through to the
+                # tokenisers below, which redo the line. Nothing here raises but route(), and its error is then
                 # this line's first (the tokens, labels and value are good).
                 head, _, value_token = line.rpartition(" ")
-                if head[-1:] == "}":
-                    brace = head.find("{")
-                    name = head[:brace]
-                    entry = label_cache.get(head[brace + 1 : -1])
-                    if entry is None and brace > 0:
-                        entry = _decode_into(parser, head[brace + 1 : -1])
+                name, brace, closed_text = head.partition("{")
+                if closed_text:
+                    entry = closed.get(closed_text)
+                    if entry is None and closed_text[-1] == "}":
+                        entry = _decode_into(parser, closed_text[:-1])
+                        if entry is not None:
+                            closed[closed_text] = entry
                 else:
-                    name, entry = head, empty_labels
+                    entry = None if brace else empty_labels
                 if entry is not None:
                     value = values.get(value_token)
                     if value is None:
@@ -623,15 +634,15 @@ def _parse(
                             route = parser.route(name)
                         if route is not None:
                             family, family_samples, _, bound, seen = route
-                            label_key = entry[1]
+                            labels, label_key = entry
                             if (
-                                label_key not in seen
+                                value < blank_floor
+                                and label_key not in seen
                                 and bound is None
-                                and value < blank_floor
-                                and (family is current or not om)
+                                and (not om or family is current)
                             ):
                                 seen.add(label_key)
-                                sample = new_tuple(Sample, (name, entry[0], value, None))
+                                sample = new_tuple(sample_type, (name, labels, value, None))
                                 samples.append(sample)
                                 if families:
                                     family_samples.append(sample)
