@@ -242,19 +242,9 @@ def _decode_labels(label_text: str, pairs: dict[str, tuple[str, str]]) -> _Label
     general regex. ``pairs`` is the parse's cache of the common form's pieces (``_pair``).
     """
     if label_text[-1:] == '"' and "\\" not in label_text:
-        # NB: 'k1="v1",…,kn="vn"' cut at '",' gives pieces 'ki="vi'; it is exactly those pairs iff every piece is one
-        # (_pair). The label sets of one exporter repeat most pairs (a GPU's identity in each of its label sets,
-        # the model and driver in all), so a piece is checked once per parse and a label set costs a split, a
-        # lookup per piece and the dict: no bytecode per pair.
-        pieces = label_text[:-1].split('",')
-        found = list(map(pairs.get, pieces))
-        if None in found:
-            found = [_pair(pairs, piece) if pair is None else pair for piece, pair in zip(pieces, found, strict=True)]
-        if None not in found:
-            decoded = dict(found)
-            if len(decoded) != len(found):
-                _duplicate([key for key, _ in found])
-            return MappingProxyType(decoded), frozenset(pieces)
+        entry = _common_form(label_text[:-1], pairs)
+        if entry is not None:
+            return entry
     pieces = _LABEL_PAIR_RE.split(label_text)
     separators = pieces[::3]
     last = separators[-1]
@@ -271,6 +261,27 @@ def _decode_labels(label_text: str, pairs: dict[str, tuple[str, str]]) -> _Label
     if len(labels) != len(keys):
         _duplicate(keys)
     return MappingProxyType(labels), frozenset([f'{key}="{value}' for key, value in labels.items()])
+
+
+def _common_form(body: str, pairs: dict[str, tuple[str, str]]) -> _LabelEntry | None:
+    """The label set of ``body``, a label text with no backslash less its final '"', if it is in the common form
+    (no blanks, no trailing comma); else None.
+
+    NB: 'k1="v1",…,kn="vn' cut at '",' gives pieces 'ki="vi'; it is exactly those pairs iff every piece is one
+    (_pair). The label sets of one exporter repeat most pairs (a GPU's identity in each of its label sets, the model
+    and driver in all), so a piece is checked once per parse, and a label set costs a split, a lookup per piece and
+    the dict: no bytecode per pair.
+    """
+    pieces = body.split('",')
+    found = list(map(pairs.get, pieces))
+    if not all(found):
+        found = [_pair(pairs, piece) if pair is None else pair for piece, pair in zip(pieces, found, strict=True)]
+        if not all(found):
+            return None
+    decoded = dict(found)
+    if len(decoded) != len(found):
+        _duplicate([key for key, _ in found])
+    return MappingProxyType(decoded), frozenset(pieces)
 
 
 def _pair(pairs: dict[str, tuple[str, str]], piece: str) -> tuple[str, str] | None:
@@ -304,6 +315,19 @@ def _decode_into(parser: _Parser, label_text: str) -> _LabelEntry | None:
     if entry is not None:
         parser.label_cache[label_text] = entry
     return entry
+
+
+def _decode_closed(parser: _Parser, closed_text: str) -> _LabelEntry | None:
+    """The fast path's cache miss: the label set of ``closed_text`` (a label text and its closing '}'), or None (the
+    tokenisers then take the line and report its errors in order)."""
+    try:
+        if closed_text[-2:] == '"}' and "\\" not in closed_text:
+            entry = _common_form(closed_text[:-2], parser.pairs)
+            if entry is not None:
+                return entry
+        return _decode_labels(closed_text[:-1], parser.pairs) if closed_text[-1] == "}" else None
+    except _Malformed:
+        return None
 
 
 def _diagnose_labels(label_text: str) -> _Malformed:
@@ -618,8 +642,8 @@ def _parse(
                 name, brace, closed_text = head.partition("{")
                 if closed_text:
                     entry = closed.get(closed_text)
-                    if entry is None and closed_text[-1] == "}":
-                        entry = _decode_into(parser, closed_text[:-1])
+                    if entry is None:
+                        entry = _decode_closed(parser, closed_text)
                         if entry is not None:
                             closed[closed_text] = entry
                 else:
