@@ -635,9 +635,9 @@ def _parse(
                 # The commonest line, "name{labels} value" or "name value", whose label text, name and value text
                 # are each checked (and cached) on first sight: one cut at its last blank, one at its first '{'; the
                 # label text then ends at the last '}', as below. Anything else (a timestamp, blank runs, tabs, an
-                # exemplar, a duplicate, a bucket's bound, a DCGM blank, NaN, an error) falls through to the
-                # tokenisers below, which redo the line. Nothing here raises but route(), and its error is then
-                # this line's first (the tokens, labels and value are good).
+                # exemplar, a duplicate, a DCGM blank or NaN, an error) falls through to the tokenisers below, which
+                # redo the line. Nothing here raises but route() and _check_bound(), and their errors are then this
+                # line's first (the tokens, labels and value are good; so is the series, for the bound).
                 head, _, value_token = line.rpartition(" ")
                 name, brace, closed_text = head.partition("{")
                 if closed_text:
@@ -657,14 +657,15 @@ def _parse(
                         if route is None and name_ok(name) is not None:
                             route = parser.route(name)
                         if route is not None:
-                            family, family_samples, _, bound, seen = route
+                            family, family_samples, dcgm, bound, seen = route
                             labels, label_key = entry
                             if (
-                                value < blank_floor
+                                (not dcgm or value < blank_floor)
                                 and label_key not in seen
-                                and bound is None
                                 and (not om or family is current)
                             ):
+                                if bound is not None:
+                                    _check_bound(labels, bound, name)
                                 seen.add(label_key)
                                 sample = new_tuple(sample_type, (name, labels, value, None))
                                 samples.append(sample)
