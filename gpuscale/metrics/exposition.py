@@ -392,7 +392,7 @@ class _Parser:
         # Every name a routed sample name could belong to (itself, or itself less a suffix): TYPE's cheap check.
         self.bases: set[str] = set()
         self.label_cache: dict[str, _LabelEntry] = {"": _EMPTY_LABELS}
-        self.pairs: dict[str, tuple[str, str]] = {}  # see _decode_labels
+        self.pairs: dict[str, tuple[str, str]] = {}  # see _common_form
 
     # -- metadata ----------------------------------------------------------------------------------
 
@@ -561,19 +561,6 @@ def _value(token: str, *, what: str = "value") -> float:
         raise _Malformed(f"invalid {what} {_quoted(token)}") from None
 
 
-def _convert(values: dict[str, float], token: str) -> float | None:
-    """The fast path's value: ``float(token)`` (cached in ``values``), or None if ``_value`` would not accept it
-    as a value token the tokenisers could give (the tokenisers then take the line)."""
-    # NB: float() also accepts "1_000", non-ASCII digits and surrounding whitespace; a token never holds a tab.
-    if "_" in token or "\t" in token or not token.isascii():
-        return None
-    try:
-        value = values[token] = float(token)
-    except ValueError:
-        return None
-    return value
-
-
 def _series_text(name: str, labels: Mapping[str, str]) -> str:
     inner = ",".join(f"{key}={_quoted(value)}" for key, value in labels.items())
     return f"{name}{{{inner}}}" if labels else name
@@ -606,6 +593,7 @@ def _parse(
     current: MetricFamily | None = None
     finished: set[str] = set()  # OpenMetrics families whose samples have ended
     values: dict[str, float] = {}  # value text → float, converted once per distinct text
+    comment = parser.comment
     closed: dict[str, _LabelEntry] = {}  # the fast path's label cache: the label text with its closing '}'
     sample_type = Sample
     eof = False
@@ -623,7 +611,7 @@ def _parse(
             if line[0] == "#":
                 if eof:
                     raise _Malformed("text after '# EOF'")
-                parser.comment(line)
+                comment(line)
                 eof = parser.eof
                 continue
             if eof:
@@ -650,8 +638,14 @@ def _parse(
                     entry = None if brace else empty_labels
                 if entry is not None:
                     value = values.get(value_token)
-                    if value is None:
-                        value = _convert(values, value_token)
+                    # NB: float() alone would also accept "1_000", non-ASCII digits and surrounding whitespace; a token
+                    # never holds a tab (a float that fails leaves the line to the tokenisers, which report it).
+                    # contextlib.suppress would cost a context manager per distinct value text.
+                    if value is None and "_" not in value_token and "\t" not in value_token and value_token.isascii():
+                        try:  # noqa: SIM105
+                            value = values[value_token] = float(value_token)
+                        except ValueError:
+                            pass
                     if value is not None:
                         route = routes.get(name)
                         if route is None and name_ok(name) is not None:

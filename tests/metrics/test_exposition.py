@@ -655,10 +655,14 @@ def _mostly(usual: st.SearchStrategy[str], *odd: st.SearchStrategy[str]) -> st.S
     return st.one_of(usual, usual, usual, usual, st.one_of(*odd))
 
 
-_label_values = st.lists(_pick("a", "1", "0.5", "+Inf", " ", "{", "}", ",", "=", "#", "\\\\", '\\"', "\\n"), max_size=4)
+_written_label_values = st.lists(
+    _pick("a", "1", "0.5", "+Inf", " ", "{", "}", ",", "=", "#", "\\\\", '\\"', "\\n"), max_size=4
+)
 _label_sets = st.builds(
     lambda pairs, sep, trailing: "{" + sep.join(f'{key}="{"".join(value)}"' for key, value in pairs) + trailing + "}",
-    st.lists(st.tuples(_pick("a", "b", "le", "quantile"), _label_values), max_size=3, unique_by=lambda pair: pair[0]),
+    st.lists(
+        st.tuples(_pick("a", "b", "le", "quantile"), _written_label_values), max_size=3, unique_by=lambda pair: pair[0]
+    ),
     _mostly(st.just(","), _pick(", ", " , ")),
     _mostly(st.just(""), st.just(",")),
 )
