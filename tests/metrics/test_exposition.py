@@ -712,7 +712,7 @@ class TestArbitraryInput:
     def test_only_exposition_errors_and_fast_path_agrees(self, text: str, openmetrics: bool | None) -> None:
         assert_paths_agree(text, openmetrics)
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=200, deadline=None)
     @given(st.data(), st.sampled_from([None, True, False]))
     def test_fast_path_agrees_when_series_repeat(self, data: st.DataObject, openmetrics: bool | None) -> None:
         label_sets = data.draw(
