@@ -242,13 +242,13 @@ def _ends_with_eof(text: str) -> bool:
     return text[start:end] == "# EOF"
 
 
-def _decode_labels(label_text: str, pairs: dict[str, tuple[str, str]]) -> _LabelEntry | None:
+def _decode_labels(label_text: str, pairs: _Pieces) -> _LabelEntry | None:
     """Decode the text between a label set's braces; None if it is not a well-formed label set.
 
     The common form (no blanks, no escapes, no trailing comma, as every exporter writes it) is cut with str
     methods (below). Otherwise, splitting on the pair regex leaves the separators, and the text is exactly
     ``pair,pair,…[,]`` iff the first separator is empty and all others are single commas. Blanks take the
-    general regex. ``pairs`` is the parse's cache of the common form's pieces (``_pair``).
+    general regex. ``pairs`` is the parse's cache of the common form's pieces.
     """
     if label_text[-1:] == '"' and "\\" not in label_text:
         entry = _common_form(label_text[:-1], pairs)
@@ -272,37 +272,37 @@ def _decode_labels(label_text: str, pairs: dict[str, tuple[str, str]]) -> _Label
     return MappingProxyType(labels), frozenset([f'{key}="{value}' for key, value in labels.items()])
 
 
-def _common_form(body: str, pairs: dict[str, tuple[str, str]]) -> _LabelEntry | None:
+def _common_form(body: str, pairs: _Pieces) -> _LabelEntry | None:
     """The label set of ``body``, a label text with no backslash less its final '"', if it is in the common form
     (no blanks, no trailing comma); else None.
 
     NB: 'k1="v1",…,kn="vn' cut at '",' gives pieces 'ki="vi'; it is exactly those pairs iff every piece is one
-    (_pair). The label sets of one exporter repeat most pairs (a GPU's identity in each of its label sets, the model
-    and driver in all), so a piece is checked once per parse, and a label set costs a split, a lookup per piece and
-    the dict: no bytecode per pair.
+    (_Pieces). The label sets of one exporter repeat most pairs (a GPU's identity in each of its label sets, the
+    model and driver in all), so a piece is checked once per parse, and a label set costs a split, a lookup per
+    piece and the dict: no bytecode per pair.
     """
     pieces = body.split('",')
-    found = list(map(pairs.get, pieces))
+    found = list(map(pairs.__getitem__, pieces))
     if not all(found):
-        found = [_pair(pairs, piece) if pair is None else pair for piece, pair in zip(pieces, found, strict=True)]
-        if not all(found):
-            return None
+        return None
     decoded = dict(found)
     if len(decoded) != len(found):
         _duplicate([key for key, _ in found])
     return MappingProxyType(decoded), frozenset(pieces)
 
 
-def _pair(pairs: dict[str, tuple[str, str]], piece: str) -> tuple[str, str] | None:
-    """``(key, value)`` of a piece ``key="value`` of the common form (cached in ``pairs``), or None.
+class _Pieces(dict[str, "tuple[str, str] | None"]):
+    """A parse's checked pieces ``key="value`` of the common form: ``(key, value)``, or None if the piece is not
+    one (a missing piece is checked on lookup; bad ones are not kept, so that each lookup of one says so)."""
 
-    NB: the piece holds exactly one quote, that of its '="', so no key or value holds one."""
-    key, separator, value = piece.partition('="')
-    # NB: for ASCII text, isidentifier() is exactly the label name grammar [a-zA-Z_][a-zA-Z0-9_]*.
-    if not separator or '"' in value or not (key.isascii() and key.isidentifier()):
-        return None
-    pair = pairs[piece] = (key, value)
-    return pair
+    def __missing__(self, piece: str) -> tuple[str, str] | None:
+        key, separator, value = piece.partition('="')
+        # NB: the piece holds exactly one quote, that of its '="', so no key or value holds one; for ASCII text,
+        # isidentifier() is exactly the label name grammar [a-zA-Z_][a-zA-Z0-9_]*.
+        if not separator or '"' in value or not (key.isascii() and key.isidentifier()):
+            return None
+        pair = self[piece] = (key, value)
+        return pair
 
 
 def _duplicate(keys: list[str]) -> None:
@@ -401,7 +401,7 @@ class _Parser:
         # Every name a routed sample name could belong to (itself, or itself less a suffix): TYPE's cheap check.
         self.bases: set[str] = set()
         self.label_cache: dict[str, _LabelEntry] = {"": _EMPTY_LABELS}
-        self.pairs: dict[str, tuple[str, str]] = {}  # see _common_form
+        self.pairs = _Pieces()
 
     # -- metadata ----------------------------------------------------------------------------------
 
