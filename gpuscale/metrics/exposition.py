@@ -158,6 +158,14 @@ def _is_integer_literal(token: str) -> bool:
 # --- grammar ---------------------------------------------------------------------------------------
 
 _METRIC_NAME_RE: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def _is_metric_name(name: str) -> bool:
+    """``_METRIC_NAME_RE.fullmatch(name)``, in a third of its time: for ASCII text, isidentifier() is exactly
+    [a-zA-Z_][a-zA-Z0-9_]*, and ':' may stand wherever '_' may."""
+    return name.isascii() and name.replace(":", "_").isidentifier()
+
+
 _LABEL_NAME_RE: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # A quoted label value, unrolled ("normal* (escape normal*)*") so it never backtracks.
 _QUOTED: Final = r'"[^"\\]*(?:\\.[^"\\]*)*"'
@@ -456,13 +464,13 @@ class _Parser:
             family.type = kind
         elif keyword == "UNIT":
             if self.om:
-                if _METRIC_NAME_RE.fullmatch(name) is None:
+                if not _is_metric_name(name):
                     raise _Malformed(f"invalid metric name {_quoted(name)} in UNIT line")
             elif self.auto:
                 raise _Malformed("'# UNIT' marks OpenMetrics text, which must end with '# EOF'")
 
     def _new_family(self, name: str, *, what: str) -> MetricFamily:
-        if _METRIC_NAME_RE.fullmatch(name) is None:
+        if not _is_metric_name(name):
             raise _Malformed(f"invalid metric name {_quoted(name)} in {what} line")
         family = self.families[name] = MetricFamily(name, "unknown" if self.om else "untyped", "", [])
         return family
@@ -595,7 +603,7 @@ def _parse(
     routes = parser.routes
     label_cache = parser.label_cache
     samples: list[Sample] = []
-    name_ok = _METRIC_NAME_RE.fullmatch
+    name_ok = _is_metric_name
     blank_floor = _FP64_BLANK_FLOOR
     empty_labels = _EMPTY_LABELS
     new_tuple = _new_tuple
@@ -657,7 +665,7 @@ def _parse(
                             pass
                     if value is not None:
                         route = routes.get(name)
-                        if route is None and name_ok(name) is not None:
+                        if route is None and name_ok(name):
                             route = parser.route(name)
                         if route is not None:
                             family, family_samples, dcgm, bound, seen = route
@@ -702,7 +710,7 @@ def _parse(
                 if parts is not None and 1 < len(parts) < 4 and all(parts):
                     candidate = parts[0]
                     route = routes.get(candidate)
-                    if route is not None or name_ok(candidate) is not None:
+                    if route is not None or name_ok(candidate):
                         name = candidate
                         value_token = parts[1]
                         time_token = parts[2] if len(parts) == 3 else None

@@ -20,8 +20,10 @@ from prometheus_client.samples import Exemplar
 
 from gpuscale.errors import ExpositionError
 from gpuscale.metrics.exposition import (
+    _METRIC_NAME_RE,
     MetricFamily,
     Sample,
+    _is_metric_name,
     _parse,
     is_dcgm_blank,
     parse_families,
@@ -779,3 +781,9 @@ def test_openmetrics_interleaving_is_caught_on_the_fast_path() -> None:
     assert_paths_agree(text, None)
     with pytest.raises(ExpositionError, match="samples of metric family a are not contiguous"):
         parse_samples(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(alphabet="aZ_:09-.é\u00b7\u0660 ", max_size=6), st.text(max_size=6)))
+def test_metric_name_check_is_the_grammar(name: str) -> None:
+    assert _is_metric_name(name) == (_METRIC_NAME_RE.fullmatch(name) is not None)
