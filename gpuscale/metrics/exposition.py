@@ -336,15 +336,12 @@ def _decode_into(parser: _Parser, label_text: str) -> _LabelEntry | None:
 
 def _decode_closed(parser: _Parser, closed_text: str) -> _LabelEntry | None:
     """The fast path's cache miss: the label set of ``closed_text`` (a label text and its closing '}'), or None (the
-    tokenisers then take the line and report its errors in order)."""
-    try:
-        if closed_text[-2:] == '"}' and "\\" not in closed_text:
-            entry = _common_form(closed_text[:-2], parser.pairs)
-            if entry is not None:
-                return entry
-        return _decode_labels(closed_text[:-1], parser.pairs) if closed_text[-1] == "}" else None
-    except _Malformed:
+    tokenisers then take the line and report its errors in order). NB: through the tokenisers' cache, so that a
+    label text has one mapping whichever path met it."""
+    if closed_text[-1] != "}":
         return None
+    label_text = closed_text[:-1]
+    return parser.label_cache.get(label_text) or _decode_into(parser, label_text)
 
 
 def _diagnose_labels(label_text: str) -> _Malformed:

@@ -787,3 +787,9 @@ def test_openmetrics_interleaving_is_caught_on_the_fast_path() -> None:
 @given(st.one_of(st.text(alphabet="aZ_:09-.é\u00b7\u0660 ", max_size=6), st.text(max_size=6)))
 def test_metric_name_check_is_the_grammar(name: str) -> None:
     assert _is_metric_name(name) == (_METRIC_NAME_RE.fullmatch(name) is not None)
+
+
+def test_a_label_text_has_one_mapping_whichever_path_meets_it() -> None:
+    # NB: the first line takes the fast path, the second (a timestamp) the tokenisers', the third the fast path again
+    first, second, third = parse_samples('m{a="1"} 1\nn{a="1"} 2 1712345678901\no{a="1"} 3\n')
+    assert first.labels is second.labels is third.labels
