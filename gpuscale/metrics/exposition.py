@@ -17,10 +17,13 @@ fast tokeniser never raises: it either produces exactly the tokens the careful o
 up, so errors are always reported in the careful path's order. A property test checks that both
 paths agree on generated near-valid input, results and errors alike.
 
-The commonest line, ``name{labels} value`` (no timestamp), is cut once at its last blank (``rpartition``):
-taken only when what precedes that blank ends with ``}`` and the value has no tab (nor ``#`` in
-OpenMetrics), so a doubled blank, a tab or a timestamp fall to the general fast cut below; the label text
-is then the text between the first ``{`` and that final ``}``, the same cut as below.
+The commonest line, ``name{labels} value`` or ``name value`` (no timestamp), is not tokenised at all
+once its parts have been seen: it is cut at its last blank (``rpartition``) and at its first ``{``
+(``partition``), and the three pieces are looked up in the parse's caches (label text with its closing
+``}``, name, value text); each piece is checked on first sight and cached only if good. Anything else —
+a cache miss that fails its check, a timestamp, a doubled blank or a tab, an exemplar, a duplicate series,
+a DCGM blank — falls through, untouched, to the general fast cut and the careful tokeniser, which redo
+the line; so that path's errors, and their order, are the careful path's.
 
 Why the fast cut is right: it splits a labelled line at the first ``{`` and the **last** ``}``. Label
 values may contain ``}``, so the last ``}`` is not always the end of the label set — but the label
@@ -35,12 +38,18 @@ and regexes. dcgm-exporter repeats one label set per GPU across ~40 families, so
 are cached per parse by their raw text (8×H100: 312 samples, 32 distinct label texts); a hit costs
 one dict lookup, and samples with the same label text share one read-only mapping (``MappingProxyType``),
 which also lets attribution recognise a GPU's label set by identity across its ~40 families.
-A miss is decoded by one regex ``split`` whose separators prove the structure (``_decode_labels``).
-Metric names are validated and routed to their family once per distinct name, and value texts are
-converted once per distinct text (exporters repeat values: zeros, clocks, limits; 129 distinct of 312
-in 8×H100). Escapes are decoded only when a value contains a backslash. Duplicate series are found
-with a set per sample name holding the label set's ``frozenset`` — built once per cached label set, and
-frozensets cache their hash. The caches live for one parse only: no state is shared between calls.
+A miss in the form every exporter writes (``k="v",…``: no blanks, no escapes) is cut at ``",`` into
+pieces ``k="v``, each looked up in a per-parse cache of checked pieces (a GPU's identity recurs in each of
+its label sets, the model and driver in all: 59 distinct of the 377 in 8×H100's label sets), so a label set costs a
+split, a lookup per piece and its dict (``_common_form``); other forms take one regex ``split`` whose
+separators prove the structure (``_decode_labels``). Metric names are validated and routed to their
+family once per distinct name, and value texts are converted once per distinct text (exporters repeat
+values: zeros, clocks, limits; 129 distinct of 312 in 8×H100). Escapes are decoded only when a value
+contains a backslash. Duplicate series are found with a set per sample name holding the label set's
+identity: the ``frozenset`` of its pairs written ``k="v`` with the value decoded (one-to-one, as a label
+name holds no ``=``) — in the common form exactly the pieces, whose hashes the lookups computed; built once
+per cached label set, and frozensets cache their hash. The caches live for one parse only: no state is
+shared between calls, so parsing the same page again costs the same.
 
 Dropped on purpose
 ------------------
@@ -81,8 +90,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
@@ -151,6 +158,14 @@ def _is_integer_literal(token: str) -> bool:
 # --- grammar ---------------------------------------------------------------------------------------
 
 _METRIC_NAME_RE: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def _is_metric_name(name: str) -> bool:
+    """``_METRIC_NAME_RE.fullmatch(name)``, in a third of its time: for ASCII text, isidentifier() is exactly
+    [a-zA-Z_][a-zA-Z0-9_]*, and ':' may stand wherever '_' may."""
+    return name.isascii() and name.replace(":", "_").isidentifier()
+
+
 _LABEL_NAME_RE: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # A quoted label value, unrolled ("normal* (escape normal*)*") so it never backtracks.
 _QUOTED: Final = r'"[^"\\]*(?:\\.[^"\\]*)*"'
@@ -161,10 +176,6 @@ _PAIR: Final = rf"[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*{_QUOTED}[ \t]*"
 _LABEL_SET_RE: Final = re.compile(rf"(?:{_PAIR},)*(?:{_PAIR})?[ \t]*")
 # One name="value" pair. Its matches are exactly the pairs, in order, on text _LABEL_SET_RE accepts.
 _LABEL_PAIR_RE: Final = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"')
-# Label names joined by commas (the fast decode's check of every key at once).
-_LABEL_NAMES_RE: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*(?:,[a-zA-Z_][a-zA-Z0-9_]*)*")
-_KEY_AND_VALUE: Final = itemgetter(0, 2)  # of a str.partition: (key, value)
-_SEPARATOR: Final = itemgetter(1)
 _BLANKS_RE: Final = re.compile(r"[ \t]+")
 _ESCAPE_RE: Final = re.compile(r"\\(.)")
 _LABEL_ESCAPES: Final = {"\\": "\\", '"': '"', "n": "\n"}
@@ -197,8 +208,10 @@ _BOUND_LABELS: Final = {
     ("summary", ""): "quantile",
 }
 
-# Decoded labels and their series identity (a frozenset caches its hash, so series keys hash cheaply).
-_LabelEntry = tuple[Mapping[str, str], frozenset[tuple[str, str]]]
+# Decoded labels and their series identity: the frozenset of the pairs written 'key="value' with the value decoded
+# (one string per pair, and one-to-one: a label name holds no '='). The common form's pieces are exactly those
+# strings, their hashes already computed by the lookups; a frozenset caches its own hash, so series keys hash cheaply.
+_LabelEntry = tuple[Mapping[str, str], frozenset[str]]
 # Per sample name: its family, the family's sample list, "is a DCGM metric", the label that must hold a
 # float ("le"/"quantile") and the series seen so far under this name.
 _Route = tuple[MetricFamily, list[Sample], bool, str | None, set[object]]
@@ -237,36 +250,26 @@ def _ends_with_eof(text: str) -> bool:
     return text[start:end] == "# EOF"
 
 
-def _decode_labels(label_text: str) -> _LabelEntry | None:
+def _decode_labels(label_text: str, pairs: _Pieces) -> _LabelEntry | None:
     """Decode the text between a label set's braces; None if it is not a well-formed label set.
 
     The common form (no blanks, no escapes, no trailing comma, as every exporter writes it) is cut with str
     methods (below). Otherwise, splitting on the pair regex leaves the separators, and the text is exactly
     ``pair,pair,…[,]`` iff the first separator is empty and all others are single commas. Blanks take the
-    general regex.
+    general regex. ``pairs`` is the parse's cache of the common form's pieces.
     """
     if label_text[-1:] == '"' and "\\" not in label_text:
-        # NB: 'k1="v1",…,kn="vn"' cut at '",' and each piece at its first '="': exactly the pairs when every piece has
-        # its '="', the text holds 2n quotes (so no key or value holds one) and the keys are label names. All in C
-        # calls (map, dict, one regex over the joined keys): no bytecode per pair, a third of the regex split's cost.
-        cut = list(map(str.partition, label_text[:-1].split('",'), repeat('="')))
-        decoded = dict(map(_KEY_AND_VALUE, cut))
-        if (
-            label_text.count('"') == 2 * len(cut)
-            and all(map(_SEPARATOR, cut))
-            and _LABEL_NAMES_RE.fullmatch(",".join(decoded)) is not None
-        ):
-            if len(decoded) != len(cut):
-                _duplicate([key for key, _, _ in cut])
-            return MappingProxyType(decoded), frozenset(decoded.items())
+        entry = _common_form(label_text[:-1], pairs)
+        if entry is not None:
+            return entry
     pieces = _LABEL_PAIR_RE.split(label_text)
     separators = pieces[::3]
     last = separators[-1]
     if separators[0] == "" and last in ("", ",") and separators.count(",") == len(separators) - 2 + (last == ","):
         keys, raw_values = pieces[1::3], pieces[2::3]
     elif _LABEL_SET_RE.fullmatch(label_text) is not None:
-        pairs = _LABEL_PAIR_RE.findall(label_text)
-        keys, raw_values = [key for key, _ in pairs], [raw for _, raw in pairs]
+        matched = _LABEL_PAIR_RE.findall(label_text)
+        keys, raw_values = [key for key, _ in matched], [raw for _, raw in matched]
     else:
         return None
     if "\\" in label_text:
@@ -274,7 +277,40 @@ def _decode_labels(label_text: str) -> _LabelEntry | None:
     labels = dict(zip(keys, raw_values, strict=True))
     if len(labels) != len(keys):
         _duplicate(keys)
-    return MappingProxyType(labels), frozenset(labels.items())
+    return MappingProxyType(labels), frozenset([f'{key}="{value}' for key, value in labels.items()])
+
+
+def _common_form(body: str, pairs: _Pieces) -> _LabelEntry | None:
+    """The label set of ``body``, a label text with no backslash less its final '"', if it is in the common form
+    (no blanks, no trailing comma); else None.
+
+    NB: 'k1="v1",…,kn="vn' cut at '",' gives pieces 'ki="vi'; it is exactly those pairs iff every piece is one
+    (_Pieces). The label sets of one exporter repeat most pairs (a GPU's identity in each of its label sets, the
+    model and driver in all), so a piece is checked once per parse, and a label set costs a split, a lookup per
+    piece and the dict: no bytecode per pair.
+    """
+    pieces = body.split('",')
+    found = list(map(pairs.__getitem__, pieces))
+    if not all(found):
+        return None
+    decoded = dict(found)
+    if len(decoded) != len(found):
+        _duplicate([key for key, _ in found])
+    return MappingProxyType(decoded), frozenset(pieces)
+
+
+class _Pieces(dict[str, "tuple[str, str] | None"]):
+    """A parse's checked pieces ``key="value`` of the common form: ``(key, value)``, or None if the piece is not
+    one (a missing piece is checked on lookup; bad ones are not kept, so that each lookup of one says so)."""
+
+    def __missing__(self, piece: str) -> tuple[str, str] | None:
+        key, separator, value = piece.partition('="')
+        # NB: the piece holds exactly one quote, that of its '="', so no key or value holds one; for ASCII text,
+        # isidentifier() is exactly the label name grammar [a-zA-Z_][a-zA-Z0-9_]*.
+        if not separator or '"' in value or not (key.isascii() and key.isidentifier()):
+            return None
+        pair = self[piece] = (key, value)
+        return pair
 
 
 def _duplicate(keys: list[str]) -> None:
@@ -286,16 +322,26 @@ def _duplicate(keys: list[str]) -> None:
         seen.add(key)
 
 
-def _decode_into(cache: dict[str, _LabelEntry], label_text: str) -> _LabelEntry | None:
+def _decode_into(parser: _Parser, label_text: str) -> _LabelEntry | None:
     """The fast paths' cache miss: decode and cache a label set, or None (the careful path then reports this
     line's errors in order)."""
     try:
-        entry = _decode_labels(label_text)
+        entry = _decode_labels(label_text, parser.pairs)
     except _Malformed:
         return None
     if entry is not None:
-        cache[label_text] = entry
+        parser.label_cache[label_text] = entry
     return entry
+
+
+def _decode_closed(parser: _Parser, closed_text: str) -> _LabelEntry | None:
+    """The fast path's cache miss: the label set of ``closed_text`` (a label text and its closing '}'), or None (the
+    tokenisers then take the line and report its errors in order). NB: through the tokenisers' cache, so that a
+    label text has one mapping whichever path met it."""
+    if closed_text[-1] != "}":
+        return None
+    label_text = closed_text[:-1]
+    return parser.label_cache.get(label_text) or _decode_into(parser, label_text)
 
 
 def _diagnose_labels(label_text: str) -> _Malformed:
@@ -346,7 +392,7 @@ def _find_label_set_end(line: str, brace: int) -> int:
 class _Parser:
     """Per-parse state. The hot loop lives in ``_parse`` with these containers bound to locals."""
 
-    __slots__ = ("auto", "eof", "families", "helped", "label_cache", "om", "routes", "typed", "types")
+    __slots__ = ("auto", "bases", "eof", "families", "helped", "label_cache", "om", "pairs", "routes", "typed", "types")
 
     def __init__(self, *, om: bool, auto: bool) -> None:
         self.om = om
@@ -357,7 +403,10 @@ class _Parser:
         self.typed: set[str] = set()
         self.helped: set[str] = set()
         self.routes: dict[str, _Route] = {}
+        # Every name a routed sample name could belong to (itself, or itself less a suffix): TYPE's cheap check.
+        self.bases: set[str] = set()
         self.label_cache: dict[str, _LabelEntry] = {"": _EMPTY_LABELS}
+        self.pairs = _Pieces()
 
     # -- metadata ----------------------------------------------------------------------------------
 
@@ -406,19 +455,19 @@ class _Parser:
                 raise _Malformed(f"duplicate TYPE for metric {name}")
             family = self.families.get(name) or self._new_family(name, what="TYPE")
             routes = self.routes
-            if name in routes or any(name + suffix in routes for suffix in suffixes):
+            if name in self.bases and (name in routes or any(name + suffix in routes for suffix in suffixes)):
                 raise _Malformed(f"TYPE for metric {name} after its samples")
             self.typed.add(name)
             family.type = kind
         elif keyword == "UNIT":
             if self.om:
-                if _METRIC_NAME_RE.fullmatch(name) is None:
+                if not _is_metric_name(name):
                     raise _Malformed(f"invalid metric name {_quoted(name)} in UNIT line")
             elif self.auto:
                 raise _Malformed("'# UNIT' marks OpenMetrics text, which must end with '# EOF'")
 
     def _new_family(self, name: str, *, what: str) -> MetricFamily:
-        if _METRIC_NAME_RE.fullmatch(name) is None:
+        if not _is_metric_name(name):
             raise _Malformed(f"invalid metric name {_quoted(name)} in {what} line")
         family = self.families[name] = MetricFamily(name, "unknown" if self.om else "untyped", "", [])
         return family
@@ -445,13 +494,16 @@ class _Parser:
         bound = _BOUND_LABELS.get((family.type, suffix))
         route: _Route = (family, family.samples, name.startswith(_DCGM_PREFIX), bound, set())
         self.routes[name] = route
+        self.bases.add(name)
+        if name.endswith(_ALL_SUFFIXES):
+            self.bases.update(name[: -len(s)] for s in _ALL_SUFFIXES if name.endswith(s))
         return route
 
     def labels(self, label_text: str) -> _LabelEntry:
         """Decode (and cache) the true text between a label set's braces, or say what is wrong with it."""
         entry = self.label_cache.get(label_text)
         if entry is None:
-            entry = _decode_labels(label_text)
+            entry = _decode_labels(label_text, self.pairs)
             if entry is None:
                 raise _diagnose_labels(label_text)
             self.label_cache[label_text] = entry
@@ -548,13 +600,16 @@ def _parse(
     routes = parser.routes
     label_cache = parser.label_cache
     samples: list[Sample] = []
-    name_ok = _METRIC_NAME_RE.fullmatch
+    name_ok = _is_metric_name
     blank_floor = _FP64_BLANK_FLOOR
     empty_labels = _EMPTY_LABELS
     new_tuple = _new_tuple
     current: MetricFamily | None = None
     finished: set[str] = set()  # OpenMetrics families whose samples have ended
     values: dict[str, float] = {}  # value text → float, converted once per distinct text
+    comment = parser.comment
+    closed: dict[str, _LabelEntry] = {}  # the fast path's label cache: the label text with its closing '}'
+    sample_type = Sample
     eof = False
     number, line = 0, ""
     try:
@@ -570,13 +625,61 @@ def _parse(
             if line[0] == "#":
                 if eof:
                     raise _Malformed("text after '# EOF'")
-                parser.comment(line)
+                comment(line)
                 eof = parser.eof
                 continue
             if eof:
                 if line.strip(" \t"):
                     raise _Malformed("text after '# EOF'")
                 continue
+
+            if fast:
+                # The commonest line, "name{labels} value" or "name value", whose label text, name and value text
+                # are each checked (and cached) on first sight: one cut at its last blank, one at its first '{'; the
+                # label text then ends at the last '}', as below. Anything else (a timestamp, blank runs, tabs, an
+                # exemplar, a duplicate, a DCGM blank or NaN, an error) falls through to the tokenisers below, which
+                # redo the line. Nothing here raises but route() and _check_bound(), and their errors are then this
+                # line's first (the tokens, labels and value are good; so is the series, for the bound).
+                head, _, value_token = line.rpartition(" ")
+                name, brace, closed_text = head.partition("{")
+                if closed_text:
+                    entry = closed.get(closed_text)
+                    if entry is None:
+                        entry = _decode_closed(parser, closed_text)
+                        if entry is not None:
+                            closed[closed_text] = entry
+                else:
+                    entry = None if brace else empty_labels
+                if entry is not None:
+                    value = values.get(value_token)
+                    # NB: float() alone would also accept "1_000", non-ASCII digits and surrounding whitespace; a token
+                    # never holds a tab (a float that fails leaves the line to the tokenisers, which report it).
+                    # contextlib.suppress would cost a context manager per distinct value text.
+                    if value is None and "_" not in value_token and "\t" not in value_token and value_token.isascii():
+                        try:  # noqa: SIM105
+                            value = values[value_token] = float(value_token)
+                        except ValueError:
+                            pass
+                    if value is not None:
+                        route = routes.get(name)
+                        if route is None and name_ok(name):
+                            route = parser.route(name)
+                        if route is not None:
+                            family, family_samples, dcgm, bound, seen = route
+                            labels, label_key = entry
+                            if (
+                                (not dcgm or value < blank_floor)
+                                and label_key not in seen
+                                and (not om or family is current)
+                            ):
+                                if bound is not None:
+                                    _check_bound(labels, bound, name)
+                                seen.add(label_key)
+                                sample = new_tuple(sample_type, (name, labels, value, None))
+                                samples.append(sample)
+                                if families:
+                                    family_samples.append(sample)
+                                continue
 
             # Fast tokeniser: a strict subset of what split() accepts, giving the same tokens.
             name = None
@@ -585,23 +688,10 @@ def _parse(
             if fast:
                 brace = line.find("{")
                 parts = None
-                if brace > 0:
-                    # The commonest line, "name{labels} value": one cut at its last blank.
-                    head, _, value_token = line.rpartition(" ")
-                    if head[-1:] == "}" and value_token and "\t" not in value_token and not (om and "#" in value_token):
-                        label_text = head[brace + 1 : -1]
-                        cached = label_cache.get(label_text)
-                        if cached is None:
-                            cached = _decode_into(label_cache, label_text)
-                        if cached is not None:
-                            candidate = line[:brace]
-                            route = routes.get(candidate)
-                            if route is not None or name_ok(candidate) is not None:
-                                name, entry, time_token = candidate, cached, None
                 if brace < 0:
                     if "\t" not in line and not (om and "#" in line):
                         parts = line.split(" ")
-                elif name is None:
+                else:
                     close = line.rfind("}")
                     rest = line[close + 1 :]
                     # NB: in OpenMetrics a '#' after the labels starts an exemplar: the careful path's job.
@@ -609,7 +699,7 @@ def _parse(
                         label_text = line[brace + 1 : close]
                         cached = label_cache.get(label_text)
                         if cached is None:
-                            cached = _decode_into(label_cache, label_text)
+                            cached = _decode_into(parser, label_text)
                         if cached is not None:
                             entry = cached
                             parts = rest.split(" ")
@@ -617,7 +707,7 @@ def _parse(
                 if parts is not None and 1 < len(parts) < 4 and all(parts):
                     candidate = parts[0]
                     route = routes.get(candidate)
-                    if route is not None or name_ok(candidate) is not None:
+                    if route is not None or name_ok(candidate):
                         name = candidate
                         value_token = parts[1]
                         time_token = parts[2] if len(parts) == 3 else None

@@ -20,8 +20,10 @@ from prometheus_client.samples import Exemplar
 
 from gpuscale.errors import ExpositionError
 from gpuscale.metrics.exposition import (
+    _METRIC_NAME_RE,
     MetricFamily,
     Sample,
+    _is_metric_name,
     _parse,
     is_dcgm_blank,
     parse_families,
@@ -649,27 +651,81 @@ _fuzz_texts = st.builds(
 )
 
 
+# Mostly well-formed text whose lines reuse a few label sets, names and values, so that the fast path's caches hit
+# and duplicates, a bucket's bound, DCGM blanks and OpenMetrics' contiguity meet them; one line in five is odd.
+def _mostly(usual: st.SearchStrategy[str], *odd: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    return st.one_of(usual, usual, usual, usual, st.one_of(*odd))
+
+
+_written_label_values = st.lists(
+    _pick("a", "1", "0.5", "+Inf", " ", "{", "}", ",", "=", "#", "\\\\", '\\"', "\\n"), max_size=4
+)
+_label_sets = st.builds(
+    lambda pairs, sep, trailing: "{" + sep.join(f'{key}="{"".join(value)}"' for key, value in pairs) + trailing + "}",
+    st.lists(
+        st.tuples(_pick("a", "b", "le", "quantile"), _written_label_values), max_size=3, unique_by=lambda pair: pair[0]
+    ),
+    _mostly(st.just(","), _pick(", ", " , ")),
+    _mostly(st.just(""), st.just(",")),
+)
+_series_names = _pick("m", "m_total", "h_bucket", "h_sum", "h_count", "h", "s", "s_sum", "DCGM_FI_X")
+_line_ends = _mostly(
+    st.builds(str.__add__, st.just(" "), _pick("1", "0", "2", "-2.5", "Nan", "+Inf", "-Inf", "9223372036854775794")),
+    st.builds(
+        lambda sep, value, timestamp, exemplar: f"{sep}{value}{timestamp}{exemplar}",
+        _pick(" ", "  ", "\t", ""),
+        _pick("1", "140737488355328.000000", "1_0", "1\t", "x", ""),
+        _pick("", " 1712345678901", " 1.5", " x"),
+        _pick("", ' # {t="1"} 0.5', " # x", "\r", " "),
+    ),
+)
+_type_lines = st.builds(
+    lambda kinds: [
+        f"# TYPE {name} {kind}" for name, kind in zip(("h", "s", "m", "DCGM_FI_X"), kinds, strict=True) if kind
+    ],
+    st.tuples(*[_pick("", "gauge", "counter", "histogram", "summary")] * 4),
+)
+
+
+def assert_paths_agree(text: str, openmetrics: bool | None) -> None:
+    """The fast and the careful path give the same samples and families, or the same error at the same line."""
+    try:
+        fast = _parse(text, "<fuzz>", openmetrics)
+    except ExpositionError as e:
+        fast_error: ExpositionError | None = e
+    else:
+        fast_error = None
+    try:
+        slow = _parse(text, "<fuzz>", openmetrics, fast=False)
+    except ExpositionError as e:
+        assert fast_error is not None, f"only the careful path failed: {e}"
+        assert (fast_error.line_number, fast_error.reason) == (e.line_number, e.reason)
+        return
+    assert fast_error is None, f"only the fast path failed: {fast_error}"
+    assert keys(fast[0]) == keys(slow[0])
+    assert [(f.name, f.type, f.help, keys(f.samples)) for f in fast[1]] == [
+        (f.name, f.type, f.help, keys(f.samples)) for f in slow[1]
+    ]
+
+
 class TestArbitraryInput:
     @settings(max_examples=500, deadline=None)
     @given(_fuzz_texts, st.sampled_from([None, True, False]))
     def test_only_exposition_errors_and_fast_path_agrees(self, text: str, openmetrics: bool | None) -> None:
-        try:
-            fast = _parse(text, "<fuzz>", openmetrics)
-        except ExpositionError as e:
-            fast_error: ExpositionError | None = e
-        else:
-            fast_error = None
-        try:
-            slow = _parse(text, "<fuzz>", openmetrics, fast=False)
-        except ExpositionError as e:
-            assert fast_error is not None, f"only the careful path failed: {e}"
-            assert (fast_error.line_number, fast_error.reason) == (e.line_number, e.reason)
-            return
-        assert fast_error is None, f"only the fast path failed: {fast_error}"
-        assert keys(fast[0]) == keys(slow[0])
-        assert [(f.name, f.type, f.help, keys(f.samples)) for f in fast[1]] == [
-            (f.name, f.type, f.help, keys(f.samples)) for f in slow[1]
-        ]
+        assert_paths_agree(text, openmetrics)
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.data(), st.sampled_from([None, True, False]))
+    def test_fast_path_agrees_when_series_repeat(self, data: st.DataObject, openmetrics: bool | None) -> None:
+        label_sets = data.draw(
+            st.lists(_mostly(_label_sets, _fuzz_label_sets, _pick("", "{", '{a="1"}}')), min_size=1, max_size=4)
+        )
+        names = _mostly(_series_names, _fuzz_names)
+        sample_lines = st.builds(lambda *parts: "".join(parts), names, _pick(*label_sets), _line_ends)
+        others = st.one_of(_fuzz_comments, _pick("", "\r", "# HELP m a\\nb \\q"))
+        lines = data.draw(_type_lines) + data.draw(st.lists(_mostly(sample_lines, others), min_size=4, max_size=24))
+        text = "\n".join(lines) + data.draw(_pick("", "\n", "\n# EOF\n"))
+        assert_paths_agree(text, openmetrics)
 
     @settings(max_examples=200, deadline=None)
     @given(st.text(max_size=200))
@@ -688,3 +744,52 @@ def test_label_text_the_quick_cut_could_misread_is_refused(text):
 def test_label_values_may_hold_what_the_quick_cut_cuts_at():
     (sample,) = parse_samples('m{a="x=y,z",b="{}",c="",d="a,b=c"} 1')
     assert dict(sample.labels) == {"a": "x=y,z", "b": "{}", "c": "", "d": "a,b=c"}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('DCGM_FI_X{a="1"} 9223372036854775794\nDCGM_FI_X{a="2"} 1', [("DCGM_FI_X", {"a": "2"}, 1.0)]),
+        ('# TYPE h histogram\nh_bucket{le="0.5"} 1\nh_bucket{le="x"} 2', "invalid 'le' label value 'x'"),
+        ('# TYPE h histogram\nh_bucket{le="0.5"} 1\nh_bucket{a="1"} 2', "sample h_bucket has no 'le' label"),
+        (
+            '# TYPE s summary\ns{quantile="0.5"} Nan\ns{quantile="0.9"} 1',
+            [("s", {"quantile": "0.5"}, "nan"), ("s", {"quantile": "0.9"}, 1.0)],
+        ),
+        ("n 1\nm{ 2", "missing '}' to close the label set"),
+        ('m{a="1",b="2"} 1\nm{b="2",a="1"} 2', "duplicate series m{b='2',a='1'}"),
+        ('m{a="1"} 1\nm{a="1",} 2', "duplicate series m{a='1'}"),
+        ('m{a="x\\"y"} 1\nm{ a = "x\\"y" } 2', "duplicate series m{a='x\"y'}"),
+        ("m 1\t\nn{} 2", [("m", {}, 1.0), ("n", {}, 2.0)]),
+    ],
+)
+def test_fast_path_branches(text: str, expected: list[tuple[str, dict[str, str], float | str]] | str) -> None:
+    """Each check the fast line cut makes itself (a DCGM blank, a bucket's or quantile's bound, NaN, an unclosed
+    label set, a series written twice in another order or form) gives what the careful path gives."""
+    assert_paths_agree(text, None)
+    if isinstance(expected, str):
+        with pytest.raises(ExpositionError) as caught:
+            parse_samples(text)
+        assert caught.value.reason.startswith(expected), caught.value.reason
+    else:
+        got = [(s.name, dict(s.labels), "nan" if math.isnan(s.value) else s.value) for s in parse_samples(text)]
+        assert got == expected
+
+
+def test_openmetrics_interleaving_is_caught_on_the_fast_path() -> None:
+    text = "a 1\nb 1\na 2\n# EOF\n"
+    assert_paths_agree(text, None)
+    with pytest.raises(ExpositionError, match="samples of metric family a are not contiguous"):
+        parse_samples(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(alphabet="aZ_:09-.é\u00b7\u0660 ", max_size=6), st.text(max_size=6)))
+def test_metric_name_check_is_the_grammar(name: str) -> None:
+    assert _is_metric_name(name) == (_METRIC_NAME_RE.fullmatch(name) is not None)
+
+
+def test_a_label_text_has_one_mapping_whichever_path_meets_it() -> None:
+    # NB: the first line takes the fast path, the second (a timestamp) the tokenisers', the third the fast path again
+    first, second, third = parse_samples('m{a="1"} 1\nn{a="1"} 2 1712345678901\no{a="1"} 3\n')
+    assert first.labels is second.labels is third.labels
