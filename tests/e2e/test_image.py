@@ -102,6 +102,14 @@ def rootfs_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuscale" / f"image-rootfs-{key}.tar"
 
 
+def wheel_cache() -> Path:
+    """Where the locked dependency wheels are kept between runs (build-offline --wheel-cache): keyed on the lock, so
+    a new lock starts an empty one. Asking PyPI for the 35 of them took 15 s of CPU and up to a minute of the image
+    fixture on a loaded machine; pip checks every cached wheel against the lock's hashes before it is used."""
+    key = hashlib.sha256((REPO / "deploy" / "image" / "requirements.lock").read_bytes()).hexdigest()[:12]
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuscale" / f"image-wheels-{key}"
+
+
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("image")
@@ -110,7 +118,7 @@ def image(tmp_path_factory):
         pytest.skip(reason)
     img = Image(tmp / "storage", _storage_driver(tmp))
     args = [str(BUILD), "--storage-root", str(img.storage), "--storage-driver", img.driver]
-    args += ["--rootfs-cache", str(rootfs_cache())]
+    args += ["--rootfs-cache", str(rootfs_cache()), "--wheel-cache", str(wheel_cache())]
     try:
         build = subprocess.run(args, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
         assert build.returncode == 0, f"build-offline failed ({build.returncode}):\n{build.stderr[-4000:]}"
