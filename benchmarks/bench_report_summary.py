@@ -150,9 +150,9 @@ def load(
     return time.monotonic() - t0, cpu
 
 
-async def start_vm(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+async def start_vm(workdir: Path, *, exist_ok: bool = False) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    workdir.mkdir(parents=True)
+    workdir.mkdir(parents=True, exist_ok=exist_ok)
     proc = subprocess.Popen(
         [
             shutil.which("victoria-metrics") or "victoria-metrics",
@@ -346,16 +346,25 @@ async def measure_fleet(args, tmp: Path, gpus: int, interval: float, *, start: f
         f"report step {step:g}s; load average {load_average()}",
         flush=True,
     )
-    workdir = tmp / f"fleet-{gpus}-{interval:g}"
-    vm, url = await start_vm(workdir)
+    kept = Path(args.data_dir) if args.data_dir else None
+    workdir = (kept or tmp) / f"fleet-{gpus}-{interval:g}-{args.days}d-{int(end)}"
+    marker = workdir.parent / f"{workdir.name}.loaded"
+    vm, url = await start_vm(workdir, exist_ok=marker.exists())
     try:
-        v0 = cpu_seconds(vm.pid)
-        wall, gen_cpu = load(url, gpus=gpus, start=start, end=end, interval=interval, seed=1, workers=args.load_workers)
-        print(
-            f"  loaded in {wall:.0f} s wall: {gen_cpu:.0f} s CPU generating, {cpu_seconds(vm.pid) - v0:.0f} s CPU in "
-            f"VictoriaMetrics; load average {load_average()}",
-            flush=True,
-        )
+        if marker.exists():
+            print(f"  loaded by an earlier run: {marker.read_text().strip()}", flush=True)
+        else:
+            v0 = cpu_seconds(vm.pid)
+            wall, gen_cpu = load(
+                url, gpus=gpus, start=start, end=end, interval=interval, seed=1, workers=args.load_workers
+            )
+            loaded = (
+                f"loaded in {wall:.0f} s wall: {gen_cpu:.0f} s CPU generating, {cpu_seconds(vm.pid) - v0:.0f} s CPU "
+                f"in VictoriaMetrics; load average {load_average()}"
+            )
+            print(f"  {loaded}", flush=True)
+            if kept:
+                marker.write_text(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {loaded}\n")
         v0 = cpu_seconds(vm.pid)
         spec = json.dumps(
             {"url": url, "start": start, "end": end, "step": step, "chunk": args.chunk, "interval": interval}
@@ -371,7 +380,8 @@ async def measure_fleet(args, tmp: Path, gpus: int, interval: float, *, start: f
     finally:
         vm.terminate()
         vm.wait(60)
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(workdir, ignore_errors=True)
     print(
         f"  summary mode: {r['queries']} queries ({r['retries']} retried, {r['refused']} refused by size), "
         f"{r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU in the report, {r['vm_cpu']:.1f} s CPU in VictoriaMetrics; "
@@ -384,6 +394,11 @@ async def measure_fleet(args, tmp: Path, gpus: int, interval: float, *, start: f
         f"GPU-h, recommended: {r['recommended']}; gaps: {r['gaps'] or 'none'}",
         flush=True,
     )
+    slow = [ln for ln in r["complaints"] if "slow query" in ln]
+    if slow:
+        took = [float(ln.partition("duration=")[2].split()[0]) for ln in slow]
+        print(f"  VictoriaMetrics logged {len(slow)} queries slower than 5 s (longest {max(took):.1f} s)")
+    r["complaints"] = [ln for ln in r["complaints"] if "slow query" not in ln]
     for line in r["complaints"][:5]:
         print(f"  VictoriaMetrics: {line[:300]}")
     if len(r["complaints"]) > 5:
@@ -446,6 +461,9 @@ def main() -> None:
     ap.add_argument("--chunk", type=float, default=None, help="seconds; default: the window (one chunk)")
     ap.add_argument("--load-workers", type=int, default=2, help="import connections, each with its own generator")
     ap.add_argument("--skip-raw", action="store_true", help="no raw-vs-summary comparison on a subset")
+    ap.add_argument(
+        "--data-dir", help="keep each fleet's VictoriaMetrics data here, and use what an earlier run loaded there"
+    )
     ap.add_argument("--subset-gpus", type=int, default=400)
     ap.add_argument("--subset-days", type=int, default=7)
     ap.add_argument("--child-report", help=argparse.SUPPRESS)
