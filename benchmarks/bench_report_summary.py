@@ -340,10 +340,11 @@ def load_average() -> str:
 
 async def measure_fleet(args, tmp: Path, gpus: int, interval: float, *, start: float, end: float) -> dict:
     step = args.step or interval
+    window = min(args.window_days or args.days, args.days)
     n = gpus * args.days * 86400 / interval
     print(
         f"fleet {gpus} GPUs × {args.days} days at {interval:g}s ({n / 1e6:.1f} M samples per field), "
-        f"report step {step:g}s; load average {load_average()}",
+        f"report over the last {window} days at step {step:g}s; load average {load_average()}",
         flush=True,
     )
     kept = Path(args.data_dir) if args.data_dir else None
@@ -367,7 +368,8 @@ async def measure_fleet(args, tmp: Path, gpus: int, interval: float, *, start: f
                 marker.write_text(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {loaded}\n")
         v0 = cpu_seconds(vm.pid)
         spec = json.dumps(
-            {"url": url, "start": start, "end": end, "step": step, "chunk": args.chunk, "interval": interval}
+            {"url": url, "start": end - window * 86400, "end": end, "step": step, "chunk": args.chunk}
+            | {"interval": interval}
         )
         done = subprocess.run(
             [sys.executable, __file__, "--child-report", spec], capture_output=True, text=True, check=False
@@ -404,7 +406,7 @@ async def measure_fleet(args, tmp: Path, gpus: int, interval: float, *, start: f
     if len(r["complaints"]) > 5:
         print(f"  VictoriaMetrics: {len(r['complaints']) - 5} more warnings or errors")
     # the report must describe the fleet it was run on, or its cost says nothing
-    expected_hours = gpus * args.days * 24
+    expected_hours = gpus * window * 24
     problems = []
     if r["workloads"] != gpus // GPUS_PER_DEPLOYMENT:
         problems.append(f"{r['workloads']} workloads, not {gpus // GPUS_PER_DEPLOYMENT}")
@@ -464,6 +466,7 @@ def main() -> None:
     ap.add_argument(
         "--data-dir", help="keep each fleet's VictoriaMetrics data here, and use what an earlier run loaded there"
     )
+    ap.add_argument("--window-days", type=int, default=None, help="the report's window (default: --days)")
     ap.add_argument("--subset-gpus", type=int, default=400)
     ap.add_argument("--subset-days", type=int, default=7)
     ap.add_argument("--child-report", help=argparse.SUPPRESS)
@@ -483,10 +486,10 @@ async def run(args, fleets: list[tuple[int, float]]) -> None:
         for gpus, interval in fleets:
             results.append(await measure_fleet(args, Path(tmp), gpus, interval, start=start, end=end))
         if len(results) > 1:
-            print("\n| GPUs | interval | step | samples/field | queries | wall | CPU report | CPU VM | peak RSS |")
+            print("\n| GPUs | interval | step | samples in window | queries | wall | CPU report | CPU VM | peak RSS |")
             print("|---|---|---|---|---|---|---|---|---|")
             for r in results:
-                n = r["gpus_loaded"] * args.days * 86400 / r["interval"]
+                n = r["gpus_loaded"] * min(args.window_days or args.days, args.days) * 86400 / r["interval"]
                 print(
                     f"| {r['gpus_loaded']:,} | {r['interval']:g} s | {r['step']:g} s | {n / 1e6:.1f} M | "
                     f"{r['queries']:,} | {r['wall']:.0f} s | {r['cpu']:.1f} s | {r['vm_cpu']:.1f} s | "
