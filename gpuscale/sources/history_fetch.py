@@ -277,6 +277,12 @@ async def _fetch_split(
     state.add(fld, name, result, shift=shift)
 
 
+# NB: fields every GPU reports at each scrape, any of them: a fleet exporting only the profiling fields (no
+# DCGM_FI_DEV_GPU_UTIL) had no measured interval, and a step longer than the interval counted a sample as a step.
+# One count per name joined by ``or``: a name regex would give two series the same labels once the name is dropped.
+_PER_SCRAPE = tuple(FIELDS[f] for f in ("gpu_util_percent", "sm_active", "gr_engine_active", "fb_used_mib"))
+
+
 async def measure_scrape_interval(client: PrometheusClient, *, start: float, end: float) -> float | None:
     """Seconds between one exporter's samples: an hour over the most samples any GPU has in it, the most of the
     window's last, middle and first hour (a GPU sampled all that hour gives the interval; the window's edge can cut
@@ -285,7 +291,8 @@ async def measure_scrape_interval(client: PrometheusClient, *, start: float, end
     hour = min(3600.0, end - start)
     best = 0.0
     for at in (end, (start + end + hour) / 2, start + hour):
-        promql = f"max(count_over_time({FIELDS['gpu_util_percent']}[{round(hour * 1000) - 1}ms]))"
+        counts = (f"count_over_time({name}[{round(hour * 1000) - 1}ms])" for name in _PER_SCRAPE)
+        promql = f"max({' or '.join(counts)})"
         result = await client.query(promql, at=at)
         for r in result:
             count = _number(r)

@@ -31,41 +31,31 @@ samples. Prometheus 2 closes ranges on the left too: a sample stamped exactly 1 
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import sys
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from gpuscale.errors import SourceUnavailable
-from gpuscale.metrics.attribution import Target, attribute
 from gpuscale.metrics.history import (
     FIELD_ALIASES,
     FIELDS,
-    OwnerSteps,
-    PodRef,
-    SeriesSummary,
     SummaryHistory,
-    SummaryIncident,
-    clean,
-    in_cluster,
 )
 from gpuscale.sources.history_fetch import (
     FetchOptions,
     Progress,
     identity,
-    matrix_points,
-    matrix_series,
     measure_scrape_interval,
     regex_alternatives,
 )
 from gpuscale.sources.promapi import PrometheusClient, TooManySamples
+from gpuscale.sources.summary_decoder import ACTIVITY_FIELDS, SUMMARY_FIELDS, SummaryDecoder
 
-SUMMARY_FIELDS = ("gpu_util_percent", "sm_active", "tensor_active", "dram_active", "gr_engine_active", "fb_used_mib")
-ACTIVITY_FIELDS = ("sm_active", "gr_engine_active", "gpu_util_percent")  # the activity's sources, in its order
+__all__ = ["ACTIVITY_FIELDS", "SUMMARY_FIELDS", "fetch_summaries"]
+
 DIAGNOSED_FIELDS = SUMMARY_FIELDS
 
 
@@ -151,12 +141,15 @@ def series_queries(batch: list[str] | None, *, chunk: float, step: float) -> lis
     return out
 
 
-def _joined(x: str, *, owner_window: float, exporter: str) -> str:
-    """``x`` per (GPU) series, labelled with its pod's owner from kube_pod_owner (the exporter's own pod is none)."""
+def _joined(x: str, *, owner_window: float, exporter: str, pods: list[str] | None = None) -> str:
+    """``x`` per (GPU) series, labelled with its pod's owner from kube_pod_owner (the exporter's own pod is none);
+    ``pods``: the pods of the node batch (the owners of every pod otherwise: at 100,000 GPUs each of 250 batches'
+    queries joined 25,000 pods' owners at every step, and the TSDB's time grew with the square of the fleet)."""
     pattern = exporter.replace("\\", "\\\\").replace('"', '\\"')
+    only = f',pod=~"{regex_alternatives(pods)}"' if pods else ""
     owners = (
-        f'max by (cluster, namespace, pod, owner_kind, owner_name) (last_over_time(kube_pod_owner{{pod!~"{pattern}"}}'
-        f"[{_ms(owner_window)}]))"
+        f"max by (cluster, namespace, pod, owner_kind, owner_name) "
+        f'(last_over_time(kube_pod_owner{{pod!~"{pattern}"{only}}}[{_ms(owner_window)}]))'
     )
     return f"{_POD_NORMALISED.format(x=x)} * on (cluster, namespace, pod) group_left (owner_kind, owner_name) {owners}"
 
@@ -168,6 +161,7 @@ def step_queries(
     idle_busy_percent: float,
     idle_sm_active: float,
     exporter: str,
+    pods: list[str] | None = None,
 ) -> list[tuple[str, str]]:
     """(what, PromQL) per pod owner at each grid step: GPUs held, busy, activity summed, pods alive."""
     w = _ms(window)
@@ -179,7 +173,7 @@ def step_queries(
     activity = f"(clamp({sm}, 0, 1) or clamp({gr}, 0, 1) or clamp({util} / 100, 0, 1))"
 
     def j(x: str) -> str:
-        return _joined(x, owner_window=max(window, 300.0), exporter=exporter)
+        return _joined(x, owner_window=max(window, 300.0), exporter=exporter, pods=pods)
 
     by = ", ".join(_OWNER)
     return [
@@ -190,7 +184,9 @@ def step_queries(
     ]
 
 
-def block_queries(batch: list[str] | None, *, block: float, exporter: str) -> list[tuple[str, str]]:
+def block_queries(
+    batch: list[str] | None, *, block: float, exporter: str, pods: list[str] | None = None
+) -> list[tuple[str, str]]:
     """(field:sum|count, PromQL) per pod owner and verdict block, over the raw samples of each diagnosed field."""
     b, by = _ms(block), ", ".join(_OWNER)
     out = []
@@ -200,7 +196,7 @@ def block_queries(batch: list[str] | None, *, block: float, exporter: str) -> li
             out.append(
                 (
                     f"{fld}:{stat}",
-                    f"sum by ({by}) ({_joined(f'{fn}({sel}[{b}])', owner_window=block, exporter=exporter)})",
+                    f"sum by ({by}) ({_joined(f'{fn}({sel}[{b}])', owner_window=block, exporter=exporter, pods=pods)})",
                 )
             )
     return out
@@ -249,7 +245,7 @@ class _SummaryJobs:
     def __init__(
         self,
         client: PrometheusClient,
-        decoder: _SummaryDecoder,
+        decoder: SummaryDecoder,
         options: FetchOptions,
         *,
         timing: dict[str, tuple[float, int, float]],
@@ -267,14 +263,21 @@ class _SummaryJobs:
         self.bar: Progress | None = None
 
     def queries(self, batch: list[str] | None) -> dict[tuple[str, str], str]:
-        """Every query of one node batch by (kind, what): built again for half a batch the server refused."""
+        """Every query of one node batch by (kind, what): built when it is sent (the owner joins name the pods the
+        batch's series answers named: ``OWNER_KINDS`` go after the rest), and again for half a refused batch."""
         exporter, (busy_percent, sm_active) = self.options.exporter_pod_pattern, self.idle
+        pods = self.decoder.pods_on(batch)
         out = {(k, w): q for k, w, q in series_queries(batch, chunk=self.chunk, step=self.step)}
         for what, q in step_queries(
-            batch, window=self.rate_window, idle_busy_percent=busy_percent, idle_sm_active=sm_active, exporter=exporter
+            batch,
+            window=self.rate_window,
+            idle_busy_percent=busy_percent,
+            idle_sm_active=sm_active,
+            exporter=exporter,
+            pods=pods,
         ):
             out[("steps", what)] = q
-        out |= {("block", what): q for what, q in block_queries(batch, block=self.block, exporter=exporter)}
+        out |= {("block", what): q for what, q in block_queries(batch, block=self.block, exporter=exporter, pods=pods)}
         throttled = throttle_queries(batch, window=self.rate_window, bits=self.throttle_bits)
         out |= {("throttle", name): q for name, q in throttled}
         return out
@@ -350,7 +353,7 @@ async def fetch_summaries(
     batches: list[list[str] | None] = (
         [nodes[i : i + options.series_batch] for i in range(0, len(nodes), options.series_batch)] if nodes else [None]
     )
-    decoder = _SummaryDecoder(h, re.compile(options.exporter_pod_pattern))
+    decoder = SummaryDecoder(h, re.compile(options.exporter_pod_pattern))
     timing = {
         "stat": (start + chunk - 0.001, chunks, chunk),
         "steps": (start + 0.001, steps, step),
@@ -362,7 +365,8 @@ async def fetch_summaries(
     jobs = [(kind, what, batch) for batch in batches for kind, what in work.queries(batch)]
     work.bar = bar = Progress(len(jobs), enabled=sys.stderr.isatty() if progress is None else progress)
     try:
-        await work.run(jobs)
+        await work.run([job for job in jobs if job[0] not in OWNER_KINDS])
+        await work.run([job for job in jobs if job[0] in OWNER_KINDS])
         # the activity's fallbacks get the dense levels where a GPU of the batch has no SM_ACTIVE
         more = [
             ("quantiles", f"{fld}@{','.join(f'{q:g}' for q in pack)}", batch)
@@ -385,12 +389,13 @@ async def fetch_summaries(
     return h
 
 
+OWNER_KINDS = ("steps", "block")  # joined with kube_pod_owner: sent once the batch's pods are known
 _RANK_QUERIES = 50  # at most: series of the same sample count share one; the rest keep the levels' bound
 _UUIDS_PER_QUERY = 200
 
 
 async def _exact_ranks(
-    client: PrometheusClient, decoder: _SummaryDecoder, q: float, *, chunk: float, first: float
+    client: PrometheusClient, decoder: SummaryDecoder, q: float, *, chunk: float, first: float
 ) -> None:
     """The activity's sample at or above the safety quantile, exactly, for each series in one chunk: raw mode's
     safety share (``method="higher"``), which no fixed level gives (the levels' bound interpolates past it)."""
@@ -405,182 +410,3 @@ async def _exact_ranks(
         promql = f'label_replace(quantile_over_time({level!r}, {sel}[{_ms(chunk)}]), "gpuscale_q", "{level!r}", "", "")'
         result = await client.query_range(promql, start=first, end=first, step=chunk)
         decoder.add("quantiles", fld, result, first=first, every=chunk)
-
-
-class _SummaryDecoder:
-    def __init__(self, h: SummaryHistory, exporter: re.Pattern[str]) -> None:
-        self.h = h
-        self._exporter = exporter
-        self._series: dict[tuple[Any, ...], SeriesSummary] = {}
-        self._xid: dict[tuple[str, str], dict[str, np.ndarray]] = {}
-        self._meta: dict[tuple[str, str], PodRef | None] = {}
-        self._throttle: dict[tuple[str, str], tuple[PodRef | None, list[float]]] = {}
-        self._levels: dict[int, dict[float, np.ndarray]] = {}  # id(summary) → level → per chunk
-
-    def rank_levels(self, q: float) -> dict[tuple[str, float], list[str]]:
-        """(field, level) → the GPU UUIDs whose activity series has, in its one chunk, its sample at or above the
-        quantile ``q`` exactly at that level: rank ``m = ⌈q(n - 1)⌉`` of ``n`` samples, asked at
-        ``(m + 10⁻⁶) / (n - 1)`` so the TSDB's interpolation lands on that sample (a hair above it, never below)."""
-        out: dict[tuple[str, float], set[str]] = defaultdict(set)
-        chosen: dict[tuple[str, PodRef | None], str] = {}
-        for (gpu, pod, fld), s in self._series.items():
-            if fld not in ACTIVITY_FIELDS or s.count.size != 1 or not np.nansum(s.count) > 1:
-                continue
-            known = chosen.get((gpu, pod))
-            if known is None or ACTIVITY_FIELDS.index(fld) < ACTIVITY_FIELDS.index(known):
-                chosen[(gpu, pod)] = fld
-        for (gpu, pod), fld in chosen.items():
-            n = int(self._series[(gpu, pod, fld)].count[0])
-            m = math.ceil(q * (n - 1) - 1e-9)
-            if m < n - 1:
-                out[(fld, (m + 1e-6) / (n - 1))].add(gpu.split("/")[0])
-        return {k: sorted(v) for k, v in out.items()}
-
-    def fallbacks(self, batch: list[str] | None) -> list[str]:
-        """The activity's fallback fields that stand in for SM_ACTIVE on some GPU of ``batch`` (a node list)."""
-        nodes = set(batch) if batch else None
-        have: dict[str, set[tuple[str, PodRef | None]]] = {f: set() for f in ACTIVITY_FIELDS}
-        for (gpu, pod, fld), s in self._series.items():
-            if fld in have and (nodes is None or s.node in nodes) and np.nansum(s.count) > 0:
-                have[fld].add((gpu, pod))
-        gr_alone = have["gr_engine_active"] - have["sm_active"]
-        util_alone = have["gpu_util_percent"] - have["sm_active"] - have["gr_engine_active"]
-        return [f for f, alone in (("gr_engine_active", gr_alone), ("gpu_util_percent", util_alone)) if alone]
-
-    def _pod(self, labels: dict[str, str]) -> PodRef | None:
-        for pod_key, ns_key in (("exported_pod", "exported_namespace"), ("pod", "namespace")):
-            if labels.get(pod_key) and labels.get(ns_key):
-                if self._exporter.fullmatch(labels[pod_key]):
-                    return None
-                return PodRef(in_cluster(labels[ns_key], labels), labels[pod_key])
-        return None
-
-    def _gpu(self, labels: dict[str, str]) -> tuple[str, str]:
-        device = attribute("DCGM_FI_DEV_GPU_UTIL", labels, Target(url=""))
-        uuid = device.key[2] or "?"
-        gpu = f"{uuid}/{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else uuid
-        return gpu, in_cluster(device.node or labels.get("instance", "unknown"), labels)
-
-    def _summary(self, labels: dict[str, str], fld: str) -> SeriesSummary:
-        gpu, node = self._gpu(labels)
-        pod = self._pod(labels)
-        key = (gpu, pod, fld)
-        s = self._series.get(key)
-        if s is None:
-            chunks = self.h.chunks
-            s = self._series[key] = SeriesSummary(
-                gpu,
-                node,
-                labels.get("modelName") or None,
-                pod,
-                fld,
-                count=np.full(chunks, np.nan),
-                total=np.full(chunks, np.nan),
-                maximum=np.full(chunks, np.nan),
-            )
-        return s
-
-    def add(self, kind: str, what: str, result: list[dict[str, Any]], *, first: float, every: float) -> None:
-        h = self.h
-        for entry in result:
-            labels, values = matrix_series(entry)
-            if labels is None or not values:
-                continue
-            ts, vs, _ = matrix_points(values)
-            vs = clean(vs).astype(np.float64)
-            idx = np.rint((ts - first) / every).astype(np.int64)
-            ok = (idx >= 0) & ~np.isnan(vs)
-            idx, vs, ts = idx[ok], vs[ok], ts[ok]
-            if kind == "steps" or kind == "block":
-                self._owner(kind, what, labels, idx, vs)
-            elif kind == "stat":
-                fld, stat = what.split(":")
-                getattr(self._summary(labels, fld), stat)[idx[idx < h.chunks]] = vs[idx < h.chunks]
-            elif kind == "quantiles":
-                level = labels.pop("gpuscale_q", None)
-                s = self._summary(labels, what)
-                try:
-                    q = float(level or "nan")
-                except ValueError:
-                    continue
-                row = self._levels.setdefault(id(s), {}).setdefault(q, np.full(h.chunks, np.nan))
-                row[idx[idx < h.chunks]] = vs[idx < h.chunks]
-            elif kind == "xid":
-                gpu, node = self._gpu(labels)
-                d = self._xid.setdefault(
-                    (gpu, node), {"max": np.full(h.chunks, np.nan), "changes": np.full(h.chunks, np.nan)}
-                )
-                d[what][idx[idx < h.chunks]] = vs[idx < h.chunks]
-                self._meta[(gpu, node)] = self._pod(labels)
-            elif kind == "ecc":
-                gpu, node = self._gpu(labels)
-                for i, v in zip(idx, vs, strict=True):
-                    if v >= 0.5 and i < h.chunks:
-                        h.incidents.append(
-                            SummaryIncident("ecc-dbe", node, gpu, self._pod(labels), int(i), float(round(v)), 1)
-                        )
-            elif kind == "throttle":
-                gpu, node = self._gpu(labels)
-                _, seen = self._throttle.setdefault((gpu, node), (self._pod(labels), []))
-                seen.extend(float(t) - 0.001 for t in ts)
-
-    def _owner(self, kind: str, what: str, labels: dict[str, str], idx: np.ndarray, vs: np.ndarray) -> None:
-        h = self.h
-        key = (
-            in_cluster(labels.get("namespace", ""), labels),
-            labels.get("owner_kind", ""),
-            labels.get("owner_name", ""),
-        )
-        if not key[0] or not key[2]:
-            return
-        o = h.owner_steps.get(key)
-        if o is None:
-            steps = h.steps
-            o = h.owner_steps[key] = OwnerSteps(np.zeros(steps), np.zeros(steps), np.zeros(steps), np.zeros(steps))
-        if kind == "steps":
-            arr = getattr(o, what)
-            keep = idx < len(arr)
-            np.add.at(arr, idx[keep], vs[keep])  # NB: summed over node batches
-            return
-        fld, stat = what.split(":")
-        blocks = int(np.ceil(h.steps * h.step_seconds / h.block_seconds))
-        target = o.block_sums if stat == "sum" else o.block_counts
-        arr = target.setdefault(fld, np.zeros(blocks))
-        keep = idx < blocks
-        np.add.at(arr, idx[keep], vs[keep])
-
-    def finish(self) -> None:
-        h = self.h
-        h.series = list(self._series.values())
-        for s in h.series:
-            rows = self._levels.get(id(s), {})
-            s.levels = tuple(sorted(rows))
-            s.quantiles = np.array([rows[q] for q in s.levels]).reshape(len(s.levels), h.chunks)
-        for (gpu, node), d in self._xid.items():
-            pod = self._meta[(gpu, node)]
-            for i in np.flatnonzero((d["max"] > 0) & (d["changes"] > 0)):
-                h.incidents.append(
-                    SummaryIncident("xid", node, gpu, pod, int(i), float(d["max"][i]), int(d["changes"][i]))
-                )
-        for (gpu, node), (pod, seen) in self._throttle.items():
-            times = sorted(set(seen))
-            h.incidents.append(
-                SummaryIncident(
-                    "throttle",
-                    node,
-                    gpu,
-                    pod,
-                    0,
-                    float(len(times)),
-                    len(times),
-                    first_seen=times[0],
-                    last_seen=times[-1],
-                )
-            )
-        if not h.series:
-            h.gaps.append("no DCGM series in the window: is dcgm-exporter scraped by this server?")
-        missing = sorted({FIELDS[f] for f in SUMMARY_FIELDS} - {FIELDS[s.field] for s in h.series})
-        if h.series and missing:
-            h.gaps.append(f"not reported by any GPU: {', '.join(missing)}")
-        if h.series and not h.owner_steps:
-            h.gaps.append("no kube_pod_owner joined the DCGM series: no replica counts, idle stretches or verdicts")

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from gpuscale.errors import SourceUnavailable
 from gpuscale.metrics.history import PodRef
-from gpuscale.sources.history_fetch import FetchOptions, fetch_history
+from gpuscale.sources.history_fetch import FetchOptions, fetch_history, measure_scrape_interval
 from gpuscale.sources.promapi import PrometheusClient
 
 STEP = 60.0
@@ -217,3 +217,14 @@ async def test_owners_go_up_to_the_deployment_and_the_cronjob():
         "bare": ("Pod", "bare"),
     }
     assert all(isinstance(o, Owner) for o in h.owners.values())
+
+
+async def test_the_scrape_interval_is_measured_on_a_fleet_without_gpu_util():
+    """Only the profiling fields exported (no DCGM_FI_DEV_GPU_UTIL): SM_ACTIVE's 60 samples an hour measure it."""
+
+    class Client:
+        async def query(self, promql, *, at):
+            present = "count_over_time(DCGM_FI_PROF_SM_ACTIVE[" in promql
+            return [{"metric": {}, "value": [at, "60"]}] if present else []
+
+    assert await measure_scrape_interval(Client(), start=START, end=START + 86400) == 60.0

@@ -1,0 +1,239 @@
+"""The answers of ``--mode summary``'s queries (sources/summary_fetch.py), placed on a SummaryHistory."""
+
+from __future__ import annotations
+
+import math
+import re
+from array import array
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from gpuscale.metrics.attribution import Target, attribute
+from gpuscale.metrics.history import (
+    FIELDS,
+    OwnerSteps,
+    PodRef,
+    SeriesSummary,
+    SummaryHistory,
+    SummaryIncident,
+    clean,
+    in_cluster,
+)
+from gpuscale.sources.history_fetch import matrix_points, matrix_series
+
+SUMMARY_FIELDS = ("gpu_util_percent", "sm_active", "tensor_active", "dram_active", "gr_engine_active", "fb_used_mib")
+ACTIVITY_FIELDS = ("sm_active", "gr_engine_active", "gpu_util_percent")  # the activity's sources, in its order
+
+
+class SummaryDecoder:
+    """Places summary mode's answers (sources/summary_fetch.py) on a SummaryHistory: per series and chunk, per owner
+    and step or block, incidents."""
+
+    def __init__(self, h: SummaryHistory, exporter: re.Pattern[str]) -> None:
+        self.h = h
+        self._exporter = exporter
+        self._series: dict[tuple[Any, ...], SeriesSummary] = {}
+        self._xid: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+        self._meta: dict[tuple[str, str], PodRef | None] = {}
+        self._throttle: dict[tuple[str, str], tuple[PodRef | None, list[float]]] = {}
+        # NB: quantile answers as flat records (series number, level, chunk, value), 24 bytes each: a dict of
+        # one-chunk arrays per level and series took 9 KB a GPU, most of the report's memory at 100,000 GPUs
+        self._number: dict[int, int] = {}  # id(summary) → its place in _series
+        self._q = (array("q"), array("d"), array("q"), array("d"))
+        self._pods_by_host: dict[str, set[str]] = defaultdict(set)  # Hostname label → pod names on it
+
+    def rank_levels(self, q: float) -> dict[tuple[str, float], list[str]]:
+        """(field, level) → the GPU UUIDs whose activity series has, in its one chunk, its sample at or above the
+        quantile ``q`` exactly at that level: rank ``m = ⌈q(n - 1)⌉`` of ``n`` samples, asked at
+        ``(m + 10⁻⁶) / (n - 1)`` so the TSDB's interpolation lands on that sample (a hair above it, never below)."""
+        out: dict[tuple[str, float], set[str]] = defaultdict(set)
+        chosen: dict[tuple[str, PodRef | None], str] = {}
+        for (gpu, pod, fld), s in self._series.items():
+            if fld not in ACTIVITY_FIELDS or s.count.size != 1 or not np.nansum(s.count) > 1:
+                continue
+            known = chosen.get((gpu, pod))
+            if known is None or ACTIVITY_FIELDS.index(fld) < ACTIVITY_FIELDS.index(known):
+                chosen[(gpu, pod)] = fld
+        for (gpu, pod), fld in chosen.items():
+            n = int(self._series[(gpu, pod, fld)].count[0])
+            m = math.ceil(q * (n - 1) - 1e-9)
+            if m < n - 1:
+                out[(fld, (m + 1e-6) / (n - 1))].add(gpu.split("/")[0])
+        return {k: sorted(v) for k, v in out.items()}
+
+    def pods_on(self, batch: list[str] | None) -> list[str] | None:
+        """The pod names the series answers of ``batch`` (a node list) named; None: no batch, or none named yet."""
+        if not batch:
+            return None
+        pods = sorted({p for node in batch for p in self._pods_by_host.get(node, ())})
+        return pods or None
+
+    def fallbacks(self, batch: list[str] | None) -> list[str]:
+        """The activity's fallback fields that stand in for SM_ACTIVE on some GPU of ``batch`` (a node list)."""
+        nodes = set(batch) if batch else None
+        have: dict[str, set[tuple[str, PodRef | None]]] = {f: set() for f in ACTIVITY_FIELDS}
+        for (gpu, pod, fld), s in self._series.items():
+            if fld in have and (nodes is None or s.node in nodes) and np.nansum(s.count) > 0:
+                have[fld].add((gpu, pod))
+        gr_alone = have["gr_engine_active"] - have["sm_active"]
+        util_alone = have["gpu_util_percent"] - have["sm_active"] - have["gr_engine_active"]
+        return [f for f, alone in (("gr_engine_active", gr_alone), ("gpu_util_percent", util_alone)) if alone]
+
+    def _pod(self, labels: dict[str, str]) -> PodRef | None:
+        for pod_key, ns_key in (("exported_pod", "exported_namespace"), ("pod", "namespace")):
+            if labels.get(pod_key) and labels.get(ns_key):
+                if self._exporter.fullmatch(labels[pod_key]):
+                    return None
+                return PodRef(in_cluster(labels[ns_key], labels), labels[pod_key])
+        return None
+
+    def _gpu(self, labels: dict[str, str]) -> tuple[str, str]:
+        device = attribute("DCGM_FI_DEV_GPU_UTIL", labels, Target(url=""))
+        uuid = device.key[2] or "?"
+        gpu = f"{uuid}/{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else uuid
+        return gpu, in_cluster(device.node or labels.get("instance", "unknown"), labels)
+
+    def _summary(self, labels: dict[str, str], fld: str) -> SeriesSummary:
+        gpu, node = self._gpu(labels)
+        pod = self._pod(labels)
+        key = (gpu, pod, fld)
+        s = self._series.get(key)
+        if s is None:
+            if pod is not None and labels.get("Hostname"):
+                self._pods_by_host[labels["Hostname"]].add(pod.name)
+            chunks = self.h.chunks
+            s = self._series[key] = SeriesSummary(
+                gpu,
+                node,
+                labels.get("modelName") or None,
+                pod,
+                fld,
+                count=np.full(chunks, np.nan),
+                total=np.full(chunks, np.nan),
+                maximum=np.full(chunks, np.nan),
+            )
+            self._number[id(s)] = len(self._series) - 1
+        return s
+
+    def add(self, kind: str, what: str, result: list[dict[str, Any]], *, first: float, every: float) -> None:
+        h = self.h
+        for entry in result:
+            labels, values = matrix_series(entry)
+            if labels is None or not values:
+                continue
+            ts, vs, _ = matrix_points(values)
+            vs = clean(vs).astype(np.float64)
+            idx = np.rint((ts - first) / every).astype(np.int64)
+            ok = (idx >= 0) & ~np.isnan(vs)
+            idx, vs, ts = idx[ok], vs[ok], ts[ok]
+            if kind == "steps" or kind == "block":
+                self._owner(kind, what, labels, idx, vs)
+            elif kind == "stat":
+                fld, stat = what.split(":")
+                getattr(self._summary(labels, fld), stat)[idx[idx < h.chunks]] = vs[idx < h.chunks]
+            elif kind == "quantiles":
+                level = labels.pop("gpuscale_q", None)
+                s = self._summary(labels, what)
+                try:
+                    q = float(level or "nan")
+                except ValueError:
+                    continue
+                inside = idx < h.chunks
+                n = int(np.count_nonzero(inside))
+                number, levels, chunk, value = self._q
+                number.extend([self._number[id(s)]] * n)
+                levels.extend([q] * n)
+                chunk.extend(idx[inside].tolist())
+                value.extend(vs[inside].tolist())
+            elif kind == "xid":
+                gpu, node = self._gpu(labels)
+                d = self._xid.setdefault(
+                    (gpu, node), {"max": np.full(h.chunks, np.nan), "changes": np.full(h.chunks, np.nan)}
+                )
+                d[what][idx[idx < h.chunks]] = vs[idx < h.chunks]
+                self._meta[(gpu, node)] = self._pod(labels)
+            elif kind == "ecc":
+                gpu, node = self._gpu(labels)
+                for i, v in zip(idx, vs, strict=True):
+                    if v >= 0.5 and i < h.chunks:
+                        h.incidents.append(
+                            SummaryIncident("ecc-dbe", node, gpu, self._pod(labels), int(i), float(round(v)), 1)
+                        )
+            elif kind == "throttle":
+                gpu, node = self._gpu(labels)
+                _, seen = self._throttle.setdefault((gpu, node), (self._pod(labels), []))
+                seen.extend(float(t) - 0.001 for t in ts)
+
+    def _owner(self, kind: str, what: str, labels: dict[str, str], idx: np.ndarray, vs: np.ndarray) -> None:
+        h = self.h
+        key = (
+            in_cluster(labels.get("namespace", ""), labels),
+            labels.get("owner_kind", ""),
+            labels.get("owner_name", ""),
+        )
+        if not key[0] or not key[2]:
+            return
+        o = h.owner_steps.get(key)
+        if o is None:
+            steps = h.steps
+            o = h.owner_steps[key] = OwnerSteps(np.zeros(steps), np.zeros(steps), np.zeros(steps), np.zeros(steps))
+        if kind == "steps":
+            arr = getattr(o, what)
+            keep = idx < len(arr)
+            np.add.at(arr, idx[keep], vs[keep])  # NB: summed over node batches
+            return
+        fld, stat = what.split(":")
+        blocks = int(np.ceil(h.steps * h.step_seconds / h.block_seconds))
+        target = o.block_sums if stat == "sum" else o.block_counts
+        arr = target.setdefault(fld, np.zeros(blocks))
+        keep = idx < blocks
+        np.add.at(arr, idx[keep], vs[keep])
+
+    def finish(self) -> None:
+        h = self.h
+        h.series = list(self._series.values())
+        for s in h.series:
+            s.levels, s.quantiles = (), np.empty((0, h.chunks))
+        number, levels, chunk, value = (np.array(a) for a in self._q)
+        self._q = (array("q"), array("d"), array("q"), array("d"))
+        order = np.lexsort((np.arange(number.size), levels, number))  # by series, level, then arrival
+        number, levels, chunk, value = number[order], levels[order], chunk[order], value[order]
+        edges = np.flatnonzero(np.diff(number)) + 1
+        for a, b in zip(np.r_[0, edges], np.r_[edges, number.size], strict=True):
+            if a == b:
+                continue
+            s = h.series[int(number[a])]
+            known = np.unique(levels[a:b])
+            s.levels = tuple(float(q) for q in known)
+            s.quantiles = np.full((known.size, h.chunks), np.nan)
+            s.quantiles[np.searchsorted(known, levels[a:b]), chunk[a:b]] = value[a:b]  # NB: the last answer wins
+        for (gpu, node), d in self._xid.items():
+            pod = self._meta[(gpu, node)]
+            for i in np.flatnonzero((d["max"] > 0) & (d["changes"] > 0)):
+                h.incidents.append(
+                    SummaryIncident("xid", node, gpu, pod, int(i), float(d["max"][i]), int(d["changes"][i]))
+                )
+        for (gpu, node), (pod, seen) in self._throttle.items():
+            times = sorted(set(seen))
+            h.incidents.append(
+                SummaryIncident(
+                    "throttle",
+                    node,
+                    gpu,
+                    pod,
+                    0,
+                    float(len(times)),
+                    len(times),
+                    first_seen=times[0],
+                    last_seen=times[-1],
+                )
+            )
+        if not h.series:
+            h.gaps.append("no DCGM series in the window: is dcgm-exporter scraped by this server?")
+        missing = sorted({FIELDS[f] for f in SUMMARY_FIELDS} - {FIELDS[s.field] for s in h.series})
+        if h.series and missing:
+            h.gaps.append(f"not reported by any GPU: {', '.join(missing)}")
+        if h.series and not h.owner_steps:
+            h.gaps.append("no kube_pod_owner joined the DCGM series: no replica counts, idle stretches or verdicts")
