@@ -366,6 +366,8 @@ async def measure_fleet(args, tmp: Path, gpus: int, interval: float, *, start: f
             print(f"  {loaded}", flush=True)
             if kept:
                 marker.write_text(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {loaded}\n")
+        if args.load_only:
+            return {}
         v0 = cpu_seconds(vm.pid)
         spec = json.dumps(
             {"url": url, "start": end - window * 86400, "end": end, "step": step, "chunk": args.chunk}
@@ -466,11 +468,14 @@ def main() -> None:
     ap.add_argument(
         "--data-dir", help="keep each fleet's VictoriaMetrics data here, and use what an earlier run loaded there"
     )
+    ap.add_argument("--load-only", action="store_true", help="load the fleets into --data-dir and stop")
     ap.add_argument("--window-days", type=int, default=None, help="the report's window (default: --days)")
     ap.add_argument("--subset-gpus", type=int, default=400)
     ap.add_argument("--subset-days", type=int, default=7)
     ap.add_argument("--child-report", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.load_only and not args.data_dir:
+        raise SystemExit("--load-only needs --data-dir: the data would be deleted when the run ends")
     if args.child_report:
         child_report(args.child_report)
         return
@@ -485,6 +490,8 @@ async def run(args, fleets: list[tuple[int, float]]) -> None:
     with tempfile.TemporaryDirectory(prefix="gpuscale-bench-") as tmp:
         for gpus, interval in fleets:
             results.append(await measure_fleet(args, Path(tmp), gpus, interval, start=start, end=end))
+        if args.load_only:
+            return
         if len(results) > 1:
             print("\n| GPUs | interval | step | samples in window | queries | wall | CPU report | CPU VM | peak RSS |")
             print("|---|---|---|---|---|---|---|---|---|")
