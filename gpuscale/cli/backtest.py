@@ -11,7 +11,6 @@ calibrated) and the share of steps the configured model served (the rest: the la
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Literal
 import numpy as np
 from pydantic import ConfigDict, Field, model_validator
 
+from gpuscale.cli.run_coroutine import run_coroutine
 from gpuscale.config import Seconds, parse_instant
 from gpuscale.errors import ConfigError, SourceUnavailable
 from gpuscale.files import DATA_LIMIT_BYTES, read_text
@@ -97,7 +97,7 @@ def readings(settings: BacktestSettings) -> tuple[str, np.ndarray, np.ndarray]:
         text = read_text(settings.rate, limit_bytes=DATA_LIMIT_BYTES, what="request rate")
         times, rates = parse_series_csv(text, source=settings.rate)
         return settings.rate, times, rates
-    return asyncio.run(_prometheus_rate(settings))
+    return run_coroutine(_prometheus_rate(settings))
 
 
 async def _prometheus_rate(settings: BacktestSettings) -> tuple[str, np.ndarray, np.ndarray]:

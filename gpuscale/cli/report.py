@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from gpuscale.cli.run_coroutine import run_coroutine
 from gpuscale.config import Instant, Seconds
 from gpuscale.errors import ConfigError
 from gpuscale.model import format_duration
@@ -245,7 +246,7 @@ def run_report(settings: ReportSettings) -> None:
     if settings.from_file:
         history = load_history(settings.from_file, memory_budget_bytes=settings.memory_budget)
     else:
-        history = asyncio.run(_fetch(settings, now=now, policy=policy))
+        history = run_coroutine(_fetch(settings, now=now, policy=policy))
         if settings.export:
             export_history(history, settings.export)
     if settings.kube.kubeconfig or settings.in_cluster:

@@ -9,7 +9,6 @@ a cluster really reported through the manifests' HPA algorithm.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -20,6 +19,7 @@ from pydantic import ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
+from gpuscale.cli.run_coroutine import run_coroutine
 from gpuscale.config import Seconds, parse_instant
 from gpuscale.errors import ConfigError, SourceUnavailable
 from gpuscale.files import CONFIG_LIMIT_BYTES, DATA_LIMIT_BYTES, read_text
@@ -368,7 +368,7 @@ def run_history(settings: SimulateSettings, hpas: list[tuple[str, HorizontalPodA
         text = read_text(settings.history, limit_bytes=DATA_LIMIT_BYTES, what="metric history")
         history, name = parse_history_csv(text, source=settings.history), settings.history
     else:
-        history = asyncio.run(_prometheus_history(settings, hpas, catalogue, skip=frozenset(externals)))
+        history = run_coroutine(_prometheus_history(settings, hpas, catalogue, skip=frozenset(externals)))
         name = settings.prometheus.url
     history = history.with_external(externals)
     check_history(history, hpas, source=name)

@@ -21,6 +21,7 @@ import pytest
 from packaging.utils import canonicalize_name
 
 from tests.deploy.test_lock import locked
+from tests.e2e.locked_wheels import wheel_cache
 
 pytestmark = pytest.mark.e2e
 
@@ -100,14 +101,6 @@ def rootfs_cache() -> Path:
     rootfs_part = text[text.index("# --- rootfs") : text.index("# --- image")]  # what makes the rootfs
     key = hashlib.sha256(rootfs_part.encode()).hexdigest()[:12]
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuscale" / f"image-rootfs-{key}.tar"
-
-
-def wheel_cache() -> Path:
-    """Where the locked dependency wheels are kept between runs (build-offline --wheel-cache): keyed on the lock, so
-    a new lock starts an empty one. Asking PyPI for the 35 of them took 15 s of CPU and up to a minute of the image
-    fixture on a loaded machine; pip checks every cached wheel against the lock's hashes before it is used."""
-    key = hashlib.sha256((REPO / "deploy" / "image" / "requirements.lock").read_bytes()).hexdigest()[:12]
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuscale" / f"image-wheels-{key}"
 
 
 @pytest.fixture(scope="module")
