@@ -42,6 +42,7 @@ import numpy as np
 
 H100 = "NVIDIA H100 80GB HBM3"
 GPUS_PER_DEPLOYMENT = 40  # 10 pods × 4 GPUs
+_peaks: dict[str, float] = {}  # the report process's peak RSS (MiB) at the end of a phase: "fetch"
 _BLOCK = 200  # GPUs generated at once (and the unit of the seeds: a fleet's first GPUs are the subset's)
 # SM_ACTIVE rounded to thousandths: its text by index, so a sample's text is a table look-up, not a float format
 _THOUSANDTHS = np.array([f"{k / 1000:g}".encode() for k in range(1001)], dtype=object)
@@ -236,6 +237,7 @@ async def run_mode(
                 safety_percentile=policy.rightsizing.safety_percentile,
                 progress=False,
             )
+            _peaks["fetch"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             report = build_summary_report(h, policy=policy, generated_at=end)
         else:
             h = await fetch_history(client, start=start, end=end, step=step, options=options, progress=False)
@@ -246,12 +248,14 @@ async def run_mode(
 
 def child_report(spec: str) -> None:
     """The summary report in this (child) process; one JSON line of its figures on stdout."""
+    from gpuscale.cli.run_coroutine import run_coroutine
     from gpuscale.report.policy import load_report_policy
 
     a = json.loads(spec)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     policy = load_report_policy()
-    report, queries, retries, refused, wall, cpu = asyncio.run(
+    # NB: as `gpuscale report` does, so the peak is the command's (asyncio.run would format its result on exit)
+    report, queries, retries, refused, wall, cpu = run_coroutine(
         run_mode(
             a["url"],
             "summary",
@@ -276,6 +280,7 @@ def child_report(spec: str) -> None:
         "cpu": cpu,
         "rss_at_start": base,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_fetch": _peaks.get("fetch"),
         "workloads": len(report.workloads),
         "ok": sum(w.status == "ok" for w in report.workloads),
         "busy": sum(w.busy for w in report.workloads),
@@ -389,7 +394,8 @@ async def measure_fleet(args, tmp: Path, gpus: int, interval: float, *, start: f
     print(
         f"  summary mode: {r['queries']} queries ({r['retries']} retried, {r['refused']} refused by size), "
         f"{r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU in the report, {r['vm_cpu']:.1f} s CPU in VictoriaMetrics; "
-        f"report peak RSS {r['peak_rss']:.0f} MiB ({r['rss_at_start']:.0f} MiB after imports), VictoriaMetrics peak "
+        f"report peak RSS {r['peak_rss']:.0f} MiB ({r['rss_at_start']:.0f} MiB after imports, "
+        f"{r['peak_rss_fetch']:.0f} MiB at the end of the fetch), VictoriaMetrics peak "
         f"RSS {r['vm_peak_rss']:.0f} MiB; load average {r['load']}",
         flush=True,
     )
@@ -424,6 +430,7 @@ async def measure_fleet(args, tmp: Path, gpus: int, interval: float, *, start: f
 
 
 async def subset(args, tmp: Path, interval: float, *, end: float) -> None:
+    from gpuscale.cli.run_coroutine import run_coroutine
     from gpuscale.report.policy import load_report_policy
 
     policy = load_report_policy()
