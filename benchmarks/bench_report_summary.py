@@ -430,7 +430,6 @@ async def measure_fleet(args, tmp: Path, gpus: int, interval: float, *, start: f
 
 
 async def subset(args, tmp: Path, interval: float, *, end: float) -> None:
-    from gpuscale.cli.run_coroutine import run_coroutine
     from gpuscale.report.policy import load_report_policy
 
     policy = load_report_policy()
