@@ -141,17 +141,45 @@ def series_queries(batch: list[str] | None, *, chunk: float, step: float) -> lis
     return out
 
 
-def _joined(x: str, *, owner_window: float, exporter: str, pods: list[str] | None = None) -> str:
-    """``x`` per (GPU) series, labelled with its pod's owner from kube_pod_owner (the exporter's own pod is none);
+def _quoted(pattern: str) -> str:
+    return pattern.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _owners(*, owner_window: float, exporter: str, pods: list[str] | None) -> str:
+    """Each pod's owner from kube_pod_owner (the exporter's own pod and KSM's ``<none>`` of a bare pod are none);
     ``pods``: the pods of the node batch (the owners of every pod otherwise: at 100,000 GPUs each of 250 batches'
     queries joined 25,000 pods' owners at every step, and the TSDB's time grew with the square of the fleet)."""
-    pattern = exporter.replace("\\", "\\\\").replace('"', '\\"')
     only = f',pod=~"{regex_alternatives(pods)}"' if pods else ""
-    owners = (
+    return (
         f"max by (cluster, namespace, pod, owner_kind, owner_name) "
-        f'(last_over_time(kube_pod_owner{{pod!~"{pattern}"{only}}}[{_ms(owner_window)}]))'
+        f'(last_over_time(kube_pod_owner{{pod!~"{_quoted(exporter)}",owner_kind!="<none>"{only}}}[{_ms(owner_window)}]))'
     )
+
+
+def _joined(x: str, *, owners: str) -> str:
+    """``x`` per (GPU) series, labelled with its pod's owner from ``owners`` (_owners)."""
     return f"{_POD_NORMALISED.format(x=x)} * on (cluster, namespace, pod) group_left (owner_kind, owner_name) {owners}"
+
+
+def _unowned(x: str, *, owners: str, exporter: str) -> str:
+    """``x`` per (GPU) series at the points its pod has no owner in ``owners`` (_joined's complement, point for
+    point: a bare pod, a cluster without kube-state-metrics, a pod kube-state-metrics missed a while); the
+    exporter's own pod is blanked, as no pod."""
+    return (
+        f"label_replace({_POD_NORMALISED.format(x=x)} unless on (cluster, namespace, pod) {owners}, "
+        f'"pod", "", "pod", "{_quoted(exporter)}")'
+    )
+
+
+def _per_owner_and_pod(agg: str, x: str, *, owners: str, exporter: str, inner: str = "") -> str:
+    """``agg`` of ``x`` per owner where kube_pod_owner names one, ``or`` per pod where it does not (label sets that
+    never match: the answer holds both). ``inner``: an aggregation first, per pod (``count``: pods alive)."""
+    by = ", ".join(_OWNER)
+    joined, unowned = _joined(x, owners=owners), _unowned(x, owners=owners, exporter=exporter)
+    if inner:
+        joined = f"{inner} by (cluster, namespace, pod, owner_kind, owner_name) ({joined})"
+        unowned = f"{inner} by (cluster, namespace, pod) ({unowned})"
+    return f"{agg} by ({by}) ({joined}) or {agg} by (cluster, namespace, pod) ({unowned})"
 
 
 def step_queries(
@@ -172,33 +200,32 @@ def step_queries(
     busy = f"(({util} > {idle_busy_percent:g}) or ({sm} > {idle_sm_active:g}) or ({gr} > {idle_busy_percent / 100:g}))"
     activity = f"(clamp({sm}, 0, 1) or clamp({gr}, 0, 1) or clamp({util} / 100, 0, 1))"
 
-    def j(x: str) -> str:
-        return _joined(x, owner_window=max(window, 300.0), exporter=exporter, pods=pods)
+    owners = _owners(owner_window=max(window, 300.0), exporter=exporter, pods=pods)
 
-    by = ", ".join(_OWNER)
+    def per(agg: str, x: str, inner: str = "") -> str:
+        return _per_owner_and_pod(agg, x, owners=owners, exporter=exporter, inner=inner)
+
     return [
-        ("held", f"count by ({by}) ({j(sampled)})"),
-        ("busy", f"count by ({by}) ({j(busy)})"),
-        ("demand", f"sum by ({by}) ({j(activity)})"),
-        ("alive", f"count by ({by}) (count by (cluster, namespace, pod, owner_kind, owner_name) ({j(sampled)}))"),
+        ("held", per("count", sampled)),
+        ("busy", per("count", busy)),
+        ("demand", per("sum", activity)),
+        ("alive", per("count", sampled, inner="count")),
     ]
 
 
 def block_queries(
     batch: list[str] | None, *, block: float, exporter: str, pods: list[str] | None = None
 ) -> list[tuple[str, str]]:
-    """(field:sum|count, PromQL) per pod owner and verdict block, over the raw samples of each diagnosed field."""
-    b, by = _ms(block), ", ".join(_OWNER)
+    """(field:sum|count, PromQL) per pod owner (or unowned pod) and verdict block, over the raw samples of each
+    diagnosed field."""
+    b = _ms(block)
+    owners = _owners(owner_window=block, exporter=exporter, pods=pods)
     out = []
     for fld in DIAGNOSED_FIELDS:
         sel = _sel(FIELDS[fld], batch)
         for stat, fn in (("sum", "sum_over_time"), ("count", "count_over_time")):
-            out.append(
-                (
-                    f"{fld}:{stat}",
-                    f"sum by ({by}) ({_joined(f'{fn}({sel}[{b}])', owner_window=block, exporter=exporter, pods=pods)})",
-                )
-            )
+            promql = _per_owner_and_pod("sum", f"{fn}({sel}[{b}])", owners=owners, exporter=exporter)
+            out.append((f"{fld}:{stat}", promql))
     return out
 
 
