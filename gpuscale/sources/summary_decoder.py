@@ -175,10 +175,12 @@ class SummaryDecoder:
         if labels.get("owner_name"):
             key: Any = (ns, labels.get("owner_kind", ""), labels["owner_name"])
             table = h.owner_steps
-        else:
-            key = self._pod(labels)
+        elif labels.get("gpuscale_pod"):
+            key = PodRef(ns, labels["gpuscale_pod"])
             table = h.pod_steps
-        if not ns or key is None:
+        else:
+            return
+        if not ns:
             return
         o = table.get(key)
         if o is None:

@@ -14,7 +14,9 @@ pod sampled 13.1 h had counted 23.6 h. Three kinds of query, per node batch (``s
   dense levels for the three activity signals (a workload's pooled quantile is bounded from them: report/
   quantile_bounds.py), four for the others. Counts, sums and maxima merge exactly across chunks and series.
 * **per pod owner and step** (kube_pod_owner joined on namespace/pod, summed by the TSDB: owners × steps points,
-  not GPUs × steps): GPUs held, GPUs busy, activity summed (SM, else GR engine, else util/100) and pods alive,
+  not GPUs × steps; per pod where kube_pod_owner names no owner — a bare pod, a cluster without kube-state-metrics —
+  which the report folds into the Kubernetes API's owner or reports bare, as raw mode does): GPUs held, GPUs busy,
+  activity summed (SM, else GR engine, else util/100) and pods alive,
   each over the samples in the step's window ``max_over_time(F[w])``, ``w`` = the larger of the step and the
   scrape interval, a millisecond after the step as raw mode's presence; these give replica counts, idle
   stretches, wake-ups and history spans. Per verdict block (an hour, or longer windows' blocks), each diagnosed
@@ -156,30 +158,24 @@ def _owners(*, owner_window: float, exporter: str, pods: list[str] | None) -> st
     )
 
 
-def _joined(x: str, *, owners: str) -> str:
-    """``x`` per (GPU) series, labelled with its pod's owner from ``owners`` (_owners)."""
-    return f"{_POD_NORMALISED.format(x=x)} * on (cluster, namespace, pod) group_left (owner_kind, owner_name) {owners}"
-
-
-def _unowned(x: str, *, owners: str, exporter: str) -> str:
-    """``x`` per (GPU) series at the points its pod has no owner in ``owners`` (_joined's complement, point for
-    point: a bare pod, a cluster without kube-state-metrics, a pod kube-state-metrics missed a while); the
-    exporter's own pod is blanked, as no pod."""
-    return (
-        f"label_replace({_POD_NORMALISED.format(x=x)} unless on (cluster, namespace, pod) {owners}, "
-        f'"pod", "", "pod", "{_quoted(exporter)}")'
-    )
-
-
 def _per_owner_and_pod(agg: str, x: str, *, owners: str, exporter: str, inner: str = "") -> str:
-    """``agg`` of ``x`` per owner where kube_pod_owner names one, ``or`` per pod where it does not (label sets that
-    never match: the answer holds both). ``inner``: an aggregation first, per pod (``count``: pods alive)."""
-    by = ", ".join(_OWNER)
-    joined, unowned = _joined(x, owners=owners), _unowned(x, owners=owners, exporter=exporter)
+    """``agg`` of ``x`` per owner where kube_pod_owner names one, and per pod (label ``gpuscale_pod``) where it does
+    not — a bare pod, a cluster without kube-state-metrics, a pod kube-state-metrics missed a while: ``x`` joined
+    with one owner table, ``owners`` (_owners) ``or`` a row for each pod of ``x`` it lacks at that point (the
+    exporter's own pod blanked: no pod), so no series falls out of the join and the batch's pods are named once
+    (VictoriaMetrics refuses a query over 16 KiB). ``inner``: an aggregation per pod first (``count``: pods alive).
+    """
+    x = _POD_NORMALISED.format(x=x)
+    pods = f'label_replace(group by (cluster, namespace, pod) ({x}), "gpuscale_pod", "$1", "pod", "(.+)")'
+    pods = f'label_replace({pods}, "gpuscale_pod", "", "pod", "{_quoted(exporter)}")'
+    joined = (
+        f"{x} * on (cluster, namespace, pod) group_left (owner_kind, owner_name, gpuscale_pod) "
+        f"({owners} or on (cluster, namespace, pod) {pods})"
+    )
+    by = ", ".join((*_OWNER, "gpuscale_pod"))
     if inner:
-        joined = f"{inner} by (cluster, namespace, pod, owner_kind, owner_name) ({joined})"
-        unowned = f"{inner} by (cluster, namespace, pod) ({unowned})"
-    return f"{agg} by ({by}) ({joined}) or {agg} by (cluster, namespace, pod) ({unowned})"
+        joined = f"{inner} by ({by}, pod) ({joined})"
+    return f"{agg} by ({by}) ({joined})"
 
 
 def step_queries(
