@@ -218,6 +218,9 @@ class SummaryHistory:
     block_seconds: float = 3600.0
     series: list[SeriesSummary] = field(default_factory=list)
     owner_steps: dict[tuple[str, str, str], OwnerSteps] = field(default_factory=dict)  # (ns, kind, name)
+    # NB: the steps a pod had no kube_pod_owner series (a bare pod, a cluster without kube-state-metrics): per pod,
+    # so the report folds them into the owner it learns later (the Kubernetes API's) or reports the pod bare
+    pod_steps: dict[PodRef, OwnerSteps] = field(default_factory=dict)
     parents: dict[tuple[str, str, str], tuple[str, str]] = field(default_factory=dict)  # (kind, ns, name) → owner
     owners: dict[PodRef, Owner] = field(default_factory=dict)
     requests: dict[PodRef, float] = field(default_factory=dict)
@@ -239,3 +242,8 @@ class SummaryHistory:
     @property
     def sample_seconds(self) -> float:
         return self.interval_seconds or self.step_seconds
+
+    @property
+    def pods(self) -> list[PodRef]:
+        """The pods that held a GPU with a sample in the window (those whose owners the Kubernetes API is asked)."""
+        return sorted({s.pod for s in self.series if s.pod is not None})

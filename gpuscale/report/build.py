@@ -8,7 +8,9 @@ timeline (``costs``). Gaps recorded by the source are carried to the report unch
 
 from __future__ import annotations
 
-from gpuscale.metrics.history import History, PodRef
+from collections.abc import Iterable, Mapping
+
+from gpuscale.metrics.history import History, Owner, PodRef
 from gpuscale.report.costs import fleet_costs, incidents, workload_cost
 from gpuscale.report.policy import ReportPolicy
 from gpuscale.report.ranges import gap_line, out_of_range, screen
@@ -48,10 +50,7 @@ def build_report(history: History, *, policy: ReportPolicy, generated_at: float)
         coverage = act.sampled.mean() if history.steps else 1.0
         if act.sampled.any() and coverage < 0.9:
             gaps.append(f"GPU {gpu.key} on {gpu.node}: samples in {coverage:.0%} of the window (gaps are not idle)")
-    unowned = sorted({f"{p.namespace}/{p.name}" for p in history.pods if p not in history.owners})
-    if unowned:
-        shown = ", ".join(unowned[:5]) + (f" and {len(unowned) - 5} more" if len(unowned) > 5 else "")
-        gaps.append(f"{len(unowned)} pod(s) without a known owner, reported as bare pods: {shown}")
+    gaps += unowned_gap(history.pods, history.owners)
 
     workloads = workloads_of(
         usages,
@@ -81,6 +80,16 @@ def build_report(history: History, *, policy: ReportPolicy, generated_at: float)
         incidents=incidents(history, policy),
         timeline=timeline,
     )
+
+
+def unowned_gap(pods: Iterable[PodRef], owners: Mapping[PodRef, Owner]) -> list[str]:
+    """The gap line naming the pods neither kube-state-metrics nor the Kubernetes API gave an owner (raw and
+    summary mode alike)."""
+    unowned = sorted({f"{p.namespace}/{p.name}" for p in pods if p not in owners})
+    if not unowned:
+        return []
+    shown = ", ".join(unowned[:5]) + (f" and {len(unowned) - 5} more" if len(unowned) > 5 else "")
+    return [f"{len(unowned)} pod(s) without a known owner, reported as bare pods: {shown}"]
 
 
 def workloads_of(

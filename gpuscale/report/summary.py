@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscale.metrics.history import PodRef, SeriesSummary, SummaryHistory
-from gpuscale.report.build import workloads_of
+from gpuscale.report.build import unowned_gap, workloads_of
 from gpuscale.report.costs import CostAccumulator, find_idle_nodes, price_lookup
 from gpuscale.report.policy import ReportPolicy
 from gpuscale.report.quantile_bounds import Part, pooled_quantile_bound
@@ -241,11 +241,18 @@ def _add_series(
 
 
 def _add_owner_steps(h: SummaryHistory, fold: _Fold, gaps: list[str]) -> None:
-    """The TSDB's per-step sums of each pod owner, into its workload (a ReplicaSet's into its Deployment)."""
+    """The TSDB's per-step sums of each pod owner, into its workload (a ReplicaSet's into its Deployment), and of
+    each pod kube_pod_owner did not name, into the owner the report knows for it (owner_of: the Kubernetes API's),
+    else the pod itself (a bare pod)."""
     by_key = {k: u for k, u in fold.usages.items()}
-    for (ns, kind, name), o in h.owner_steps.items():
-        parent_kind, parent_name = h.parents.get((kind, ns, name), (kind, name))
-        usage = by_key.get(WorkloadKey(ns, parent_kind, parent_name))
+    keyed = [(WorkloadKey(ns, *h.parents.get((kind, ns, name), (kind, name))), o)
+             for (ns, kind, name), o in h.owner_steps.items()]  # fmt: skip
+    for pod, o in h.pod_steps.items():
+        owner = owner_of(h, pod)
+        keyed.append((WorkloadKey(pod.namespace, owner.kind, owner.name), o))
+    gaps += unowned_gap(fold.pods, h.owners)
+    for key, o in keyed:
+        usage = by_key.get(key)
         if usage is None:
             continue
         for attr, arr in (("held_steps", o.held), ("busy_steps", o.busy), ("alive_steps", o.alive)):
@@ -276,7 +283,7 @@ def _timeline(h: SummaryHistory) -> list[TimelinePoint]:
     per_block = max(1, round(h.block_seconds / h.step_seconds))
     blocks = int(np.ceil(steps / per_block))
     held, active = np.zeros(steps), np.zeros(steps)
-    for o in h.owner_steps.values():
+    for o in [*h.owner_steps.values(), *h.pod_steps.values()]:
         held += o.held
         active += o.demand
     pad = blocks * per_block - steps

@@ -167,18 +167,25 @@ class SummaryDecoder:
                 seen.extend(float(t) - 0.001 for t in ts)
 
     def _owner(self, kind: str, what: str, labels: dict[str, str], idx: np.ndarray, vs: np.ndarray) -> None:
+        """A per-owner answer (owner_kind, owner_name) into h.owner_steps, a per-pod one (the steps its pod had no
+        kube_pod_owner) into h.pod_steps; the rest (no pod: unallocated GPUs, the exporter's own) is no workload's."""
         h = self.h
-        key = (
-            in_cluster(labels.get("namespace", ""), labels),
-            labels.get("owner_kind", ""),
-            labels.get("owner_name", ""),
-        )
-        if not key[0] or not key[2]:
+        ns = in_cluster(labels.get("namespace", ""), labels)
+        table: dict[Any, OwnerSteps]
+        if labels.get("owner_name"):
+            key: Any = (ns, labels.get("owner_kind", ""), labels["owner_name"])
+            table = h.owner_steps
+        elif labels.get("gpuscale_pod"):
+            key = PodRef(ns, labels["gpuscale_pod"])
+            table = h.pod_steps
+        else:
             return
-        o = h.owner_steps.get(key)
+        if not ns:
+            return
+        o = table.get(key)
         if o is None:
             steps = h.steps
-            o = h.owner_steps[key] = OwnerSteps(np.zeros(steps), np.zeros(steps), np.zeros(steps), np.zeros(steps))
+            o = table[key] = OwnerSteps(np.zeros(steps), np.zeros(steps), np.zeros(steps), np.zeros(steps))
         if kind == "steps":
             arr = getattr(o, what)
             keep = idx < len(arr)
@@ -235,5 +242,5 @@ class SummaryDecoder:
         missing = sorted({FIELDS[f] for f in SUMMARY_FIELDS} - {FIELDS[s.field] for s in h.series})
         if h.series and missing:
             h.gaps.append(f"not reported by any GPU: {', '.join(missing)}")
-        if h.series and not h.owner_steps:
-            h.gaps.append("no kube_pod_owner joined the DCGM series: no replica counts, idle stretches or verdicts")
+        if any(s.pod for s in h.series) and not h.owner_steps and not h.pod_steps:
+            h.gaps.append("no pod's GPU series answered per step: no replica counts, idle stretches or verdicts")

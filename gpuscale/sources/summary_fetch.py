@@ -14,7 +14,9 @@ pod sampled 13.1 h had counted 23.6 h. Three kinds of query, per node batch (``s
   dense levels for the three activity signals (a workload's pooled quantile is bounded from them: report/
   quantile_bounds.py), four for the others. Counts, sums and maxima merge exactly across chunks and series.
 * **per pod owner and step** (kube_pod_owner joined on namespace/pod, summed by the TSDB: owners × steps points,
-  not GPUs × steps): GPUs held, GPUs busy, activity summed (SM, else GR engine, else util/100) and pods alive,
+  not GPUs × steps; per pod where kube_pod_owner names no owner — a bare pod, a cluster without kube-state-metrics —
+  which the report folds into the Kubernetes API's owner or reports bare, as raw mode does): GPUs held, GPUs busy,
+  activity summed (SM, else GR engine, else util/100) and pods alive,
   each over the samples in the step's window ``max_over_time(F[w])``, ``w`` = the larger of the step and the
   scrape interval, a millisecond after the step as raw mode's presence; these give replica counts, idle
   stretches, wake-ups and history spans. Per verdict block (an hour, or longer windows' blocks), each diagnosed
@@ -141,17 +143,39 @@ def series_queries(batch: list[str] | None, *, chunk: float, step: float) -> lis
     return out
 
 
-def _joined(x: str, *, owner_window: float, exporter: str, pods: list[str] | None = None) -> str:
-    """``x`` per (GPU) series, labelled with its pod's owner from kube_pod_owner (the exporter's own pod is none);
+def _quoted(pattern: str) -> str:
+    return pattern.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _owners(*, owner_window: float, exporter: str, pods: list[str] | None) -> str:
+    """Each pod's owner from kube_pod_owner (the exporter's own pod and KSM's ``<none>`` of a bare pod are none);
     ``pods``: the pods of the node batch (the owners of every pod otherwise: at 100,000 GPUs each of 250 batches'
     queries joined 25,000 pods' owners at every step, and the TSDB's time grew with the square of the fleet)."""
-    pattern = exporter.replace("\\", "\\\\").replace('"', '\\"')
     only = f',pod=~"{regex_alternatives(pods)}"' if pods else ""
-    owners = (
+    return (
         f"max by (cluster, namespace, pod, owner_kind, owner_name) "
-        f'(last_over_time(kube_pod_owner{{pod!~"{pattern}"{only}}}[{_ms(owner_window)}]))'
+        f'(last_over_time(kube_pod_owner{{pod!~"{_quoted(exporter)}",owner_kind!="<none>"{only}}}[{_ms(owner_window)}]))'
     )
-    return f"{_POD_NORMALISED.format(x=x)} * on (cluster, namespace, pod) group_left (owner_kind, owner_name) {owners}"
+
+
+def _per_owner_and_pod(agg: str, x: str, *, owners: str, exporter: str, inner: str = "") -> str:
+    """``agg`` of ``x`` per owner where kube_pod_owner names one, and per pod (label ``gpuscale_pod``) where it does
+    not — a bare pod, a cluster without kube-state-metrics, a pod kube-state-metrics missed a while: ``x`` joined
+    with one owner table, ``owners`` (_owners) ``or`` a row for each pod of ``x`` it lacks at that point (the
+    exporter's own pod blanked: no pod), so no series falls out of the join and the batch's pods are named once
+    (VictoriaMetrics refuses a query over 16 KiB). ``inner``: an aggregation per pod first (``count``: pods alive).
+    """
+    x = _POD_NORMALISED.format(x=x)
+    pods = f'label_replace(group by (cluster, namespace, pod) ({x}), "gpuscale_pod", "$1", "pod", "(.+)")'
+    pods = f'label_replace({pods}, "gpuscale_pod", "", "pod", "{_quoted(exporter)}")'
+    joined = (
+        f"{x} * on (cluster, namespace, pod) group_left (owner_kind, owner_name, gpuscale_pod) "
+        f"({owners} or on (cluster, namespace, pod) {pods})"
+    )
+    by = ", ".join((*_OWNER, "gpuscale_pod"))
+    if inner:
+        joined = f"{inner} by ({by}, pod) ({joined})"
+    return f"{agg} by ({by}) ({joined})"
 
 
 def step_queries(
@@ -172,33 +196,32 @@ def step_queries(
     busy = f"(({util} > {idle_busy_percent:g}) or ({sm} > {idle_sm_active:g}) or ({gr} > {idle_busy_percent / 100:g}))"
     activity = f"(clamp({sm}, 0, 1) or clamp({gr}, 0, 1) or clamp({util} / 100, 0, 1))"
 
-    def j(x: str) -> str:
-        return _joined(x, owner_window=max(window, 300.0), exporter=exporter, pods=pods)
+    owners = _owners(owner_window=max(window, 300.0), exporter=exporter, pods=pods)
 
-    by = ", ".join(_OWNER)
+    def per(agg: str, x: str, inner: str = "") -> str:
+        return _per_owner_and_pod(agg, x, owners=owners, exporter=exporter, inner=inner)
+
     return [
-        ("held", f"count by ({by}) ({j(sampled)})"),
-        ("busy", f"count by ({by}) ({j(busy)})"),
-        ("demand", f"sum by ({by}) ({j(activity)})"),
-        ("alive", f"count by ({by}) (count by (cluster, namespace, pod, owner_kind, owner_name) ({j(sampled)}))"),
+        ("held", per("count", sampled)),
+        ("busy", per("count", busy)),
+        ("demand", per("sum", activity)),
+        ("alive", per("count", sampled, inner="count")),
     ]
 
 
 def block_queries(
     batch: list[str] | None, *, block: float, exporter: str, pods: list[str] | None = None
 ) -> list[tuple[str, str]]:
-    """(field:sum|count, PromQL) per pod owner and verdict block, over the raw samples of each diagnosed field."""
-    b, by = _ms(block), ", ".join(_OWNER)
+    """(field:sum|count, PromQL) per pod owner (or unowned pod) and verdict block, over the raw samples of each
+    diagnosed field."""
+    b = _ms(block)
+    owners = _owners(owner_window=block, exporter=exporter, pods=pods)
     out = []
     for fld in DIAGNOSED_FIELDS:
         sel = _sel(FIELDS[fld], batch)
         for stat, fn in (("sum", "sum_over_time"), ("count", "count_over_time")):
-            out.append(
-                (
-                    f"{fld}:{stat}",
-                    f"sum by ({by}) ({_joined(f'{fn}({sel}[{b}])', owner_window=block, exporter=exporter, pods=pods)})",
-                )
-            )
+            promql = _per_owner_and_pod("sum", f"{fn}({sel}[{b}])", owners=owners, exporter=exporter)
+            out.append((f"{fld}:{stat}", promql))
     return out
 
 

@@ -6,10 +6,12 @@ answers (tests/report/fleet.py), the same report from both, and ``--export`` / `
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import aiohttp
@@ -239,11 +241,9 @@ def test_a_gap_in_the_samples_is_not_allocated_time_in_prometheus_or_victoria_me
         asyncio.run(backends.stop())
 
 
-def test_a_pooled_deployment_gets_its_replica_count_from_the_real_tsdbs(tmp_path):
-    """40 one-GPU pods of one Deployment (8 of them only in the second half), each busy in rare bursts, loaded into
-    Prometheus and VictoriaMetrics: the replica advice equals the numpy computation over the raw samples."""
-    import numpy as np
-
+def pooled_deployment() -> tuple[list, np.ndarray]:
+    """40 one-GPU pods of Deployment serve/llm (8 of them only in the second half), each busy in rare bursts: the
+    series and the GPU-equivalents busy per minute."""
     start = END - HOURS * 3600
     steps = HOURS * 60
     times = [start + i * 60 for i in range(steps)]
@@ -257,17 +257,9 @@ def test_a_pooled_deployment_gets_its_replica_count_from_the_real_tsdbs(tmp_path
         pod = f"llm-6b9d-{i:05d}"
         labels = {"Hostname": f"node-p{i // 8}", "UUID": f"GPU-p-{i}", "gpu": str(i % 8),
                   "modelName": "NVIDIA H100 80GB HBM3", "pod": pod, "namespace": "serve"}  # fmt: skip
-        kept = [t for t, a in zip(times, alive, strict=True) if a]
-        series.append(("DCGM_FI_DEV_GPU_UTIL", labels, [(t, 100.0) for t in kept]))
-        series.append(
-            (
-                "DCGM_FI_PROF_SM_ACTIVE",
-                labels,
-                [(t, float(v)) for t, v, a in zip(times, activity, alive, strict=True) if a],
-            )
-        )
-        series.append(("DCGM_FI_DEV_FB_USED", labels, [(t, 9000.0) for t in kept]))
+        series += gpu_series(labels, times, activity, alive)
         owner = {"namespace": "serve", "pod": pod, "owner_kind": "ReplicaSet", "owner_name": "llm-6b9d"}
+        kept = [t for t, a in zip(times, alive, strict=True) if a]
         series.append(("kube_pod_owner", owner, [(t, 1.0) for t in kept]))
         requests = {
             "namespace": "serve",
@@ -279,21 +271,199 @@ def test_a_pooled_deployment_gets_its_replica_count_from_the_real_tsdbs(tmp_path
         series.append(("kube_pod_container_resource_requests", requests, [(t, 1.0) for t in kept]))
     rs = {"namespace": "serve", "replicaset": "llm-6b9d", "owner_kind": "Deployment", "owner_name": "llm"}
     series.append(("kube_replicaset_owner", rs, [(t, 1.0) for t in times]))
+    return series, demand
 
-    backends, prom, vm = load_both(tmp_path, series, gpus=40)
-    try:
-        p99 = float(np.quantile(demand[demand > 0], 0.99, method="higher"))  # the independent computation
-        expected = int(np.ceil(p99 * 1.15 / 0.6))
-        for url in (prom.url, vm.url):
-            r = fetch_json(url)
-            (w,) = [w for w in r["workloads"] if w["name"] == "llm"]
-            (rec,) = [x for x in w["recommendations"] if x["kind"] == "replicas"]
-            assert rec["evidence"]["demand_p99_gpus"] == pytest.approx(p99, abs=1e-3), (url, rec)
-            assert rec["evidence"]["recommended"] == expected, (url, rec)
-            assert rec["evidence"]["current_pods_mean"] == pytest.approx(36.0, abs=0.1)
-            assert rec["evidence"]["current_pods_peak"] == 40
-    finally:
-        asyncio.run(backends.stop())
+
+def gpu_series(labels: dict[str, str], times: list[float], activity: np.ndarray, alive: np.ndarray) -> list:
+    """One GPU's util, SM activity and memory at the minutes it was ``alive``."""
+    kept = [(t, float(a)) for t, a, on in zip(times, activity, alive, strict=True) if on]
+    return [
+        ("DCGM_FI_DEV_GPU_UTIL", labels, [(t, 100.0 if a > 0.01 else 0.0) for t, a in kept]),
+        ("DCGM_FI_PROF_SM_ACTIVE", labels, kept),
+        ("DCGM_FI_DEV_FB_USED", labels, [(t, 9000.0) for t, _ in kept]),
+    ]
+
+
+# Pods kube_pod_owner does not name, beside the pooled Deployment: (cluster, namespace, pod, shape, alive from the
+# step); the API owner the simulated Kubernetes API gives them (None: a bare pod there too; absent: not there).
+UNOWNED = [
+    (None, "serve", "notebook-0", "moderate", 0),  # a bare pod among owned ones
+    (None, "serve", "debug-0", "idle", 0),  # bare in kube-state-metrics' words: owner_kind="<none>"
+    *((None, "batch", f"etl-5f7c-{i:05d}", "bursty", 60 * i) for i in range(4)),  # the API knows their Deployment
+    *(("edge", "serve", f"edge-llm-7c9d-{i:05d}", "bursty", 90 * i) for i in range(3)),  # a cluster without KSM
+]
+API_OWNERS = {("batch", "etl-5f7c"): ("Deployment", "etl"), ("serve", "notebook-0"): None}
+
+
+def unowned_pods() -> list:
+    """The series of UNOWNED's pods, each on its own GPU and node."""
+    start = END - HOURS * 3600
+    steps = HOURS * 60
+    times = [start + i * 60 for i in range(steps)]
+    rng = np.random.default_rng(8)
+    series = []
+    for k, (cluster, namespace, pod, shape, first) in enumerate(UNOWNED):
+        if shape == "bursty":
+            activity = np.where(rng.random(steps) < 0.1, rng.uniform(0.6, 1.0, steps), 0.02)
+        else:
+            activity = rng.uniform(0.15, 0.35, steps) if shape == "moderate" else np.full(steps, 0.005)
+        labels = {"Hostname": f"node-u{k}", "UUID": f"GPU-u-{k}", "gpu": "0", "modelName": "NVIDIA H100 80GB HBM3",
+                  "pod": pod, "namespace": namespace} | ({"cluster": cluster} if cluster else {})  # fmt: skip
+        series += gpu_series(labels, times, np.round(activity, 4), np.arange(steps) >= first)
+        if pod == "debug-0":
+            owner = {"namespace": namespace, "pod": pod, "owner_kind": "<none>", "owner_name": "<none>"}
+            series.append(("kube_pod_owner", owner, [(t, 1.0) for t in times]))
+    return series
+
+
+@dataclass
+class Pooled:
+    """Prometheus and VictoriaMetrics holding the pooled Deployment and the UNOWNED pods, the Deployment's demand,
+    and the reports already fetched from them (each asked once a run: a report is seconds of CPU)."""
+
+    prom: Backend
+    vm: Backend
+    demand: np.ndarray
+    reports: dict[tuple[str, ...], dict] = field(default_factory=dict)
+
+    def report(self, url: str, *extra: str) -> dict:
+        if (url, *extra) not in self.reports:
+            self.reports[(url, *extra)] = fetch_json(url, *extra)
+        return copy.deepcopy(self.reports[(url, *extra)])
+
+
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory):
+    series, demand = pooled_deployment()
+    backends, prom, vm = load_both(tmp_path_factory.mktemp("pooled"), series + unowned_pods(), gpus=40 + len(UNOWNED))
+    yield Pooled(prom, vm, demand)
+    asyncio.run(backends.stop())
+
+
+def test_a_pooled_deployment_gets_its_replica_count_from_the_real_tsdbs(pooled):
+    """40 one-GPU pods of one Deployment (8 of them only in the second half), each busy in rare bursts, loaded into
+    Prometheus and VictoriaMetrics: the replica advice equals the numpy computation over the raw samples."""
+    demand = pooled.demand
+    p99 = float(np.quantile(demand[demand > 0], 0.99, method="higher"))  # the independent computation
+    expected = int(np.ceil(p99 * 1.15 / 0.6))
+    for url in (pooled.prom.url, pooled.vm.url):
+        r = pooled.report(url)
+        (w,) = [w for w in r["workloads"] if w["name"] == "llm"]
+        (rec,) = [x for x in w["recommendations"] if x["kind"] == "replicas"]
+        assert rec["evidence"]["demand_p99_gpus"] == pytest.approx(p99, abs=1e-3), (url, rec)
+        assert rec["evidence"]["recommended"] == expected, (url, rec)
+        assert rec["evidence"]["current_pods_mean"] == pytest.approx(36.0, abs=0.1)
+        assert rec["evidence"]["current_pods_peak"] == 40
+
+
+def story(r: dict) -> dict[tuple[str, str, str], tuple]:
+    """What a person acts on, per workload: its owner and pods, hours, history, idle stretch, verdicts, busy flag and
+    recommendations (with the replica count for a pooled owner)."""
+    return {
+        (w["namespace"], w["kind"], w["name"]): (
+            w["owner_source"],
+            w["pods"],
+            w["status"],
+            round(w["cost"]["allocated_hours"], 3),
+            round(w["cost"]["active_hours"], 3),
+            w["history_seconds"],
+            w["samples"],
+            w["longest_idle_seconds"],
+            [(v["code"], v["hours"]) for v in w["verdicts"]],
+            w["busy"],
+            sorted((x["kind"], x["evidence"].get("recommended")) for x in w["recommendations"]),
+        )
+        for w in r["workloads"]
+    }
+
+
+def bare_line(r: dict) -> str:
+    (line,) = [g for g in r["gaps"] if "without a known owner, reported as bare pods" in g]
+    return line
+
+
+def kubernetes_objects() -> list[dict]:
+    """The simulated Kubernetes API's view: API_OWNERS' pods with their ownerReferences (controller)."""
+
+    def meta(name: str, ns: str, owner: tuple[str, str] | None) -> dict:
+        refs = [{"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1], "uid": f"u-{owner[1]}",
+                 "controller": True}] if owner else []  # fmt: skip
+        return {"name": name, "namespace": ns, "ownerReferences": refs}
+
+    spec = {"containers": [{"name": "main", "image": "x"}]}
+    out: list[dict] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}} for ns in ("batch", "serve")]
+    for (ns, name), owner in API_OWNERS.items():
+        if owner is None:
+            out.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta(name, ns, None), "spec": spec})
+            continue
+        rs_spec = {"selector": {"matchLabels": {"app": name}},
+                   "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}  # fmt: skip
+        out.append({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": meta(name, ns, owner), "spec": rs_spec})
+        for _, pod_ns, pod, _, _ in (u for u in UNOWNED if u[0] is None):
+            if pod_ns == ns and pod.startswith(f"{name}-"):
+                out.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta(pod, ns, ("ReplicaSet", name)),
+                            "spec": spec})  # fmt: skip
+    return out
+
+
+def test_pods_kube_pod_owner_does_not_name_are_the_same_workloads_in_summary_and_raw_mode(pooled, tmp_path):
+    """A bare pod among owned ones, a pod kube-state-metrics calls bare (``<none>``), pods of a Deployment only the
+    Kubernetes API knows, and a whole cluster without kube-state-metrics: summary mode (the TSDB's sums per pod where
+    kube_pod_owner names no owner) gives each the workload, hours, history, verdicts and advice raw mode gives, on
+    Prometheus and VictoriaMetrics, without and with owners from the (simulated) Kubernetes API, and the same gap
+    line naming the pods reported bare."""
+    from gpuscale.sim.kubeapi import SimKubeApi
+
+    prom, vm = pooled.prom, pooled.vm
+    unowned = {(f"{c}/{ns}" if c else ns, pod) for c, ns, pod, _, _ in UNOWNED if pod != "debug-0"}
+    for url in (prom.url, vm.url):
+        raw, summary = pooled.report(url), pooled.report(url, "--mode", "summary")
+        assert story(summary) == story(raw), url
+        mine = story(summary)
+        for ns, pod in unowned:  # each a bare pod with its own per-step history, not "not enough data"
+            assert mine[(ns, "Pod", pod)][:3] == ("none", 1, "ok"), (url, pod)
+        assert mine[("serve", "Pod", "debug-0")][0] == "kube-state-metrics"
+        assert (
+            bare_line(summary)
+            == bare_line(raw)
+            == (
+                f"{len(unowned)} pod(s) without a known owner, reported as bare pods: "
+                + ", ".join(sorted(f"{ns}/{pod}" for ns, pod in unowned)[:5])
+                + f" and {len(unowned) - 5} more"
+            )
+        )
+        assert not [g for g in summary["gaps"] if "without kube_pod_owner per step" in g], summary["gaps"]
+
+    async def with_the_api() -> tuple[dict, dict]:
+        sim = SimKubeApi()
+        await sim.start()
+        try:
+            for obj in kubernetes_objects():
+                sim.create(obj)
+            kubeconfig = str(sim.write_kubeconfig(tmp_path / "kubeconfig"))
+            end = datetime.fromtimestamp(END, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            out = []
+            for mode in ("raw", "summary"):
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "gpuscale", "report", "--prometheus-url", prom.url, "--end", end,
+                    "--window", f"{HOURS}h", "--step", "1m", "-o", "json", "--mode", mode, "--kubeconfig", kubeconfig,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                )  # fmt: skip
+                stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
+                assert proc.returncode == 0, stderr.decode()
+                out.append(json.loads(stdout))
+            return out[0], out[1]
+        finally:
+            await sim.stop()
+
+    raw, summary = asyncio.run(with_the_api())
+    assert story(summary) == story(raw)
+    mine = story(summary)
+    etl = mine[("batch", "Deployment", "etl")]
+    assert etl[:3] == ("kubernetes", 4, "ok"), etl
+    assert mine[("serve", "Pod", "notebook-0")][0] == "kubernetes"
+    edge = ", ".join(sorted(f"edge/serve/{pod}" for c, _, pod, _, _ in UNOWNED if c == "edge"))
+    assert bare_line(summary) == bare_line(raw) == f"3 pod(s) without a known owner, reported as bare pods: {edge}"
 
 
 def test_scale_to_zero_weighs_the_cold_start_kube_state_metrics_measured(tmp_path):

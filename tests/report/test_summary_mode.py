@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuscale.metrics.history import History, OwnerSteps, SeriesSummary, SummaryHistory
+from gpuscale.metrics.history import History, Owner, OwnerSteps, PodRef, SeriesSummary, SummaryHistory
 from gpuscale.report.build import build_report
 from gpuscale.report.policy import load_report_policy
 from gpuscale.report.summary import build_summary_report
@@ -69,11 +69,14 @@ def summarise(
                     s.series.append(out)
             if pod is None:
                 continue
+            # per owner where kube-state-metrics names one (as the TSDB's join), else per pod (its complement)
             owner = owner_of(h, pod)
-            key = (pod.namespace, owner.kind, owner.name)
-            o = s.owner_steps.get(key) or s.owner_steps.setdefault(
-                key, OwnerSteps(*(np.zeros(h.steps) for _ in range(4)))
+            table, key = (
+                (s.owner_steps, (pod.namespace, owner.kind, owner.name))
+                if owner.source == "kube-state-metrics"
+                else (s.pod_steps, pod)
             )
+            o = table.get(key) or table.setdefault(key, OwnerSteps(*(np.zeros(h.steps) for _ in range(4))))
             nan = np.full(h.steps, np.nan, np.float32)
             sm, gr, util = (gpu.values.get(f, nan) for f in ACTIVITY_FIELDS)
             sampled = mask & ~(np.isnan(sm) & np.isnan(gr) & np.isnan(util))
@@ -83,7 +86,7 @@ def summarise(
             o.held += sampled
             o.busy += busy
             o.demand += np.where(sampled, np.clip(np.nan_to_num(act), 0, 1), 0)
-            alive[(key, pod)] = alive.get((key, pod), 0) | sampled
+            alive[(id(table), key, pod)] = alive.get((id(table), key, pod), 0) | sampled
             for fld in SUMMARY_FIELDS:
                 values = gpu.values.get(fld)
                 if values is None:
@@ -95,8 +98,8 @@ def summarise(
                 o.block_counts.setdefault(fld, np.zeros(blocks))
                 o.block_sums[fld] += np.bincount(idx[ok], weights=v[ok], minlength=blocks)
                 o.block_counts[fld] += np.bincount(idx[ok], minlength=blocks)
-    for (key, _), sampled in alive.items():
-        s.owner_steps[key].alive += sampled
+    for (table_id, key, _), sampled in alive.items():
+        (s.owner_steps if table_id == id(s.owner_steps) else s.pod_steps)[key].alive += sampled
     return s
 
 
@@ -138,6 +141,13 @@ def both():
             requests=1,
             values=bursty(rng),
         )
+    # pods kube_pod_owner does not name: a bare pod, and two of a Deployment only the Kubernetes API knows
+    add_pod(h, pod="notebook-0", node="node-n", owner=None, values=noisy(0.25, 5000))
+    for i in range(2):
+        add_pod(
+            h, pod=f"etl-{i}", node="node-e", first_gpu=i, owner=None, held=slice(i * 300, None), values=bursty(rng)
+        )
+        h.owners[PodRef("ml", f"etl-{i}")] = Owner("Deployment", "etl", "kubernetes")
     idle = policy.diagnosis.diagnosis.idle
     raw = build_report(h, policy=policy, generated_at=0)
     summaries = {
@@ -203,5 +213,12 @@ def test_the_same_verdicts_as_raw_mode(both, chunk):
         }
 
     assert story(summary) == story(raw)
+    assert (
+        [g for g in summary.gaps if "bare pods" in g]
+        == [g for g in raw.gaps if "bare pods" in g]
+        == ["1 pod(s) without a known owner, reported as bare pods: ml/notebook-0"]
+    )
+    kinds = {w.name: (w.kind, w.owner_source, w.pods) for w in summary.workloads}
+    assert (kinds["notebook-0"], kinds["etl"]) == (("Pod", "none", 1), ("Deployment", "kubernetes", 2))
     (gen,) = [w for w in summary.workloads if w.name == "gen"]
     assert "replicas" in {x.kind for x in gen.recommendations}

@@ -34,8 +34,8 @@ class FakeSummaries(FakePrometheus):
         nodes = sorted(set(re.findall(r"node-\d+", query.replace("\\", ""))))
         result = []
         if "kube_pod_owner" in query:
-            pods = re.search(r'kube_pod_owner\{[^}]*,pod=~"([^"]*)"', query)
-            self.owner_joins.append((nodes, sorted(pods.group(1).replace("\\", "").split("|")) if pods else []))
+            (pods,) = re.findall(r'kube_pod_owner\{[^}]*,pod=~"([^"]*)"', query) or [""]  # NB: named once
+            self.owner_joins.append((nodes, sorted(pods.replace("\\", "").split("|")) if pods else []))
         if query.startswith("label_replace(quantile_over_time") and "DCGM_FI_PROF_SM_ACTIVE" in query:
             self.quantile_calls.append(nodes)
             if len(nodes) > self.max_nodes:
