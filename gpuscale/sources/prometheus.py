@@ -461,14 +461,16 @@ class PrometheusSource:
                 if self._decoder is not None:
                     return await self._decoder.decode(raw, status, content_type, planned, self._refreshes)
                 return await asyncio.to_thread(
-                    decode_answer, raw, status, content_type, planned, source=self.display_url, label_sets=label_sets
+                    lambda: decode_answer(
+                        b"".join(raw), status, content_type, planned, source=self.display_url, label_sets=label_sets
+                    )
                 )
             except SourceUnavailable as e:
                 return e
 
     async def _post(
         self, form: dict[str, str], headers: dict[str, str], ssl_context: ssl.SSLContext | bool
-    ) -> tuple[bytearray, int, str]:
+    ) -> tuple[list[bytes], int, str]:
         def too_large() -> SourceUnavailable:
             return SourceUnavailable(
                 self.display_url,
