@@ -100,8 +100,9 @@ class LineTimer:
     and the next trace event of the same thread (a call or line anywhere in gpuscale); a line over 0.5 ms is written
     down. A line of one operation that long held the interpreter lock throughout (the lines are read to tell)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, only_gpuscale: bool = True) -> None:
         self.active = False
+        self.only_gpuscale = only_gpuscale
         self.last: dict[int, tuple[float, Any, int]] = {}  # thread → (CPU time, code, line) of its last line
         self.lines: list[tuple[float, str, str]] = []  # (ms, thread, where)
 
@@ -113,7 +114,7 @@ class LineTimer:
         last = self.last.pop(me, None)
         if last is not None and now - last[0] > 0.0005:
             self.lines.append(((now - last[0]) * 1e3, threading.current_thread().name, _where(last[1], last[2])))
-        if "/gpuscale/" not in frame.f_code.co_filename:
+        if self.only_gpuscale and "/gpuscale/" not in frame.f_code.co_filename:
             return None
         if event == "line":
             self.last[me] = (time.thread_time(), frame.f_code, frame.f_lineno)  # NB: the line now: the frame moves on
@@ -131,8 +132,8 @@ def _where(code, line: int) -> str:
     return f"{_short(code.co_filename)}:{line} {code.co_name}"
 
 
-async def measure(prometheus: str, refreshes: int, profiled: int, work: Path) -> None:
-    tracer = LineTimer()
+async def measure(prometheus: str, refreshes: int, profiled: int, everywhere: bool, work: Path) -> None:
+    tracer = LineTimer(only_gpuscale=not everywhere)
     threading.settrace(tracer)  # NB: every thread started from now on (the adapter's), and this one
     sys.settrace(tracer)
     log = (work / "events").open("a", buffering=1)
@@ -213,6 +214,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--refreshes", type=int, default=3, help="refreshes watched by the watchdog (default 3)")
     parser.add_argument("--profiled", type=int, default=1, help="refreshes with lines timed (default 1)")
+    parser.add_argument(
+        "--everywhere", action="store_true", help="time the lines of every module (libraries too), not gpuscale's only"
+    )
     args = parser.parse_args()
     import gpuscale.cli.adapter as composition
 
@@ -224,7 +228,7 @@ def main() -> None:
     try:
         prometheus = f"http://127.0.0.1:{q.get(timeout=300)}"
         with tempfile.TemporaryDirectory(prefix="gpuscale-gil-") as tmp:
-            asyncio.run(measure(prometheus, args.refreshes, args.profiled, Path(tmp)))
+            asyncio.run(measure(prometheus, args.refreshes, args.profiled, args.everywhere, Path(tmp)))
     finally:
         fake.terminate()
         fake.join(10)
