@@ -96,14 +96,15 @@ def _short(path: str) -> str:
 
 
 class LineTimer:
-    """A trace function for every thread: while ``active``, the thread CPU time between one line of gpuscale's code
-    and the next trace event of the same thread (a call or line anywhere in gpuscale); a line over 0.5 ms is written
-    down. A line of one operation that long held the interpreter lock throughout (the lines are read to tell)."""
+    """A trace function for every thread: while ``active``, the thread CPU time from one trace event of gpuscale's
+    code (a line, a call, a return: then the caller's line) to the next event of the same thread; a span over 0.5 ms
+    is written down at its line. A line of one operation that long held the interpreter lock throughout (the lines
+    are read to tell)."""
 
     def __init__(self, *, only_gpuscale: bool = True) -> None:
         self.active = False
         self.only_gpuscale = only_gpuscale
-        self.last: dict[int, tuple[float, Any, int]] = {}  # thread → (CPU time, code, line) of its last line
+        self.last: dict[int, tuple[float, Any, int]] = {}  # thread → (CPU time, code, line) of its last event
         self.lines: list[tuple[float, str, str]] = []  # (ms, thread, where)
 
     def __call__(self, frame, event: str, arg):
@@ -114,11 +115,19 @@ class LineTimer:
         last = self.last.pop(me, None)
         if last is not None and now - last[0] > 0.0005:
             self.lines.append(((now - last[0]) * 1e3, threading.current_thread().name, _where(last[1], last[2])))
-        if self.only_gpuscale and "/gpuscale/" not in frame.f_code.co_filename:
+        if not self._traced(frame):
             return None
-        if event == "line":
-            self.last[me] = (time.thread_time(), frame.f_code, frame.f_lineno)  # NB: the line now: the frame moves on
+        # NB: the place now (the frame moves on); after a return, the caller's line: its locals are freed and the
+        # rest of that line runs before the next event
+        back = frame.f_back if event == "return" else None
+        if back is not None and self._traced(back):
+            self.last[me] = (time.thread_time(), back.f_code, back.f_lineno)
+        elif event != "return":
+            self.last[me] = (time.thread_time(), frame.f_code, frame.f_lineno)
         return self
+
+    def _traced(self, frame) -> bool:
+        return not self.only_gpuscale or "/gpuscale/" in frame.f_code.co_filename
 
     def start(self) -> None:
         self.last.clear()

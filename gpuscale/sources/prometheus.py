@@ -115,12 +115,14 @@ import logging
 import math
 import re
 import ssl
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.metrics.attribution import POD_LABELS
+from gpuscale.metrics.chunked import free_in_chunks
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
 from gpuscale.sources.decoder_process import DecoderProcess
@@ -392,7 +394,10 @@ class PrometheusSource:
                 why = "; ".join(answer.warnings) or "the server marked the response partial"
                 partial[p] = f"partial response: {short(why)}"
             else:
-                self._kept[p] = answer.values
+                replaced, self._kept[p] = self._kept[p], answer.values
+                if sys.getrefcount(replaced) == 2:  # NB: this name and the argument: no other query carries it
+                    # NB: its 10,000 series (and their 20,000 floats) at 10,000 GPUs, freed in one C call otherwise
+                    free_in_chunks(replaced)
         self._count_over_cap(over_cap)
         self._record(started, failed, partial, kind=kinds.pop() if len(kinds) == 1 else "failed")
 

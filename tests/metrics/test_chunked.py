@@ -4,6 +4,7 @@ snapshot built in chunks of 1–3 items equals one built in a single chunk, valu
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from gpuscale.metrics import aggregation, chunked
 from gpuscale.metrics.aggregation import build_snapshot
 from gpuscale.metrics.attribution import Attributor, Target
-from gpuscale.metrics.chunked import columns, float_array, index_array, mapped, spans
+from gpuscale.metrics.chunked import columns, float_array, free_in_chunks, index_array, mapped, spans
 from tests.metrics.test_refresh_snapshot import NOW, catalogue, cluster  # noqa: F401 (catalogue: a fixture)
 
 CHUNK = 3
@@ -59,6 +60,20 @@ def test_mapped_and_columns_are_map_and_zip(n):
 def test_columns_refuses_rows_of_differing_length_as_zip_strict_does():
     with pytest.raises(ValueError, match="zip"):
         columns([(1, 2), (3, 4), (5,)], 2, CHUNK)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_free_in_chunks_empties_the_list_and_frees_what_only_it_held(n):
+    class Item:
+        pass
+
+    items = [Item() for _ in range(n)]
+    kept = items[:1]  # NB: one item held elsewhere too survives
+    held = [weakref.ref(i) for i in items]
+    free_in_chunks(items, CHUNK)
+    assert items == []
+    assert [r() is not None for r in held] == [i == 0 for i in range(n)]
+    assert kept == [r() for r in held[:1]]
 
 
 def _built(metrics, seed: int):
