@@ -215,6 +215,10 @@ def report_lines(tracer: LineTimer, refreshes: int) -> None:
     print(f"lines, {refreshes} traced refresh(es) (thread CPU time): longest "
           f"{longest:.2f} ms; over 1 ms: {sum(1 for ms, _, _ in tracer.lines if ms > 1)}; over 0.5 ms: "
           f"{len(tracer.lines)}", flush=True)  # fmt: skip
+    threads: dict[str, int] = defaultdict(int)
+    for ms, thread, _ in tracer.lines:
+        threads[thread] += ms > 1
+    print(f"  over 1 ms by thread: {dict(sorted(threads.items()))}")
     for (thread, where), held in sorted(by_where.items(), key=lambda kv: -max(kv[1]))[:30]:
         print(f"  {max(held):6.2f} ms max, {len(held):4d} over 0.5 ms  [{thread}] {where}")
 
