@@ -7,15 +7,19 @@ process); no HPA requests are sent while measuring, so what delays a thread here
 Two measures, on separate refreshes:
 
 * **watchdog** (the first ``--refreshes``): a thread sleeps 0.5 ms in a loop and records every wake-up more than
-  1 ms late, with the CPU time each thread of the process used meanwhile (``pthread_getcpuclockid``: a thread that
-  used ≈ the lateness held the lock; a machine too loaded to run us shows as lateness without CPU) and the stack
-  of the thread that used most: where it was when it let go, i.e. in the call that held the lock (py-spy style).
-* **lines** (the next ``--profiled``): a trace function on every thread times each line of gpuscale's code by the
-  thread's own CPU clock (robust to a loaded machine), up to the next line or call in gpuscale; lines over 0.5 ms
-  are listed. A long line that is one operation (a C call, a dict built from an iterator, a container freed) held
-  the interpreter lock throughout.
+  1 ms late, with the CPU time each thread of the process used meanwhile (``pthread_getcpuclockid``) and the stack
+  of the thread that used most: where it was when it let go, i.e. in the call that held the lock (py-spy style). On
+  a quiet machine a thread that used ≈ the lateness held the lock; on a busy one the watchdog also waits for a core
+  while the others run, so read it there as where to look, not as holds.
+* **lines** (the next ``--profiled``): a trace function on every thread times, by the thread's own CPU clock (which
+  a busy machine does not inflate), each line of gpuscale's code (``--everywhere``: every module's) up to the next
+  trace event, and what follows each return (the frame's locals freed, the rest of the caller's line); spans over
+  0.5 ms are listed at their line, and the count over 1 ms per thread. A long line that is one operation (a C call,
+  a dict built from an iterator, a container freed) held the interpreter lock throughout; one that waits in the
+  kernel (``select``) did not.
 
-Usage: .venv/bin/python benchmarks/bench_gil_holds.py [--refreshes 3] [--profiled 1]
+Usage: .venv/bin/python benchmarks/bench_gil_holds.py [--refreshes 3] [--profiled 1] [--everywhere]
+(about a minute; needs the load generator of bench_cluster_serving.py)
 """
 
 from __future__ import annotations
@@ -143,8 +147,11 @@ def _where(code, line: int) -> str:
 
 async def measure(prometheus: str, refreshes: int, profiled: int, everywhere: bool, work: Path) -> None:
     tracer = LineTimer(only_gpuscale=not everywhere)
-    threading.settrace(tracer)  # NB: every thread started from now on (the adapter's), and this one
-    sys.settrace(tracer)
+    if profiled:
+        # NB: every thread started from now on (the adapter's), and this one; idle until a profiled refresh, yet
+        # called at every Python call: --profiled 0 leaves the watched refreshes untouched
+        threading.settrace(tracer)
+        sys.settrace(tracer)
     log = (work / "events").open("a", buffering=1)
     adapter = await start_bench_adapter(prometheus, log)
     urls = work / "urls"
@@ -198,8 +205,8 @@ def report_watchdog(watchdog: Watchdog, builds: list[tuple[float, float, float]]
           f"{', '.join(f'{c:.2f}' for _, _, c in builds)} s CPU); {len(watchdog.stalls)} wake-ups over "
           f"{LATE * 1e3:g} ms late", flush=True)  # fmt: skip
     held = [s for s in watchdog.stalls if s[2] >= 0.5 * s[1]]
-    print(f"  of which the culprit thread used ≥ half the lateness in CPU (a hold): {len(held)}; longest hold "
-          f"{max((s[2] for s in held), default=0) * 1e3:.2f} ms CPU")  # fmt: skip
+    print(f"  of which the busiest thread used ≥ half the lateness in CPU (a hold, on a quiet machine): {len(held)}; "
+          f"longest {max((s[2] for s in held), default=0) * 1e3:.2f} ms CPU")  # fmt: skip
     for at, late, cpu, thread, stack in sorted(held, key=lambda s: -s[2])[:20]:
         phase = next((f"build +{at - a:.3f} s" for a, b, _ in builds if a <= at <= b), "outside the build")
         print(f"  late {late * 1e3:6.2f} ms, {thread} used {cpu * 1e3:6.2f} ms CPU ({phase})")
