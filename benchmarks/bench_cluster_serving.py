@@ -148,6 +148,22 @@ def _adapter(prometheus: str, events: str, probe: bool, switch: float | None, qu
     import gpuscale.cli.adapter as composition
 
     sys.setswitchinterval(switch or composition.SWITCH_INTERVAL_S)  # NB: as `gpuscale adapter` runs (cli/main.py)
+    log = open(events, "a", buffering=1)  # noqa: SIM115
+
+    async def main() -> None:
+        adapter = await start_bench_adapter(prometheus, log)
+        if probe:
+            asyncio.get_running_loop().create_task(_probe(log))
+        queue.put(adapter.url)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+async def start_bench_adapter(prometheus: str, log):
+    """The adapter as the benchmark runs it (module docstring), writing when each refresh starts, swaps and ends to
+    ``log``; on the running loop."""
+    import gpuscale.cli.adapter as composition
     from gpuscale.selectors import LabelSelector
     from gpuscale.settings import AdapterSettings
     from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects, WorkloadInfo
@@ -190,39 +206,31 @@ def _adapter(prometheus: str, events: str, probe: bool, switch: float | None, qu
     # NB: the two steps replaced (module docstring); demand-driven refresh and the rest run as shipped
     composition.make_cluster = fixed_cluster
     composition.HpaCache = Hpas
-    log = open(events, "a", buffering=1)  # noqa: SIM115
+    settings = AdapterSettings(
+        prometheus_url=prometheus,
+        insecure_port=0,
+        refresh_interval=REFRESH_S,
+        apis="custom",
+        log_level="warning",
+    )
+    adapter = await composition.start_adapter(settings)
+    pipeline, store = adapter.pipeline, adapter.store
+    refresh_once, update = pipeline.refresh_once, store.update
 
-    async def main() -> None:
-        settings = AdapterSettings(
-            prometheus_url=prometheus,
-            insecure_port=0,
-            refresh_interval=REFRESH_S,
-            apis="custom",
-            log_level="warning",
-        )
-        adapter = await composition.start_adapter(settings)
-        pipeline, store = adapter.pipeline, adapter.store
-        refresh_once, update = pipeline.refresh_once, store.update
+    async def recorded_refresh():
+        log.write(f"start {time.time():.6f}\n")
+        try:
+            return await refresh_once()
+        finally:
+            log.write(f"end {time.time():.6f}\n")
 
-        async def recorded_refresh():
-            log.write(f"start {time.time():.6f}\n")
-            try:
-                return await refresh_once()
-            finally:
-                log.write(f"end {time.time():.6f}\n")
+    def recorded_update(snapshot):
+        log.write(f"swap {time.time():.6f}\n")
+        return update(snapshot)
 
-        def recorded_update(snapshot):
-            log.write(f"swap {time.time():.6f}\n")
-            return update(snapshot)
-
-        pipeline.refresh_once = recorded_refresh  # type: ignore[method-assign]
-        store.update = recorded_update  # type: ignore[method-assign]
-        if probe:
-            asyncio.get_running_loop().create_task(_probe(log))
-        queue.put(adapter.url)
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
+    pipeline.refresh_once = recorded_refresh  # type: ignore[method-assign]
+    store.update = recorded_update  # type: ignore[method-assign]
+    return adapter
 
 
 async def _probe(log) -> None:

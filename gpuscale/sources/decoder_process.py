@@ -38,6 +38,7 @@ import pickle
 import struct
 import sys
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -206,17 +207,22 @@ class DecoderProcess:
         self.started = 0
 
     async def decode(
-        self, raw: bytes | bytearray, status: int, content_type: str, planned: PlannedQuery, generation: int
+        self, raw: Sequence[bytes], status: int, content_type: str, planned: PlannedQuery, generation: int
     ) -> Answer:
-        """The answer, or SourceUnavailable: the server's fault (as read_answer says) or the child's (kind decoder)."""
+        """The answer to the body ``raw`` (the chunks it came in), or SourceUnavailable: the server's fault (as
+        read_answer says) or the child's (kind decoder)."""
         try:
             async with asyncio.timeout(self._timeout):
                 proc = await self._running()
                 assert proc.stdin is not None and proc.stdout is not None
                 header = pickle.dumps((planned, status, content_type, self._source, generation, self._max_label_sets))
-                proc.stdin.write(_REQUEST.pack(len(header), len(raw)))
+                proc.stdin.write(_REQUEST.pack(len(header), sum(map(len, raw))))
                 proc.stdin.write(header)
-                proc.stdin.write(raw)
+                # NB: a chunk at a time, each drained: the pipe takes 64 KB at once, and the rest of a 4 MB body
+                # written whole was copied into the transport's buffer in one C call holding the interpreter lock
+                for chunk in raw:
+                    proc.stdin.write(chunk)
+                    await proc.stdin.drain()
                 await proc.stdin.drain()
                 (size,) = _REPLY.unpack(await proc.stdout.readexactly(_REPLY.size))
                 data = await proc.stdout.readexactly(size)

@@ -39,7 +39,7 @@ import aiohttp
 from gpuscale.backoff import Backoff
 from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.settings import PrometheusConnection
-from gpuscale.sources.bounded import read_bounded, size_text
+from gpuscale.sources.bounded import read_bounded, read_bounded_parts, size_text
 from gpuscale.sources.credentials import read_pem, read_token, verifying_context
 from gpuscale.sources.prom_answer import answer_warnings
 
@@ -320,14 +320,15 @@ class PrometheusClient:
         headers: Mapping[str, str],
         ssl_context: ssl.SSLContext | bool,
         too_large: Callable[[], Exception],
-    ) -> tuple[bytearray, int, str]:
-        """(body, HTTP status, Content-Type) of one POST; SourceUnavailable when the server cannot be reached,
-        ``too_large()`` once the body passes ``max_body_bytes``. No retries, no deadline (the caller's)."""
+    ) -> tuple[list[bytes], int, str]:
+        """(body as the chunks it came in, HTTP status, Content-Type) of one POST; SourceUnavailable when the server
+        cannot be reached, ``too_large()`` once the body passes ``max_body_bytes``. No retries, no deadline (the
+        caller's)."""
         try:
             async with self._session().post(
                 self.url + path, data=dict(form), headers=dict(headers), ssl=ssl_context
             ) as resp:
-                body = await read_bounded(resp, limit_bytes=self.max_body_bytes, too_large=too_large)
+                body = await read_bounded_parts(resp, limit_bytes=self.max_body_bytes, too_large=too_large)
                 return body, resp.status, resp.headers.get("Content-Type", "")
         except aiohttp.ClientConnectorError as e:
             raise SourceUnavailable(self.display_url, f"cannot connect: {e.os_error or e}", kind="connection") from e

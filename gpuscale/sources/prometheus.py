@@ -115,12 +115,14 @@ import logging
 import math
 import re
 import ssl
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.metrics.attribution import POD_LABELS
+from gpuscale.metrics.chunked import free_in_chunks
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
 from gpuscale.sources.decoder_process import DecoderProcess
@@ -392,7 +394,10 @@ class PrometheusSource:
                 why = "; ".join(answer.warnings) or "the server marked the response partial"
                 partial[p] = f"partial response: {short(why)}"
             else:
-                self._kept[p] = answer.values
+                replaced, self._kept[p] = self._kept[p], answer.values
+                if sys.getrefcount(replaced) == 2:  # NB: this name and the argument: no other query carries it
+                    # NB: its 10,000 series (and their 20,000 floats) at 10,000 GPUs, freed in one C call otherwise
+                    free_in_chunks(replaced)
         self._count_over_cap(over_cap)
         self._record(started, failed, partial, kind=kinds.pop() if len(kinds) == 1 else "failed")
 
@@ -461,14 +466,16 @@ class PrometheusSource:
                 if self._decoder is not None:
                     return await self._decoder.decode(raw, status, content_type, planned, self._refreshes)
                 return await asyncio.to_thread(
-                    decode_answer, raw, status, content_type, planned, source=self.display_url, label_sets=label_sets
+                    lambda: decode_answer(
+                        b"".join(raw), status, content_type, planned, source=self.display_url, label_sets=label_sets
+                    )
                 )
             except SourceUnavailable as e:
                 return e
 
     async def _post(
         self, form: dict[str, str], headers: dict[str, str], ssl_context: ssl.SSLContext | bool
-    ) -> tuple[bytearray, int, str]:
+    ) -> tuple[list[bytes], int, str]:
         def too_large() -> SourceUnavailable:
             return SourceUnavailable(
                 self.display_url,
