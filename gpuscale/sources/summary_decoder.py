@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from array import array
 from collections import defaultdict
 from typing import Any
 
@@ -38,10 +37,11 @@ class SummaryDecoder:
         self._xid: dict[tuple[str, str], dict[str, np.ndarray]] = {}
         self._meta: dict[tuple[str, str], PodRef | None] = {}
         self._throttle: dict[tuple[str, str], tuple[PodRef | None, list[float]]] = {}
-        # NB: quantile answers as flat records (series number, level, chunk, value), 24 bytes each: a dict of
-        # one-chunk arrays per level and series took 9 KB a GPU, most of the report's memory at 100,000 GPUs
-        self._number: dict[int, int] = {}  # id(summary) → its place in _series
-        self._q = (array("q"), array("d"), array("q"), array("d"))
+        # NB: each quantile answer goes straight into its series' array (levels × chunks), a row added when a level
+        # first answers; the series asked the same levels share one tuple of them and one map level → row. A dict of
+        # one-chunk arrays per level and series took 9 KB a GPU, flat records sorted at the end ~4 KB at their peak.
+        self._rows: dict[tuple[float, ...], dict[float, int]] = {(): {}}  # levels → level → row
+        self._grown: dict[tuple[tuple[float, ...], float], tuple[float, ...]] = {}  # (levels, a new one) → levels
         self._pods_by_host: dict[str, set[str]] = defaultdict(set)  # Hostname label → pod names on it
 
     def rank_levels(self, q: float) -> dict[tuple[str, float], list[str]]:
@@ -114,8 +114,26 @@ class SummaryDecoder:
                 total=np.full(chunks, np.nan),
                 maximum=np.full(chunks, np.nan),
             )
-            self._number[id(s)] = len(self._series) - 1
         return s
+
+    def _row(self, s: SeriesSummary, q: float) -> tuple[np.ndarray, int]:
+        """``s.quantiles`` and the row of level ``q`` in it, added (in level order, NaN) on the level's first answer."""
+        rows = self._rows[s.levels]
+        row = rows.get(q)
+        if row is not None:
+            return s.quantiles, row  # type: ignore[return-value]
+        grown = self._grown.get((s.levels, q))
+        if grown is None:
+            levels = tuple(sorted((*s.levels, q)))
+            levels = next((k for k in self._rows if k == levels), levels)  # NB: one tuple per set of levels
+            self._rows.setdefault(levels, {level: i for i, level in enumerate(levels)})
+            grown = self._grown[(s.levels, q)] = levels
+        row = self._rows[grown][q]
+        old = s.quantiles if s.quantiles is not None else np.empty((0, self.h.chunks))
+        new = np.empty((old.shape[0] + 1, self.h.chunks))
+        new[:row], new[row], new[row + 1 :] = old[:row], np.nan, old[row:]
+        s.levels, s.quantiles = grown, new
+        return new, row
 
     def add(self, kind: str, what: str, result: list[dict[str, Any]], *, first: float, every: float) -> None:
         h = self.h
@@ -141,12 +159,10 @@ class SummaryDecoder:
                 except ValueError:
                     continue
                 inside = idx < h.chunks
-                n = int(np.count_nonzero(inside))
-                number, levels, chunk, value = self._q
-                number.extend([self._number[id(s)]] * n)
-                levels.extend([q] * n)
-                chunk.extend(idx[inside].tolist())
-                value.extend(vs[inside].tolist())
+                if math.isnan(q) or not inside.any():
+                    continue
+                quantiles, row = self._row(s, q)
+                quantiles[row, idx[inside]] = vs[inside]  # NB: the last answer wins
             elif kind == "xid":
                 gpu, node = self._gpu(labels)
                 d = self._xid.setdefault(
@@ -195,25 +211,8 @@ class SummaryDecoder:
         h = self.h
         h.series = list(self._series.values())
         for s in h.series:
-            s.levels, s.quantiles = (), np.empty((0, h.chunks))
-        # NB: views of the records (no copy) and one order over them, each series' answers taken through it: copies
-        # of the four record arrays, unsorted and sorted, were the fetch's peak (~2.7 KB a GPU more)
-        number, levels, chunk, value = (np.frombuffer(a, dtype=a.typecode) for a in self._q)
-        order = np.lexsort((np.arange(number.size), levels, number))  # by series, level, then arrival
-        ordered = number[order]
-        edges = np.flatnonzero(np.diff(ordered)) + 1
-        shared: dict[tuple[float, ...], tuple[float, ...]] = {}  # NB: one tuple of levels for the series asked alike
-        for a, b in zip(np.r_[0, edges], np.r_[edges, number.size], strict=True):
-            if a == b:
-                continue
-            s = h.series[int(ordered[a])]
-            mine = order[a:b]
-            known = np.unique(levels[mine])
-            s.levels = shared.setdefault(tuple(known.tolist()), tuple(known.tolist()))
-            s.quantiles = np.full((known.size, h.chunks), np.nan)
-            s.quantiles[np.searchsorted(known, levels[mine]), chunk[mine]] = value[mine]  # NB: the last answer wins
-        del number, levels, chunk, value, order, ordered
-        self._q = (array("q"), array("d"), array("q"), array("d"))
+            if s.quantiles is None:
+                s.quantiles = np.empty((0, h.chunks))
         for (gpu, node), d in self._xid.items():
             pod = self._meta[(gpu, node)]
             for i in np.flatnonzero((d["max"] > 0) & (d["changes"] > 0)):
