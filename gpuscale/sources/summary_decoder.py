@@ -43,7 +43,6 @@ class SummaryDecoder:
         # NB: keyed by the shared tuple's id (hashing 45 floats on every answer cost 0.3 ms a GPU); each is kept here
         self._levels: dict[tuple[float, ...], tuple[float, ...]] = {(): ()}  # each set of levels → its one tuple
         self._rows: dict[int, dict[float, int]] = {id(()): {}}  # id(levels) → level → row
-        self._grown: dict[tuple[int, float], tuple[float, ...]] = {}  # (id(levels), a new one) → levels
         self._pods_by_host: dict[str, set[str]] = defaultdict(set)  # Hostname label → pod names on it
 
     def rank_levels(self, q: float) -> dict[tuple[str, float], list[str]]:
@@ -118,25 +117,25 @@ class SummaryDecoder:
             )
         return s
 
-    def _row(self, s: SeriesSummary, q: float) -> tuple[np.ndarray, int]:
-        """``s.quantiles`` and the row of level ``q`` in it, added (in level order, NaN) on the level's first answer."""
-        row = self._rows[id(s.levels)].get(q)
-        if row is not None:
-            return s.quantiles, row  # type: ignore[return-value]
-        grown = self._grown.get((id(s.levels), q))
-        if grown is None:
-            levels = tuple(sorted((*s.levels, q)))
-            grown = self._grown[(id(s.levels), q)] = self._levels.setdefault(levels, levels)
-            self._rows.setdefault(id(grown), {level: i for i, level in enumerate(grown)})
-        row = self._rows[id(grown)][q]
-        old = s.quantiles if s.quantiles is not None else np.empty((0, self.h.chunks))
-        new = np.empty((old.shape[0] + 1, self.h.chunks))
-        new[:row], new[row], new[row + 1 :] = old[:row], np.nan, old[row:]
-        s.levels, s.quantiles = grown, new
-        return new, row
+    def _place(self, s: SeriesSummary, answers: list[tuple[float, np.ndarray, np.ndarray]]) -> None:
+        """One query's answers (level, chunks, values) for ``s``, in arrival order (the last answer wins); the levels
+        first answered add their rows at once (in level order, NaN elsewhere): one growth per query, not per level."""
+        rows = self._rows[id(s.levels)]
+        new = {q for q, _, _ in answers if q not in rows}
+        if new:
+            levels = tuple(sorted({*s.levels, *new}))
+            grown = self._levels.setdefault(levels, levels)
+            rows = self._rows.setdefault(id(grown), {level: i for i, level in enumerate(grown)})
+            quantiles = np.full((len(grown), self.h.chunks), np.nan)
+            if s.levels:
+                quantiles[[rows[q] for q in s.levels]] = s.quantiles
+            s.levels, s.quantiles = grown, quantiles
+        for q, idx, vs in answers:
+            s.quantiles[rows[q], idx] = vs  # type: ignore[index]
 
     def add(self, kind: str, what: str, result: list[dict[str, Any]], *, first: float, every: float) -> None:
         h = self.h
+        answered: dict[int, tuple[SeriesSummary, list[tuple[float, np.ndarray, np.ndarray]]]] = {}  # id → answers
         for entry in result:
             labels, values = matrix_series(entry)
             if labels is None or not values:
@@ -162,8 +161,7 @@ class SummaryDecoder:
                 idx, vs = idx[inside], vs[inside]
                 if math.isnan(q) or not idx.size:
                     continue
-                quantiles, row = self._row(s, q)
-                quantiles[row, idx] = vs  # NB: the last answer wins
+                answered.setdefault(id(s), (s, []))[1].append((q, idx, vs))
             elif kind == "xid":
                 gpu, node = self._gpu(labels)
                 d = self._xid.setdefault(
@@ -182,6 +180,8 @@ class SummaryDecoder:
                 gpu, node = self._gpu(labels)
                 _, seen = self._throttle.setdefault((gpu, node), (self._pod(labels), []))
                 seen.extend(float(t) - 0.001 for t in ts)
+        for s, answers in answered.values():
+            self._place(s, answers)
 
     def _owner(self, kind: str, what: str, labels: dict[str, str], idx: np.ndarray, vs: np.ndarray) -> None:
         h = self.h

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 
 from gpuscale.metrics.history import SummaryHistory
 from gpuscale.sources.summary_decoder import SummaryDecoder
@@ -21,11 +22,13 @@ def answer(gpu: int, level: float, values: dict[int, float]) -> list[dict]:
     return [{"metric": labels, "values": [[FIRST + c * CHUNK, str(v)] for c, v in values.items()]}]
 
 
-def decoded(answers: list[tuple[int, float, dict[int, float]]]) -> SummaryHistory:
+def decoded(answers: list[tuple[int, float, dict[int, float]]], *, together: bool = False) -> SummaryHistory:
+    """``together``: every answer in one query's result, in order (else one result each)."""
     h = SummaryHistory(start=0.0, step_seconds=60.0, chunk_seconds=CHUNK, chunks=3)
     d = SummaryDecoder(h, re.compile("dcgm-exporter.*"))
-    for gpu, level, values in answers:
-        d.add("quantiles", "sm_active", answer(gpu, level, values), first=FIRST, every=CHUNK)
+    results = [answer(gpu, level, values) for gpu, level, values in answers]
+    for result in [[e for r in results for e in r]] if together else results:
+        d.add("quantiles", "sm_active", result, first=FIRST, every=CHUNK)
     d.add(
         "stat",
         "fb_used_mib:count",
@@ -37,18 +40,20 @@ def decoded(answers: list[tuple[int, float, dict[int, float]]]) -> SummaryHistor
     return h
 
 
-def test_answers_in_any_order_land_on_their_level_and_chunk():
-    h = decoded(
-        [
-            (0, 0.9, {0: 0.75, 2: 0.8125}),
-            (1, 0.5, {0: 0.125, 1: 0.25, 2: 0.375}),
-            (0, 0.5, {0: 0.5, 1: 0.5625}),
-            (1, 0.9, {0: 0.5, 1: 0.625, 2: 0.75}),
-            (0, 0.99, {0: 0.9375}),
-            (0, 0.9, {2: 0.875}),  # asked again: the last answer wins
-            (1, 0.99, {}),  # nothing answered: no row
-        ]
-    )
+ANSWERS = [
+    (0, 0.9, {0: 0.75, 2: 0.8125}),
+    (1, 0.5, {0: 0.125, 1: 0.25, 2: 0.375}),
+    (0, 0.5, {0: 0.5, 1: 0.5625}),
+    (1, 0.9, {0: 0.5, 1: 0.625, 2: 0.75}),
+    (0, 0.99, {0: 0.9375}),
+    (0, 0.9, {2: 0.875}),  # asked again: the last answer wins
+    (1, 0.99, {}),  # nothing answered: no row
+]
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_answers_in_any_order_land_on_their_level_and_chunk(together):
+    h = decoded(ANSWERS, together=together)
     by_gpu = {(s.gpu, s.field): s for s in h.series}
     zero, one = by_gpu[("GPU-0", "sm_active")], by_gpu[("GPU-1", "sm_active")]
     assert zero.levels == (0.5, 0.9, 0.99)
