@@ -37,10 +37,10 @@ class SummaryDecoder:
         self._xid: dict[tuple[str, str], dict[str, np.ndarray]] = {}
         self._meta: dict[tuple[str, str], PodRef | None] = {}
         self._throttle: dict[tuple[str, str], tuple[PodRef | None, list[float]]] = {}
-        # NB: each quantile answer goes straight into its series' array (levels × chunks), a row added when a level
-        # first answers; the series asked the same levels share one tuple of them and one map level → row. A dict of
-        # one-chunk arrays per level and series took 9 KB a GPU, flat records sorted at the end ~4 KB at their peak.
-        # NB: keyed by the shared tuple's id (hashing 45 floats on every answer cost 0.3 ms a GPU); each is kept here
+        # NB: each quantile answer goes straight into its series' array (levels × chunks), rows added for the levels
+        # a query first answers; the series asked the same levels share one tuple of them and one map level → row. A
+        # dict of one-chunk arrays per level and series took 9 KB a GPU, flat records sorted at the end ~4 KB at their
+        # peak. The maps are keyed by the tuple's id (hashing 45 floats per answer cost 0.3 ms a GPU), kept here.
         self._levels: dict[tuple[float, ...], tuple[float, ...]] = {(): ()}  # each set of levels → its one tuple
         self._rows: dict[int, dict[float, int]] = {id(()): {}}  # id(levels) → level → row
         self._pods_by_host: dict[str, set[str]] = defaultdict(set)  # Hostname label → pod names on it
