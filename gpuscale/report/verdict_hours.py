@@ -44,9 +44,9 @@ def verdicts_over_time(usage: WorkloadUsage, policy: ReportPolicy) -> list[Verdi
         }
         if not values:
             continue
-        verdict = _diagnose_rounded(tuple(sorted((f, round(float(v), 3)) for f, v in values.items())), policy)
-        counts[verdict.code.value] += 1
-        examples.setdefault(verdict.code.value, verdict.explanation)
+        code, explanation = _diagnose_rounded(tuple(sorted((f, round(float(v), 3)) for f, v in values.items())), policy)
+        counts[code] += 1
+        examples.setdefault(code, explanation)
     total = sum(counts.values())
     return [
         VerdictShare(code=code, share=round(float(n / total), 3), hours=n, example=examples[code])
@@ -54,21 +54,25 @@ def verdicts_over_time(usage: WorkloadUsage, policy: ReportPolicy) -> list[Verdi
     ]
 
 
-_MEMO: dict[tuple[int, tuple[tuple[str, float], ...]], object] = {}
+_MEMO: dict[tuple[int, tuple[tuple[str, float], ...]], tuple[str, str]] = {}
 _POLICIES: dict[int, object] = {}  # NB: holds each policy the memo is keyed by, so its id is never reused
+# NB: an entry is ~0.3 KB (its key and the verdict's code and explanation, never the Verdict with its findings:
+# ~2 KB, 200 MB at the old 100,000 entries); a workload's near-identical blocks still hit
+_MEMO_ENTRIES = 20_000
 
 
-def _diagnose_rounded(values: tuple[tuple[str, float], ...], policy: ReportPolicy):
-    """``diagnose`` of block means rounded to 0.001 (well inside every threshold's precision), memoised per
-    policy: a long window gives a workload hundreds of near-identical blocks."""
+def _diagnose_rounded(values: tuple[tuple[str, float], ...], policy: ReportPolicy) -> tuple[str, str]:
+    """(code, explanation) of ``diagnose`` of block means rounded to 0.001 (well inside every threshold's
+    precision), memoised per policy: a long window gives a workload hundreds of near-identical blocks."""
     key = (id(policy.diagnosis), values)
     verdict = _MEMO.get(key)
     if verdict is None:
-        if len(_MEMO) > 100_000:
+        if len(_MEMO) >= _MEMO_ENTRIES:
             _MEMO.clear()
             _POLICIES.clear()
         _POLICIES[id(policy.diagnosis)] = policy.diagnosis
-        verdict = _MEMO[key] = diagnose(GpuSignals.model_validate(dict(values)), policy.diagnosis)
+        found = diagnose(GpuSignals.model_validate(dict(values)), policy.diagnosis)
+        verdict = _MEMO[key] = (found.code.value, found.explanation)
     return verdict
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from array import array
 from collections import defaultdict
 from typing import Any
 
@@ -38,10 +37,12 @@ class SummaryDecoder:
         self._xid: dict[tuple[str, str], dict[str, np.ndarray]] = {}
         self._meta: dict[tuple[str, str], PodRef | None] = {}
         self._throttle: dict[tuple[str, str], tuple[PodRef | None, list[float]]] = {}
-        # NB: quantile answers as flat records (series number, level, chunk, value), 24 bytes each: a dict of
-        # one-chunk arrays per level and series took 9 KB a GPU, most of the report's memory at 100,000 GPUs
-        self._number: dict[int, int] = {}  # id(summary) → its place in _series
-        self._q = (array("q"), array("d"), array("q"), array("d"))
+        # NB: each quantile answer goes straight into its series' array (levels × chunks), rows added for the levels
+        # a query first answers; the series asked the same levels share one tuple of them and one map level → row. A
+        # dict of one-chunk arrays per level and series took 9 KB a GPU, flat records sorted at the end ~4 KB at their
+        # peak. The maps are keyed by the tuple's id (hashing 45 floats per answer cost 0.3 ms a GPU), kept here.
+        self._levels: dict[tuple[float, ...], tuple[float, ...]] = {(): ()}  # each set of levels → its one tuple
+        self._rows: dict[int, dict[float, int]] = {id(()): {}}  # id(levels) → level → row
         self._pods_by_host: dict[str, set[str]] = defaultdict(set)  # Hostname label → pod names on it
 
     def rank_levels(self, q: float) -> dict[tuple[str, float], list[str]]:
@@ -114,11 +115,27 @@ class SummaryDecoder:
                 total=np.full(chunks, np.nan),
                 maximum=np.full(chunks, np.nan),
             )
-            self._number[id(s)] = len(self._series) - 1
         return s
+
+    def _place(self, s: SeriesSummary, answers: list[tuple[float, np.ndarray, np.ndarray]]) -> None:
+        """One query's answers (level, chunks, values) for ``s``, in arrival order (the last answer wins); the levels
+        first answered add their rows at once (in level order, NaN elsewhere): one growth per query, not per level."""
+        rows = self._rows[id(s.levels)]
+        new = {q for q, _, _ in answers if q not in rows}
+        if new:
+            levels = tuple(sorted({*s.levels, *new}))
+            grown = self._levels.setdefault(levels, levels)
+            rows = self._rows.setdefault(id(grown), {level: i for i, level in enumerate(grown)})
+            quantiles = np.full((len(grown), self.h.chunks), np.nan)
+            if s.levels:
+                quantiles[[rows[q] for q in s.levels]] = s.quantiles
+            s.levels, s.quantiles = grown, quantiles
+        for q, idx, vs in answers:
+            s.quantiles[rows[q], idx] = vs  # type: ignore[index]
 
     def add(self, kind: str, what: str, result: list[dict[str, Any]], *, first: float, every: float) -> None:
         h = self.h
+        answered: dict[int, tuple[SeriesSummary, list[tuple[float, np.ndarray, np.ndarray]]]] = {}  # id → answers
         for entry in result:
             labels, values = matrix_series(entry)
             if labels is None or not values:
@@ -141,12 +158,10 @@ class SummaryDecoder:
                 except ValueError:
                     continue
                 inside = idx < h.chunks
-                n = int(np.count_nonzero(inside))
-                number, levels, chunk, value = self._q
-                number.extend([self._number[id(s)]] * n)
-                levels.extend([q] * n)
-                chunk.extend(idx[inside].tolist())
-                value.extend(vs[inside].tolist())
+                idx, vs = idx[inside], vs[inside]
+                if math.isnan(q) or not idx.size:
+                    continue
+                answered.setdefault(id(s), (s, []))[1].append((q, idx, vs))
             elif kind == "xid":
                 gpu, node = self._gpu(labels)
                 d = self._xid.setdefault(
@@ -165,6 +180,8 @@ class SummaryDecoder:
                 gpu, node = self._gpu(labels)
                 _, seen = self._throttle.setdefault((gpu, node), (self._pod(labels), []))
                 seen.extend(float(t) - 0.001 for t in ts)
+        for s, answers in answered.values():
+            self._place(s, answers)
 
     def _owner(self, kind: str, what: str, labels: dict[str, str], idx: np.ndarray, vs: np.ndarray) -> None:
         """A per-owner answer (owner_kind, owner_name) into h.owner_steps, a per-pod one (the steps its pod had no
@@ -202,20 +219,8 @@ class SummaryDecoder:
         h = self.h
         h.series = list(self._series.values())
         for s in h.series:
-            s.levels, s.quantiles = (), np.empty((0, h.chunks))
-        number, levels, chunk, value = (np.array(a) for a in self._q)
-        self._q = (array("q"), array("d"), array("q"), array("d"))
-        order = np.lexsort((np.arange(number.size), levels, number))  # by series, level, then arrival
-        number, levels, chunk, value = number[order], levels[order], chunk[order], value[order]
-        edges = np.flatnonzero(np.diff(number)) + 1
-        for a, b in zip(np.r_[0, edges], np.r_[edges, number.size], strict=True):
-            if a == b:
-                continue
-            s = h.series[int(number[a])]
-            known = np.unique(levels[a:b])
-            s.levels = tuple(float(q) for q in known)
-            s.quantiles = np.full((known.size, h.chunks), np.nan)
-            s.quantiles[np.searchsorted(known, levels[a:b]), chunk[a:b]] = value[a:b]  # NB: the last answer wins
+            if s.quantiles is None:
+                s.quantiles = np.empty((0, h.chunks))
         for (gpu, node), d in self._xid.items():
             pod = self._meta[(gpu, node)]
             for i in np.flatnonzero((d["max"] > 0) & (d["changes"] > 0)):
