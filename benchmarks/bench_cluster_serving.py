@@ -248,6 +248,7 @@ async def _probe(log) -> None:
 
     gc.callbacks.append(collected)
     _time_callbacks(log)
+    _time_steps(log)
     while True:
         due, cpu = time.perf_counter() + 0.001, time.process_time()
         await asyncio.sleep(0.001)
@@ -276,6 +277,33 @@ def _time_callbacks(log) -> None:
             log.write(f"busy {time.time() - used:.6f} {used * 1e3:.2f} {getattr(named, '__qualname__', '?')}\n")
 
     asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+
+
+def _time_steps(log) -> None:
+    """Every step of the refresh's build (metrics/steps.py, run by pipeline.run_sliced) that took over 0.5 ms, by
+    where it started and where it paused: what keeps a request waiting between two of the loop's turns."""
+    import gpuscale.pipeline as pipeline
+
+    def where(steps) -> str:
+        inner = steps
+        while getattr(getattr(inner, "gi_yieldfrom", None), "gi_frame", None) is not None:
+            inner = inner.gi_yieldfrom
+        frame = inner.gi_frame
+        return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}" if frame is not None else "start"
+
+    def timed(steps):
+        while True:
+            began, cpu = where(steps), time.perf_counter()
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            if (took := time.perf_counter() - cpu) > 0.0005:
+                log.write(f"busy {time.time() - took:.6f} {took * 1e3:.2f} step:{began}>{where(steps)}\n")
+            yield
+
+    sliced = pipeline.run_sliced
+    pipeline.run_sliced = lambda steps, **kwargs: sliced(timed(steps), **kwargs)
 
 
 def _bare(size: int, queue: mp.Queue) -> None:

@@ -1,8 +1,8 @@
 """The refresh loop: source → attribution → aggregation → store, once per interval.
 
 Thin on purpose (kopf's loop style): ``refresh_once`` does one whole cycle and is what tests call;
-``run`` only repeats it on a timer. Request handlers never wait on this loop: the snapshot is built in a
-worker thread and swapped into the store on the event loop in one assignment.
+``run`` only repeats it on a timer. Request handlers never wait on this loop: the snapshot is built on the event
+loop in time slices between requests (``run_sliced``) and swapped into the store in one assignment.
 """
 
 from __future__ import annotations
@@ -13,16 +13,48 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
-from gpuscale.metrics.aggregation import build_snapshot
+from gpuscale.metrics.aggregation import snapshot_steps
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.metrics.series import MetricsSource
+from gpuscale.metrics.steps import Steps
 from gpuscale.metrics.store import MetricsStore, Snapshot
 from gpuscale.piecemeal import free_piecemeal
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# NB: how long the build runs on the event loop before the loop serves what arrived meanwhile. A request waits at
+# most about this long for the build; each pause costs one turn of the loop (~20–40 µs).
+SLICE_SECONDS = 0.0003
+
+
+async def run_sliced(steps: Steps[T], *, budget: float = SLICE_SECONDS) -> T:
+    """Run ``steps`` (metrics/steps.py) on the event loop, ``budget`` seconds at a time: between two slices the loop
+    serves whatever is ready. Its result; cancelling the caller closes it.
+
+    NB: not in a worker thread. The build is ~0.5 s of pure Python at 10,000 GPUs, and a thread beside the loop takes
+    the interpreter lock from it at every system call it makes (``select``, ``send``, ``recv``): the loop then waits
+    a switch interval or the thread's current C call to get it back, several times per request. Measured with 4,000
+    distinct HPA queries at 267 requests/s, p99 during a refresh was 1.8–2.4× p99 at rest with the build in a thread
+    whose every C call was cut under 1 ms (benchmarks/bench_cluster_serving.py, docs/benchmarks.md).
+    """
+    clock = time.perf_counter
+    try:
+        while True:
+            end = clock() + budget
+            next(steps)
+            while clock() < end:
+                next(steps)
+            await asyncio.sleep(0)
+    except StopIteration as done:
+        return done.value
+    finally:
+        steps.close()
 
 
 @contextlib.contextmanager
@@ -66,7 +98,8 @@ class Pipeline:
         clock: Callable[[], float] = time.time,
         on_refresh: Callable[[Snapshot, float], None] | None = None,
         before_refresh: Callable[[], None] | None = None,
-        prepare: Callable[[Snapshot], Callable[[], None]] | None = None,
+        prepare: Callable[[Snapshot], Steps[Callable[[], None]]] | None = None,
+        gather: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         self.catalogue = catalogue
         self.source = source
@@ -76,9 +109,12 @@ class Pipeline:
         self.clock = clock
         self.on_refresh = on_refresh
         self.before_refresh = before_refresh  # e.g. target discovery from the watch cache
-        # In the build thread, with the new snapshot before it is served (e.g. the adapter's answers to the
-        # queries asked recently); what it returns runs on the loop in the same step as the swap.
+        # Steps run with the build, on the new snapshot before it is served (e.g. the adapter's answers to the
+        # queries asked recently); what they return runs on the loop in the same step as the swap.
         self.prepare = prepare
+        # I/O the preparation needs, awaited after the source's refresh with the build's time (e.g. the forecasts'
+        # recorded history): the build's steps never wait on I/O.
+        self.gather = gather
         self.refreshes = 0
         self._wake = asyncio.Event()  # set by refresh_soon: run() starts the next cycle now
         self._started = 0  # cycles started
@@ -94,11 +130,14 @@ class Pipeline:
                 if self.before_refresh:
                     self.before_refresh()
                 await self.source.refresh(now=self.clock())
-                # NB: the build is ~1 s of pure Python at 10,000 GPUs; on the event loop it held every HPA
-                # request for that long (issue 21). In a thread the interpreter switches to the loop every
-                # sys.getswitchinterval() (0.2 ms in the adapter), so requests keep being answered meanwhile.
-                # Nothing else mutates the source or the attributor while this runs: refreshes never overlap.
-                snapshot, install = await asyncio.to_thread(self._build, now=self.clock())
+                now = self.clock()
+                if self.gather is not None:
+                    await self.gather(now)
+                # NB: the build is ~0.5 s of pure Python at 10,000 GPUs; in one go on the event loop it held every
+                # HPA request for that long (issue 21), in a thread it delayed them at every system call
+                # (run_sliced). Nothing else mutates the source or the attributor while this runs: refreshes
+                # never overlap.
+                snapshot, install = await run_sliced(self._build(now=now))
             retired = self.store.snapshot
             self.store.update(snapshot)  # NB: on the loop, one reference swap: a request sees one whole snapshot
             if install is not None:
@@ -109,20 +148,20 @@ class Pipeline:
             if self.on_refresh:
                 self.on_refresh(snapshot, time.perf_counter() - started)
             if freeing is not None:
-                await freeing  # NB: the refresh ends once its garbage is gone: no freeing overlaps the next one
+                await run_sliced(freeing)  # NB: the refresh ends once its garbage is gone: none overlaps the next one
             return snapshot
         finally:
             async with self._ended:
                 self._finished = max(self._finished, number)
                 self._ended.notify_all()
 
-    def _retire(self, snapshot: Snapshot | None) -> asyncio.Future[int] | None:
-        """Free the snapshot just replaced in a worker thread, piecemeal (gpuscale/piecemeal.py): dropped here, its
-        ~10⁵ objects at 10,000 GPUs were freed on the event loop in one go, holding every request for 10–40 ms."""
+    def _retire(self, snapshot: Snapshot | None) -> Steps[int] | None:
+        """Free the snapshot just replaced piecemeal (gpuscale/piecemeal.py), in slices: dropped here, its ~10⁵
+        objects at 10,000 GPUs were freed on the event loop in one go, holding every request for 10–40 ms."""
         # NB: held by refresh_once's name, this argument and getrefcount's: nobody reads it any more
         if snapshot is None or sys.getrefcount(snapshot) != 3:
             return None
-        return asyncio.get_running_loop().run_in_executor(None, free_piecemeal, snapshot, SNAPSHOT_CONTAINERS)
+        return free_piecemeal(snapshot, SNAPSHOT_CONTAINERS)
 
     async def refresh_soon(self, *, timeout: float) -> None:
         """Return once a refresh that started after this call has ended (``run`` is woken to start it now).
@@ -136,11 +175,12 @@ class Pipeline:
         async with asyncio.timeout(timeout), self._ended:
             await self._ended.wait_for(lambda: self._finished >= wanted)
 
-    def _build(self, *, now: float) -> tuple[Snapshot, Callable[[], None] | None]:
-        # NB: here, not on the loop: dropping the last refresh's ~10⁴ device memos took ~3 ms of the event loop
-        self.attributor.begin_refresh()
-        snapshot = build_snapshot(self.catalogue, self.source.read, self.attributor, now=now)
-        return snapshot, self.prepare(snapshot) if self.prepare is not None else None
+    def _build(self, *, now: float) -> Steps[tuple[Snapshot, Callable[[], None] | None]]:
+        # NB: in steps too: dropping the last refresh's ~10⁴ device memos took ~3 ms of the event loop in one go
+        yield from self.attributor.begin_refresh_steps()
+        snapshot = yield from snapshot_steps(self.catalogue, self.source.read, self.attributor, now=now)
+        install = (yield from self.prepare(snapshot)) if self.prepare is not None else None
+        return snapshot, install
 
     async def run(self) -> None:
         """Refresh forever, on a fixed cadence (a slow cycle delays the next, never stacks them); a

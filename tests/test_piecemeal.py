@@ -11,6 +11,7 @@ import gpuscale.pipeline
 from gpuscale.metrics.attribution import Attributor, Target
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.metrics.exposition import parse_samples
+from gpuscale.metrics.steps import finish
 from gpuscale.metrics.store import MetricsStore
 from gpuscale.piecemeal import free_piecemeal
 from gpuscale.pipeline import Pipeline
@@ -33,7 +34,7 @@ def test_only_what_nobody_else_holds_is_emptied():
     inner = holder.values["m"]  # NB: another reader's hold on one inner dict
     inner_before = dict(inner)
 
-    freed = free_piecemeal(holder, ("values", "members", "other", "missing"))
+    freed = finish(free_piecemeal(holder, ("values", "members", "other", "missing")))
 
     assert holder.values == {} and holder.members == {}
     assert inner == inner_before  # held elsewhere: left whole
@@ -60,7 +61,7 @@ async def test_the_replaced_snapshot_is_freed_off_the_loop_unless_a_reader_holds
 
     def recording(snapshot, names):
         before = len(snapshot.values)
-        free_piecemeal(snapshot, names)
+        yield from free_piecemeal(snapshot, names)
         freed.append((before, len(snapshot.values)))
 
     monkeypatch.setattr(gpuscale.pipeline, "free_piecemeal", recording)

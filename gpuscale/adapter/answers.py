@@ -4,7 +4,7 @@ An HPA polls every 15 s and the store is refreshed every few seconds, so nearly 
 request for its query since the last refresh: a cache filled by requests would miss on almost all of them
 (measured at 10,000 GPUs: the first request after a refresh ran at 0.063× a bare aiohttp server, ~0.9 ms
 of ``json.dumps`` per request). So the cache also remembers which queries were asked recently, and the
-refresh builds their bodies against the new snapshot in its worker thread, before the swap
+refresh builds their bodies against the new snapshot in steps between requests, before the swap
 (``AnswerCache.prepare``); the swap installs them in the same event-loop step that makes the snapshot
 visible. The first request after a refresh is then a dictionary lookup, like every later one.
 
@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from gpuscale.adapter.provider import MetricsProvider, Values
 from gpuscale.adapter.wire import EXTERNAL_GROUP, ItemEncoder, external_item, external_list
 from gpuscale.errors import GpuscaleError, SelectorError
+from gpuscale.metrics.chunked import spans
+from gpuscale.metrics.steps import STEP, Steps
 from gpuscale.metrics.store import MetricsStore, Snapshot
 from gpuscale.piecemeal import free_piecemeal
 from gpuscale.selectors import LabelSelector
@@ -120,7 +122,7 @@ class AnswerCache:
         self._keep_warm = keep_warm_seconds
         self._count = count or (lambda how: None)
         self._monotonic = monotonic
-        self._encoder = ItemEncoder()  # NB: shared by the event loop and the refresh thread (wire.py says why)
+        self._encoder = ItemEncoder()  # NB: shared by requests and the refresh's steps (wire.py says why)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -155,21 +157,26 @@ class AnswerCache:
         self._entries[query] = entry
         self._bytes += len(entry.body)
 
-    # --- the refresh (build thread, then event loop) ---------------------------------------------------
+    # --- the refresh (steps on the event loop, between requests) -----------------------------------------
 
-    def prepare(self, provider: MetricsProvider, snapshot: Snapshot) -> Callable[[], None]:
+    def prepare(self, provider: MetricsProvider, snapshot: Snapshot) -> Steps[Callable[[], None]]:
         """Build the bodies of the queries asked within ``keep_warm_seconds`` against ``snapshot``, which is not
-        served yet; runs in the refresh's worker thread. Returns what installs them: call it on the event loop
-        right after the snapshot is swapped into ``provider``'s store, before any request can see it."""
-        free_piecemeal(self, ("_retired",))
+        served yet, in steps (metrics/steps.py: the pipeline runs them between requests). Returns what installs
+        them: call it on the event loop right after the snapshot is swapped into ``provider``'s store, before any
+        request can see it."""
+        yield from free_piecemeal(self, ("_retired",))
         self._retired = None
+        yield
         now = self._monotonic()
-        asked = dict(self._asked)  # NB: one C-level copy; the event loop keeps adding to the original
+        asked = list(reversed(self._asked.items()))  # NB: most recent first; requests add to the original meanwhile
         # NB: forecast answers are not prepared: the forecasts move on after the swap (on_refresh, in the same
         # event-loop step), so a body built here would be one refresh behind what a request computes.
-        wanted = [
-            q for q, at in reversed(asked.items()) if now - at <= self._keep_warm and not provider.is_forecast(q.metric)
-        ]  # most recent first
+        wanted: list[MetricQuery] = []
+        for piece in spans(len(asked), STEP):
+            wanted += [
+                q for q, at in asked[piece] if now - at <= self._keep_warm and not provider.is_forecast(q.metric)
+            ]
+            yield
         store = MetricsStore()
         store.update(snapshot)
         view = provider.reading(store)
@@ -181,6 +188,7 @@ class AnswerCache:
         size = 0
         failed = 0
         for query in wanted:
+            yield  # NB: one answer per step (~50 µs each)
             if len(entries) >= self._max_entries:
                 break
             try:
@@ -188,7 +196,7 @@ class AnswerCache:
             except (GpuscaleError, SelectorError):
                 continue  # an error answer: raised again, as the same Status, by the request that asks
             except Exception:
-                # NB: e.g. the watch cache changed under this thread; the request then computes its answer.
+                # NB: a bug in one answer must not fail the refresh; the request then computes it (and says why).
                 failed += 1
                 continue
             if size + len(body) > self._max_bytes:
@@ -204,7 +212,7 @@ class AnswerCache:
                 for entry in entries.values():
                     entry.token = now
             # NB: every entry of an older store version is dead (versions only grow): replaced as a whole, the old
-            # ones freed by the next preparation, in its thread (freed here, 4,000 bodies held the loop ~1 ms)
+            # ones freed by the next preparation, in steps (freed here, 4,000 bodies held the loop ~1 ms)
             self._retired, self._entries, self._bytes = self._entries, entries, size
 
         return install

@@ -2,8 +2,8 @@
 
 Once per refresh each Deployment and StatefulSet's request rate, horizon (its start-up) and capacity per replica
 go into the DemandBook (metrics/workload_demand.py says how each is read; metrics/demand.py keeps the history and
-the forecasts). That update runs in the refresh's worker thread (``prepare``, the pipeline's prepare hook), with
-the snapshot being built: 0.17 s of CPU at 5,000 workloads, which on the event loop held every HPA request for
+the forecasts). That update runs in steps with the snapshot's build (``prepare``, the pipeline's prepare hook),
+between HPA requests: 0.17 s of CPU at 5,000 workloads, which in one go on the event loop held every HPA request for
 as long. What it returns, run on the loop in the step that swaps the snapshot in, publishes the new state in one
 assignment (a ``ForecastView``); requests and /metrics read only published views, never the book, so they see
 one whole update or the one before. Updates run one at a time, in snapshot order; one that fails leaves the last
@@ -31,7 +31,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -39,9 +39,11 @@ from prometheus_client.registry import Collector
 
 from gpuscale.errors import MetricNotFound, MetricStale, ObjectNotFound, one_line
 from gpuscale.metrics.demand import WorkloadForecast, WorkloadState
+from gpuscale.metrics.steps import Steps, finish
 from gpuscale.metrics.store import NOT_FINITE, OUT_OF_RANGE, MetricPoint, MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import CAPACITY_ANNOTATION, Inputs, WorkloadDemand
 from gpuscale.model import DEPLOYMENT, STATEFULSET, ObjectRef, representable
+from gpuscale.piecemeal import free_piecemeal
 from gpuscale.selectors import LabelSelector
 
 log = logging.getLogger(__name__)
@@ -65,7 +67,7 @@ _SURELY_SERVABLE = 9.2e15
 
 # (namespaces, now) → pod → its (time, requests/s) samples before ``now``: the rate's recorded history, for
 # backfilling a workload the book has no history of (cli/adapter.py reads it from Prometheus)
-RateHistory = Callable[[frozenset[str], float], Mapping[ObjectRef, Sequence[tuple[float, float]]]]
+RateHistory = Callable[[frozenset[str], float], Awaitable[Mapping[ObjectRef, Sequence[tuple[float, float]]]]]
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class ForecastView:
     states: Mapping[ObjectRef, WorkloadState] = field(default_factory=dict)
     namespaces: frozenset[str] | None = None  # where the rate was read (None: every namespace)
     taken_at: float = float("-inf")  # the snapshot it was computed from
-    update_seconds: float = 0.0  # its cost, in the refresh's worker thread
+    update_seconds: float = 0.0  # its wall time, from its first step to its last
     dropped: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (metric, reason) → values left out
 
 
@@ -108,30 +110,54 @@ class WorkloadForecasts:
         self._retired: ForecastView | None = None  # the view last replaced, freed off the loop
         self.history = history
         self._backfilled: set[str] = set()  # namespaces whose history was asked for once
+        # what ``gather`` read for the next ``prepare``: (namespaces, pod → samples)
+        self._history_read: tuple[frozenset[str], Mapping[ObjectRef, Sequence[tuple[float, float]]]] | None = None
 
     @property
     def inputs(self) -> Mapping[ObjectRef, Inputs]:
         return self.view.inputs
 
-    def prepare(self, snapshot: Snapshot) -> Callable[[], None]:
-        """Update the book from ``snapshot`` (not served yet), in the refresh's worker thread; returns what
-        publishes the result — call it on the event loop when the snapshot is swapped in (the pipeline's
-        prepare hook does both). A snapshot older than the last one updated from is skipped: the book's steps
-        only move forward."""
+    async def gather(self, now: float) -> None:
+        """Before a refresh's build: read the rate's recorded history for the namespaces forecast for the first time
+        (once per namespace, I/O on the event loop); ``prepare`` warms their workloads from it. A failure is logged
+        and the forecasts warm up live, as without a history."""
+        if self.history is None or not self.cluster.synced:
+            return
+        namespaces = self.rate_namespaces()
+        present = self.cluster.namespaces()
+        new = (present if namespaces is None else present & frozenset(namespaces)) - self._backfilled
+        if not new:
+            return
+        self._backfilled |= new
+        try:
+            self._history_read = (frozenset(new), await self.history(frozenset(new), now))
+        except Exception as e:  # NB: the history is a help, never a condition: live readings carry on
+            log.warning("forecast history not read (%s); forecasts warm up live", one_line(str(e) or repr(e), 200))
+
+    def prepare(self, snapshot: Snapshot) -> Steps[Callable[[], None]]:
+        """Update the book from ``snapshot`` (not served yet), in steps (metrics/steps.py: the pipeline runs them
+        between requests); returns what publishes the result — call it on the event loop when the snapshot is
+        swapped in (the pipeline's prepare hook does both). A snapshot older than the last one updated from is
+        skipped: the book's steps only move forward."""
         with self._updating:
-            self._retired = None
+            retired, self._retired = self._retired, None
+            if retired is not None:
+                yield from free_piecemeal(retired, ("inputs", "states"))
+            retired = None
             if snapshot.taken_at < self._updated_at:
                 return _nothing
             self._updated_at = snapshot.taken_at
             started = time.perf_counter()
             try:
                 namespaces = self.rate_namespaces()
-                if self.history is not None:
-                    self._backfill(namespaces, snapshot.taken_at)
+                read, self._history_read = self._history_read, None
+                if read is not None:
+                    warmed = self.demand.backfill(read[1], namespaces=read[0])
+                    log.info("forecast history read for %d namespaces: %d workloads warmed", len(read[0]), warmed)
                 reader = MetricsStore()
                 reader.update(snapshot)
-                self.demand.observe(reader, now=snapshot.taken_at, namespaces=namespaces)
-                states = self.book.states()
+                yield from self.demand.observe_steps(reader, now=snapshot.taken_at, namespaces=namespaces)
+                states = yield from self.book.states_steps()
                 view = ForecastView(
                     self.demand.inputs,
                     states,
@@ -148,34 +174,17 @@ class WorkloadForecasts:
 
         def publish() -> None:
             if view.taken_at >= self.view.taken_at:
-                # NB: the old view is freed by the next update, in its thread: dropping ~10⁴ objects here took
-                # ~2.5 ms of the event loop at 5,000 workloads
+                # NB: the old view is freed by the next update, in steps: dropping ~10⁴ objects here took ~2.5 ms of
+                # the event loop at 5,000 workloads
                 self._retired, self.view = self.view, view
                 if view.dropped:
                     self.count_dropped(view.dropped)
 
         return publish
 
-    def _backfill(self, namespaces: Collection[str] | None, now: float) -> None:
-        """Warm the workloads of namespaces forecast for the first time from the rate's recorded history (once per
-        namespace; a failure is logged and the forecasts warm up live, as without a history)."""
-        if not self.cluster.synced:
-            return
-        present = self.cluster.namespaces()
-        new = (present if namespaces is None else present & frozenset(namespaces)) - self._backfilled
-        if not new or self.history is None:
-            return
-        self._backfilled |= new
-        try:
-            warmed = self.demand.backfill(self.history(frozenset(new), now), namespaces=new)
-        except Exception as e:  # NB: the history is a help, never a condition: live readings carry on
-            log.warning("forecast history not read (%s); forecasts warm up live", one_line(str(e) or repr(e), 200))
-            return
-        log.info("forecast history read for %d namespaces: %d workloads warmed", len(new), warmed)
-
     def observe(self, snapshot: Snapshot) -> None:
-        """Update and publish at once (for callers without a worker thread, e.g. tests and benchmarks)."""
-        self.prepare(snapshot)()
+        """Update and publish at once (for callers without a pipeline, e.g. tests and benchmarks)."""
+        finish(self.prepare(snapshot))()
 
     # --- serving ------------------------------------------------------------------------------------
 
@@ -340,7 +349,7 @@ class ForecastCollector(Collector):
         )
         seconds = GaugeMetricFamily(
             "gpuscale_forecast_update_seconds",
-            "Time the last refresh spent updating the forecasts (in its worker thread, off the event loop).",
+            "Wall time of the last refresh's forecast update (in steps between requests on the event loop).",
         )
         failures = CounterMetricFamily(
             "gpuscale_forecast_update_failures",

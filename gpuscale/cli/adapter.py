@@ -39,6 +39,7 @@ from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.metrics.demand import DemandBook, DemandSettings
 from gpuscale.metrics.refresh_scope import RefreshScope
+from gpuscale.metrics.steps import Steps
 from gpuscale.metrics.store import MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import WorkloadDemand
 from gpuscale.model import ObjectRef, format_duration
@@ -62,11 +63,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # NB: the event loop waits for the interpreter lock each time it comes back from the kernel (select, recv, send)
-# while a worker thread (the build, the decoder's replies, the old snapshot freed) runs Python, up to this long per
-# hand-over. At the default 5 ms, the loop's lag during a 10,000-GPU refresh had p50 5.2 ms; at 1 ms 0.7 ms; at
-# 0.2 ms 0.40–0.42 ms against 1.32–2.41 ms at 1 ms in the same spell (benchmarks/bench_refresh_lag.py, answers
-# decoded in a thread, 2026-12-07), the refresh no slower: the lock changes hands only when the loop asks for it.
-# `gpuscale adapter` sets it.
+# while another thread (the Prometheus source's I/O loop, the decoder's replies) runs Python, up to this long per
+# hand-over; the build itself runs on the loop in slices (pipeline.run_sliced). At the default 5 ms, the loop's lag
+# during a 10,000-GPU refresh with the build in a thread had p50 5.2 ms; at 1 ms 0.7 ms; at 0.2 ms 0.40–0.42 ms
+# against 1.32–2.41 ms at 1 ms in the same spell (benchmarks/bench_refresh_lag.py, answers decoded in a thread,
+# 2026-12-07), the refresh no slower: the lock changes hands only when the loop asks for it. `gpuscale adapter` sets it.
 SWITCH_INTERVAL_S = 0.0002
 
 
@@ -238,6 +239,7 @@ def make_pipeline(
         prepare=lambda snapshot: _both(
             answers.prepare(provider, snapshot), forecasts.prepare(snapshot) if forecasts is not None else None
         ),
+        gather=forecasts.gather if forecasts is not None else None,
     )
 
 
@@ -543,14 +545,17 @@ def _bound_port(site: web.TCPSite) -> int:
     return server.sockets[0].getsockname()[1]
 
 
-def _both(first: Callable[[], None], second: Callable[[], None] | None) -> Callable[[], None]:
-    """What two refresh preparations install, at once (the forecasts and the answers go live with the snapshot)."""
+def _both(first: Steps[Callable[[], None]], second: Steps[Callable[[], None]] | None) -> Steps[Callable[[], None]]:
+    """Two refresh preparations one after the other; what installs both at once (the forecasts and the answers go
+    live with the snapshot)."""
+    install_first = yield from first
     if second is None:
-        return first
+        return install_first
+    install_second = yield from second
 
     def install() -> None:
-        first()
-        second()
+        install_first()
+        install_second()
 
     return install
 

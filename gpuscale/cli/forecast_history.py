@@ -6,9 +6,6 @@ Composition-root wiring (it does I/O through the Prometheus client and hands the
 
 from __future__ import annotations
 
-import asyncio
-import threading
-
 from gpuscale.adapter.forecasts import RateHistory
 from gpuscale.metrics.catalogue import Catalogue, MetricDefinition
 from gpuscale.metrics.demand import DemandSettings
@@ -23,15 +20,13 @@ def rate_history(
 ) -> RateHistory:
     """The forecasts' rate as Prometheus recorded it (one range query per namespaces first forecast), so a restarted
     adapter serves forecasts from its first refresh instead of 10 minutes later (issue 38). Called from the
-    refresh's worker thread; the query runs on the serving loop, bounded by --prometheus-timeout (not cut to the refresh
-    interval: it runs once per namespace, when a workload there is first forecast)."""
+    refresh before its build (``WorkloadForecasts.gather``), on the serving loop; bounded by --prometheus-timeout (not
+    cut to the refresh interval: it runs once per namespace, when a workload there is first forecast)."""
     from gpuscale.replay.metric_history import promql_for
 
     promql = promql_for(metric, window_s=catalogue.window(metric))
     # NB: the history a forecast needs, then its checked forecasts and a whole window of the model-or-last-value choice
     span_s = rate.min_history_s + (rate.min_residuals + rate.loss_window + 12) * rate.step_s
-    loop = asyncio.get_running_loop()
-    loop_thread = threading.get_ident()
 
     async def fetch(namespaces: frozenset[str], now: float) -> dict[ObjectRef, list[tuple[float, float]]]:
         client = PrometheusClient.connect(settings.prometheus)
@@ -54,9 +49,4 @@ def rate_history(
                 continue  # NB: a malformed series is left out, like a missing one
         return out
 
-    def history(namespaces: frozenset[str], now: float) -> dict[ObjectRef, list[tuple[float, float]]]:
-        if threading.get_ident() == loop_thread:
-            raise RuntimeError("the rate history is read from the refresh's worker thread only")
-        return asyncio.run_coroutine_threadsafe(fetch(namespaces, now), loop).result(settings.prometheus.timeout + 5)
-
-    return history
+    return fetch

@@ -25,13 +25,25 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from itertools import compress, repeat
+from typing import NamedTuple
 
 import numpy as np
 
 from gpuscale.metrics.attribution import Device
 from gpuscale.metrics.catalogue import Catalogue, MetricDefinition, Term
-from gpuscale.metrics.chunked import columns, float_array, free_in_chunks, index_array, mapped, spans
+from gpuscale.metrics.chunked import (
+    columns,
+    flattened,
+    float_array,
+    free_in_chunks,
+    index_array,
+    int_array,
+    listed,
+    mapped,
+    spans,
+)
 from gpuscale.metrics.series import SeriesValue, TermQuery
+from gpuscale.metrics.steps import STEP, Steps, finish
 from gpuscale.metrics.store import (
     BAD_TIMESTAMP,
     FUTURE_TIMESTAMP,
@@ -54,7 +66,9 @@ FUTURE_SKEW_SECONDS = 5.0
 
 # NB: objects' points made and stored per C call (_totals): ~0.4 µs each (a MetricPoint, its object's hash, a dict
 # entry), where a column's float costs ~0.05 µs (chunked.CHUNK)
-POINTS_PER_CHUNK = 512
+POINTS_PER_CHUNK = 128
+# NB: series attributed per step: ~2 µs each when the Attributor's memo misses (a new device), less when it hits
+ATTRIBUTIONS_PER_STEP = 64
 
 
 def term_query(term: Term, *, window_seconds: float) -> TermQuery:
@@ -78,49 +92,64 @@ def queries(catalogue: Catalogue) -> list[TermQuery]:
     return list(out)
 
 
-class _Columns:
+class _Columns(NamedTuple):
     """One term's usable series values as arrays: device index, value, sample time, window (NaN: none).
 
     ``dropped``: how many series were left out, by reason (module docstring); a histogram quantile's NaN (no
     request in the window) is no value rather than a fault, so it is left out uncounted.
     """
 
-    def __init__(
-        self,
-        values: list[SeriesValue],
-        attribute: Attribute,
-        index: dict[int, int],
-        devices: list[Device],
-        *,
-        now: float,
-        nan_is_empty: bool = False,
-    ) -> None:
-        # NB: column-wise (zip, map, numpy) rather than one Python loop over the series: this runs for each
-        # of ~100,000 series per refresh at 10,000 GPUs, and the attribute call is then the only per-series
-        # Python frame left. Each C call over a column is cut in chunks (metrics/chunked.py): in the adapter's
-        # build thread one call over 20,000 series held the interpreter lock, and every HPA request, for ms.
-        names, labels, val, ts, targets, win = columns(values, 6)
-        self.val = float_array(val)
-        self.ts = float_array(ts)
-        keep, self.dropped = _usable(self.val, self.ts, now=now, nan_is_empty=nan_is_empty)
-        if keep is not None:  # NB: a broken series never becomes a number, nor a device
-            kept = keep.tolist()
-            names, labels, targets, win = (list(compress(c, kept)) for c in (names, labels, targets, win))
-            self.val, self.ts = self.val[keep], self.ts[keep]
-        found = list(map(attribute, names, labels, targets))
-        ids = mapped(id, found)
-        # New devices are numbered in order of first appearance, as the series come.
-        for piece in spans(len(ids)):
-            for key, device in dict(zip(ids[piece], found[piece], strict=True)).items():
-                if key not in index:
-                    index[key] = len(devices)
-                    devices.append(device)
-        self.dev = index_array(index, ids)
-        self.win = float_array(win)  # NB: numpy reads None (a gauge's window) as NaN
-        with np.errstate(invalid="ignore"):
-            self.win[~((self.win > 0.0) & (self.win < np.inf))] = np.nan  # NB: a window is a span, or none
-        for made in (val, ts, ids):  # NB: their ~30,000 floats and ints, freed at the return in one go otherwise
-            free_in_chunks(made)
+    dev: np.ndarray
+    val: np.ndarray
+    ts: np.ndarray
+    win: np.ndarray
+    dropped: dict[str, int]
+
+
+def _columns(
+    values: list[SeriesValue],
+    attribute: Attribute,
+    index: dict[int, int],
+    devices: list[Device],
+    *,
+    now: float,
+    nan_is_empty: bool = False,
+) -> Steps[_Columns]:
+    # NB: column-wise (zip, map, numpy) rather than one Python loop over the series: this runs for each
+    # of ~100,000 series per refresh at 10,000 GPUs, and the attribute call is then the only per-series
+    # Python frame left. Every pass over a column is cut in pieces with a yield after each (metrics/chunked.py):
+    # the adapter runs this on its event loop, between HPA requests.
+    names, labels, raw_val, raw_ts, targets, raw_win = yield from columns(values, 6)
+    val = yield from float_array(raw_val)
+    ts = yield from float_array(raw_ts)
+    keep, dropped = _usable(val, ts, now=now, nan_is_empty=nan_is_empty)
+    yield
+    if keep is not None:  # NB: a broken series never becomes a number, nor a device
+        kept = yield from listed(keep)
+        names, labels, targets, raw_win = (list(compress(c, kept)) for c in (names, labels, targets, raw_win))
+        val, ts = val[keep], ts[keep]
+        yield
+    found: list[Device] = []
+    for piece in spans(len(names), ATTRIBUTIONS_PER_STEP):
+        found += map(attribute, names[piece], labels[piece], targets[piece])
+        yield
+    ids = yield from mapped(id, found)
+    # New devices are numbered in order of first appearance, as the series come.
+    for piece in spans(len(ids)):
+        for key, device in dict(zip(ids[piece], found[piece], strict=True)).items():
+            if key not in index:
+                index[key] = len(devices)
+                devices.append(device)
+        yield
+    dev = yield from index_array(index, ids)
+    win = yield from float_array(raw_win)  # NB: numpy reads None (a gauge's window) as NaN
+    with np.errstate(invalid="ignore"):
+        win[~((win > 0.0) & (win < np.inf))] = np.nan  # NB: a window is a span, or none
+    # NB: what only these lists hold (~30,000 floats and ints), and their references, freed a piece at a time rather
+    # than at the return in one go
+    for made in (raw_val, raw_ts, ids, names, labels, targets, raw_win, found):
+        yield from free_in_chunks(made)
+    return _Columns(dev, val, ts, win, dropped)
 
 
 def _usable(val: np.ndarray, ts: np.ndarray, *, now: float, nan_is_empty: bool) -> tuple[np.ndarray | None, dict]:
@@ -160,7 +189,7 @@ def _in_range(metric: MetricDefinition, side: int, val: np.ndarray) -> np.ndarra
 
 def _device_columns(
     metric: MetricDefinition, terms: list[_Columns | None], n: int, index: dict[int, int], *, oldest_fresh: float
-) -> tuple[DeviceColumns, int]:
+) -> Steps[tuple[DeviceColumns, int]]:
     """Fold a metric's terms into per-device sums (numerator = term 0, denominator = term 1); also how many
     series were out of the metric's range (left out: ``_in_range``)."""
     c = {
@@ -184,62 +213,92 @@ def _device_columns(
         if not usable.all():
             out_of_range += int(len(usable) - usable.sum())
             all_dev, all_val, all_ts, all_win = all_dev[usable], all_val[usable], all_ts[usable], all_win[usable]
+        yield
         fresh = all_ts >= oldest_fresh
         dev, val = all_dev[fresh], all_val[fresh]
         present[all_dev] = True
+        yield  # NB: each ``ufunc.at`` over 20,000 series is ~0.3 ms; a yield after each
         np.maximum.at(c["stale_newest"], all_dev[~fresh], all_ts[~fresh])
+        yield
         np.minimum.at(c["oldest"], dev, all_ts[fresh])
+        yield
         np.maximum.at(c["window_seconds"], dev, np.nan_to_num(all_win[fresh], nan=-np.inf))
+        yield
         if side == 0:
             c["numerator"] += np.bincount(dev, weights=val, minlength=n)
+            yield
             np.maximum.at(c["maximum"], dev, val)
             c["has_numerator"][dev] = True
         else:
             c["denominator"] += np.bincount(dev, weights=val, minlength=n)
             c["has_denominator"][dev] = True
+        yield
     c["devices"] = c["has_numerator"].astype(float)  # a mean counts devices, not series
     return DeviceColumns(index, present, c), out_of_range
 
 
-class _Membership:
+class _Membership(NamedTuple):
     """Which devices count towards which object, as index arrays shared by every metric of a refresh.
 
     ``pair_devices`` are (object, device) memberships grouped by object (``starts`` opens each object's
     run), so per-object sums are one ``np.add.reduceat``. ``pair_keys`` number each (object, physical GPU)
     so metrics counted once per physical GPU (MIG instances repeat the parent's power) can keep one
-    device per key — chosen per metric among the devices that have a fresh value for it.
+    device per key — chosen per metric among the devices that have a fresh value for it. ``shared`` marks the
+    pairs whose key another pair has too (none without MIG): only those are ever left out.
     """
 
-    def __init__(self, members: dict[ObjectRef, list[Device]], index: dict[int, int], devices: list[Device]) -> None:
-        self.objects = list(members)
-        sizes = [len(obj_devices) for obj_devices in members.values()]
-        self.pair_devices = np.fromiter(
-            (index[id(device)] for obj_devices in members.values() for device in obj_devices),
-            dtype=np.intp,
-            count=sum(sizes),
-        )
-        self.starts = np.cumsum([0, *sizes[:-1]], dtype=np.intp) if sizes else np.zeros(0, dtype=np.intp)
-        # NB: one physical number per device (not per pair): each device belongs to up to three objects.
-        physical_ids: dict[tuple[str, ...], int] = {}
-        numbers = (physical_ids.setdefault(d.physical, len(physical_ids)) for d in devices)
-        physical = np.fromiter(numbers, dtype=np.int64, count=len(devices))
-        objects = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
-        self.pair_keys = objects * (1 << 32) + physical[self.pair_devices]
+    objects: list[ObjectRef]
+    pair_devices: np.ndarray
+    starts: np.ndarray
+    pair_keys: np.ndarray
+    shared: np.ndarray
 
     def one_per_physical(self, candidate: np.ndarray) -> np.ndarray:
         """Of the candidate pairs, the first per (object, physical GPU)."""
-        chosen = np.zeros(len(candidate), dtype=bool)
-        idx = np.flatnonzero(candidate)
+        chosen = candidate & ~self.shared
+        idx = np.flatnonzero(candidate & self.shared)
         if len(idx):
             _, first = np.unique(self.pair_keys[idx], return_index=True)
             chosen[idx[first]] = True
         return chosen
 
 
+def _membership(
+    members: dict[ObjectRef, list[Device]], index: dict[int, int], devices: list[Device]
+) -> Steps[_Membership]:
+    objects = list(members)
+    groups = list(members.values())
+    sizes = yield from mapped(len, groups)
+    pair_ids = yield from flattened(id, groups)
+    pair_devices = yield from index_array(index, pair_ids)
+    yield from free_in_chunks(pair_ids)
+    starts = np.cumsum([0, *sizes[:-1]], dtype=np.intp) if sizes else np.zeros(0, dtype=np.intp)
+    # NB: one physical number per device (not per pair): each device belongs to up to three objects.
+    physical_ids: dict[tuple[str, ...], int] = {}
+    numbers: list[int] = []
+    for piece in spans(len(devices), STEP):
+        numbers += [physical_ids.setdefault(d.physical, len(physical_ids)) for d in devices[piece]]
+        yield
+    physical = yield from int_array(numbers)
+    owners = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    pair_keys = owners * (1 << 32) + physical[pair_devices]
+    yield
+    # NB: two pairs can share a key only when two devices share a physical GPU (MIG instances): marked from each
+    # physical GPU's device count, where one sort of every pair per metric (np.unique) took 3–6 ms at 10,000 GPUs
+    several = np.bincount(physical, minlength=len(physical_ids)) > 1 if len(physical) else np.zeros(0, dtype=bool)
+    shared = several[physical][pair_devices]
+    return _Membership(objects, pair_devices, starts, pair_keys, shared)
+
+
 def build_snapshot(catalogue: Catalogue, read: Reader, attribute: Attribute, *, now: float) -> Snapshot:
+    """Run every catalogue metric over the source's current values, in one go (``snapshot_steps``)."""
+    return finish(snapshot_steps(catalogue, read, attribute, now=now))
+
+
+def snapshot_steps(catalogue: Catalogue, read: Reader, attribute: Attribute, *, now: float) -> Steps[Snapshot]:
     """Run every catalogue metric over the source's current values. Pure given ``read``/``attribute``.
 
-    Each distinct term is read and attributed once into arrays (column-wise, see _Columns); per
+    Each distinct term is read and attributed once into arrays (column-wise, see _columns); per
     metric, numpy folds them into per-device sums, and every object's total is a ``reduceat`` over a
     device membership built once per refresh and shared by all metrics (the Attributor hands out one
     Device object per series identity). See benchmarks/bench_refresh.py for the cost at 10,000 GPUs.
@@ -261,29 +320,39 @@ def build_snapshot(catalogue: Catalogue, read: Reader, attribute: Attribute, *, 
                 values = read(query)
                 snapshot.series_count += len(values)
                 nan_is_empty = query.input == "histogram_quantile"
-                columns[query] = _Columns(values, attribute, index, devices, now=now, nan_is_empty=nan_is_empty)
+                columns[query] = yield from _columns(
+                    values, attribute, index, devices, now=now, nan_is_empty=nan_is_empty
+                )
             terms.append(columns[query])
             for reason, n in columns[query].dropped.items():
                 _count(snapshot, metric.name, reason, n)
         per_metric.append((metric, terms))
     members: dict[ObjectRef, list[Device]] = {}
-    for device in devices:
-        for obj in device.objects:
-            members.setdefault(obj, []).append(device)
+    for piece in spans(len(devices), STEP):
+        for device in devices[piece]:
+            for obj in device.objects:
+                members.setdefault(obj, []).append(device)
+        yield
     snapshot.members = members
-    membership = _Membership(members, index, devices)
+    membership = yield from _membership(members, index, devices)
     for metric, terms in per_metric:
         if all(cols is None or not len(cols.dev) for cols in terms):
             # NB: no series at all (e.g. the LLM servers' names in a Triton fleet): nothing to fold, nothing stale.
             snapshot.values[metric.name] = {}
             continue
         oldest_fresh = now - catalogue.max_age(metric)
-        device_columns, series_out = _device_columns(metric, terms, len(devices), index, oldest_fresh=oldest_fresh)
+        device_columns, series_out = yield from _device_columns(
+            metric, terms, len(devices), index, oldest_fresh=oldest_fresh
+        )
         snapshot.device_partials[metric.name] = device_columns
-        values, objects_out = _totals(metric, membership, device_columns) if members else ({}, 0)
+        values, objects_out = (yield from _totals(metric, membership, device_columns)) if members else ({}, 0)
         snapshot.values[metric.name] = values
         _count(snapshot, metric.name, OUT_OF_RANGE, series_out + objects_out)
-    snapshot.device_count = len({d.physical for d in devices if d.physical[0] == "gpu"})
+    physical: set[tuple[str, ...]] = set()
+    for piece in spans(len(devices), STEP):
+        physical.update([d.physical for d in devices[piece] if d.physical[0] == "gpu"])
+        yield
+    snapshot.device_count = len(physical)
     return snapshot
 
 
@@ -295,7 +364,7 @@ def _count(snapshot: Snapshot, metric: str, reason: str, n: int) -> None:
 
 def _totals(
     metric: MetricDefinition, m: _Membership, columns: DeviceColumns
-) -> tuple[dict[ObjectRef, MetricPoint], int]:
+) -> Steps[tuple[dict[ObjectRef, MetricPoint], int]]:
     """Each object's value: the sum of its member devices' partials, finished per the catalogue; and how many
     objects' values were out of the metric's range (left out, as if they had none)."""
     c = columns.columns
@@ -311,13 +380,23 @@ def _totals(
     def total(values: np.ndarray, ufunc: np.ufunc, neutral: float) -> np.ndarray:
         return ufunc.reduceat(np.where(use, values[d], neutral), s)
 
+    yield  # NB: each pass over every (object, device) pair is ~0.1–0.3 ms at 10,000 GPUs; a yield after each
     found = np.logical_or.reduceat(use, s)
-    t_num, t_den, t_count = (total(c[k], np.add, 0.0) for k in ("numerator", "denominator", "devices"))
+    t_num = total(c["numerator"], np.add, 0.0)
+    yield
+    t_den = total(c["denominator"], np.add, 0.0)
+    yield
+    t_count = total(c["devices"], np.add, 0.0)
+    yield
     t_has_num = np.logical_or.reduceat(use & c["has_numerator"][d], s)
     t_has_den = np.logical_or.reduceat(use & c["has_denominator"][d], s)
+    yield
     t_oldest = total(c["oldest"], np.minimum, np.inf)
+    yield
     t_window = total(c["window_seconds"], np.maximum, -np.inf)
+    yield
     t_stale = total(c["stale_newest"], np.maximum, -np.inf)
+    yield
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if metric.aggregate == "mean":
             value = t_num / t_count
@@ -337,16 +416,21 @@ def _totals(
     low, high = metric.bounds
     with np.errstate(invalid="ignore"):
         in_range = (low <= value) & (value <= high)
+    yield
     good = np.flatnonzero(complete & in_range)
     out_of_range = int(np.count_nonzero(complete & ~in_range & ~np.isnan(value)))
     out: dict[ObjectRef, MetricPoint] = {}
-    for piece in spans(len(good), POINTS_PER_CHUNK):  # NB: in chunks, as _Columns says why
+    for piece in spans(len(good), POINTS_PER_CHUNK):  # NB: in pieces, as _columns says why
         chosen = good[piece]
         windows = [w if w > -math.inf else None for w in t_window[chosen].tolist()]
         points = _points(value[chosen], t_oldest[chosen], windows)
         out.update(zip(map(objects.__getitem__, chosen.tolist()), points, strict=True))
-    for i in np.flatnonzero(found & ~complete & (t_stale > -np.inf)).tolist():
-        out[objects[i]] = MetricPoint(math.nan, float(t_stale[i]), None, True)
+        yield
+    stale = np.flatnonzero(found & ~complete & (t_stale > -np.inf)).tolist()
+    for piece in spans(len(stale), POINTS_PER_CHUNK):
+        for i in stale[piece]:
+            out[objects[i]] = MetricPoint(math.nan, float(t_stale[i]), None, True)
+        yield
     return out, out_of_range
 
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from gpuscale.metrics.steps import Steps, finish
 from gpuscale.model import RESOURCE_CLAIM, ObjectRef, namespace, node, pod
 
 
@@ -244,7 +245,7 @@ class Attributor:
         # Fast path: sources that hand out one dict per distinct label set (Prometheus) are recognised by
         # the dict's identity; the entry keeps the dict alive so its id stays unique. Reset every refresh.
         # NB: in shards: one dict of every label set (~50,000 at 10,000 GPUs) held the interpreter lock for ms in
-        # one C call each time it was cleared or grew a size, in the adapter's build thread (metrics/chunked.py)
+        # one C call each time it was cleared or grew a size, holding the adapter's event loop (metrics/chunked.py)
         self._by_identity: list[dict[int, tuple[Mapping[str, str], str, bool, Device]]] = [
             {} for _ in range(IDENTITY_SHARDS)
         ]
@@ -253,11 +254,18 @@ class Attributor:
 
     def begin_refresh(self) -> None:
         """Targets are resolved again (pods move between refreshes); memos of targets gone are dropped."""
-        for url in [u for u in self._buckets if u not in self._resolved]:
+        finish(self.begin_refresh_steps())
+
+    def begin_refresh_steps(self) -> Steps[None]:
+        """``begin_refresh`` in steps (metrics/steps.py): a target's memo or a shard dropped per step."""
+        gone = [u for u in self._buckets if u not in self._resolved]
+        for url in gone:
             del self._buckets[url]
+            yield
         self._resolved.clear()
         for shard in self._by_identity:
             shard.clear()
+            yield
 
     def target(self, url: str) -> Target:
         return self._bucket(url)[0]

@@ -13,8 +13,8 @@ last value "fresh" for its max-age) and is a gap, not a step. A served value's t
 newest sample it saw, so a consumer's max-age check turns it stale on time.
 
 ``states()`` publishes every workload's served state (its rate now, forecast and status) as one immutable
-mapping: the adapter updates the book in the refresh's worker thread and serves only what was published, so a
-request never reads a forecaster halfway through an update.
+mapping: the adapter updates the book in steps between requests (``observe_steps``, ``states_steps``) and serves
+only what was published, so a request never reads a forecaster halfway through an update.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
 
 from gpuscale.metrics.forecast import Forecast, Forecaster, model_spec
+from gpuscale.metrics.steps import Steps, finish
 
 
 @dataclass(frozen=True)
@@ -176,10 +177,23 @@ class DemandBook:
         where known, capacity per replica (requests/s). A workload missing from ``rates`` had no value.
         ``sampled_at``: the time of the newest sample each rate was computed from (default ``now``); a rate no
         newer than the last recorded is not recorded (see the module's docstring)."""
+        finish(self.observe_steps(now, rates, horizons_s, capacities, sampled_at=sampled_at))
+
+    def observe_steps(
+        self,
+        now: float,
+        rates: Mapping[Hashable, float],
+        horizons_s: Mapping[Hashable, float],
+        capacities: Mapping[Hashable, float] | None = None,
+        *,
+        sampled_at: Mapping[Hashable, float] | None = None,
+    ) -> Steps[None]:
+        """``observe`` in steps (metrics/steps.py): one workload per step (a finished step feeds its models)."""
         s = self.settings
         bucket = math.floor(now / s.step_s)
         gap_steps = s.max_gap_s / s.step_s
         for key, rate in rates.items():
+            yield
             if not math.isfinite(rate):
                 continue
             at = min(now, sampled_at.get(key, now)) if sampled_at is not None else now
@@ -254,9 +268,14 @@ class DemandBook:
     def states(self) -> dict[Hashable, WorkloadState]:
         """Every workload's state as served now, in a new mapping (computes the forecasts a finished step made
         due: once per step, so about one call in three does the models' work at 5 s refreshes)."""
+        return finish(self.states_steps())
+
+    def states_steps(self) -> Steps[dict[Hashable, WorkloadState]]:
+        """``states`` in steps (metrics/steps.py): one workload's forecast per step."""
         out = {}
         for key, w in self._workloads.items():
             if w.state is None:
+                yield
                 status = self.status(key)
                 assert status is not None
                 w.state = WorkloadState(self.current(key), self.forecast(key), status)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuscale.metrics.demand import DemandBook
+from gpuscale.metrics.steps import Steps, finish
 from gpuscale.metrics.store import MetricsReader
 from gpuscale.model import DEPLOYMENT, POD, STATEFULSET, ObjectRef
 
@@ -188,10 +189,21 @@ class WorkloadDemand:
         """One refresh: the inputs of every workload in ``namespaces`` (None: every namespace) into the book.
 
         ``reader``: where the rates are read (default: the store given at construction; the adapter passes the
-        snapshot being built, from the refresh's worker thread). ``now``: the refresh's time (default: the clock).
+        snapshot being built, in the refresh's steps). ``now``: the refresh's time (default: the clock).
         Workloads outside ``namespaces`` are not read at all: demand-driven refresh fetches the rate only where
         a forecast is wanted, and elsewhere there would be nothing to read but the cost of listing the pods.
         """
+        finish(self.observe_steps(reader, now=now, namespaces=namespaces))
+
+    def observe_steps(
+        self,
+        reader: MetricsReader | None = None,
+        *,
+        now: float | None = None,
+        namespaces: Collection[str] | None = None,
+    ) -> Steps[None]:
+        """``observe`` in steps (metrics/steps.py): a workload's inputs, or one workload into the book, per step.
+        ``last_seconds`` is then the wall time from the first step to the last."""
         if not self.cluster.synced:
             return
         started = time.perf_counter()
@@ -205,9 +217,10 @@ class WorkloadDemand:
             for kind in (DEPLOYMENT, STATEFULSET):
                 for w in self.cluster.workloads(kind, namespace):
                     inputs[ObjectRef(kind, w.name, w.namespace)] = self._inputs(reader, w, now, owned)
+                    yield
         self.inputs = inputs
         rates = {k: i.rate for k, i in inputs.items() if i.rate is not None}
-        self.book.observe(
+        yield from self.book.observe_steps(
             now,
             rates,
             {k: i.horizon_s for k, i in inputs.items()},

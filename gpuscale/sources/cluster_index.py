@@ -382,8 +382,8 @@ class IndexedClusterObjects:
         return sorted(n for n, node_labels in labels.items() if selector.matches(node_labels))
 
     def pod_at(self, ip: str, port: int) -> PodInfo | None:
-        # NB: called from the pipeline's build thread while the watch may change the index on the event loop:
-        # copy the holders in one C call and skip a pod deleted meanwhile, rather than iterate a live set.
+        # NB: called by the build between the watch's changes (and by a source's own thread): copy the holders in one
+        # C call and skip a pod deleted meanwhile, rather than iterate a live set.
         holders = tuple(self._index.endpoints.get((ip, port), ()))
         pods = [p for p in map(self._index.pods.get, holders) if p is not None]
         if not pods:

@@ -7,8 +7,8 @@ at rest). The child does the JSON decode and ``read_answer`` (sources/prom_answe
 path runs), and sends back a compact answer: the series as three arrays (label-set number, value, timestamp)
 plus only the label sets the adapter has not been sent yet. Label sets change rarely from one refresh to the
 next (the GPUs and pods of a fleet stay), so after the first refresh an answer costs the adapter ~240 KB of
-arrays per 10,000 series and one Python loop in its build thread, which the interpreter interrupts every
-switch interval to serve requests.
+arrays per 10,000 series and one Python loop in a worker thread, which the interpreter interrupts every switch
+interval to serve requests.
 
 Label sets are numbered by the child, never reused; a set no answer has had for ``KEEP_GENERATIONS``
 refreshes is forgotten by both sides (the child says which), and neither table ever holds more than
@@ -166,7 +166,7 @@ def _read(stream: BinaryIO, n: int) -> bytes | None:
 def main() -> None:
     """The child's loop: one request in, one reply out, until stdin closes."""
     # NB: where the adapter shares a core with its child (a CPU limit, a pinned benchmark), serving comes first: at
-    # equal priority a decode could take the core from the build thread while it holds the GIL the loop waits for.
+    # equal priority a decode could take the core from the adapter's event loop while it builds or serves.
     with contextlib.suppress(OSError):
         os.nice(10)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer

@@ -336,8 +336,8 @@ class ScrapeSource:
     def _commit(self, target: _Target, reading: _Reading, *, timestamp: float) -> None:
         target.latest = reading.latest
         target.latest_at = timestamp
-        # NB: a new deque, never the one a reader may be walking: the build thread reads while late scrapes commit
-        # (publish_early), on the scrape thread when off_loop.
+        # NB: a new deque, never the one a reader may be walking: the build reads (on the serving loop, in steps)
+        # while late scrapes commit (publish_early), on the scrape thread when off_loop.
         history = target.history.copy()
         history.append((timestamp, reading.windowed))
         while history and history[0][0] < timestamp - self._history_seconds:

@@ -17,6 +17,7 @@ from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.metrics.demand import DemandBook, DemandSettings
+from gpuscale.metrics.steps import finish
 from gpuscale.metrics.store import MetricPoint, MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import WorkloadDemand, measured_startup
 from gpuscale.model import POD, ObjectRef
@@ -205,7 +206,7 @@ async def test_forecast_answers_are_not_prepared_ahead_of_the_forecasts(adapter)
     await _get(adapter, f"{CUSTOM}/deployments.apps/*/forecast_requests_per_second")
     answers = adapter.app_[ANSWERS]
     assert len(answers) == 2  # both computed and kept for this store version
-    install = answers.prepare(adapter.provider, Snapshot(T0 + 9999, values={}))
+    install = finish(answers.prepare(adapter.provider, Snapshot(T0 + 9999, values={})))
     install()
     assert len(answers) == 0  # nothing prepared for them: the next request computes from the new forecasts
 

@@ -3,13 +3,11 @@ range query the first time its namespace is forecast, so the forecast is served 
 10 minutes later; a Prometheus that cannot answer leaves the forecasts to warm up live.
 
 The wiring is the adapter's (``cli.adapter.make_forecasts`` with ``--prometheus-url``): the range query runs on the
-serving loop, asked from the refresh's worker thread (``prepare`` in a thread, as the pipeline runs it), against a
+serving loop before the build (``gather``, as the pipeline runs it), then warms the workloads in ``prepare``, against a
 stub Prometheus; the answer is read over HTTP as an HPA reads it.
 """
 
 from __future__ import annotations
-
-import asyncio
 
 from aiohttp import web
 
@@ -20,6 +18,7 @@ from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.cli.adapter import make_forecasts
 from gpuscale.metrics.catalogue import load_catalogue
+from gpuscale.metrics.steps import finish
 from gpuscale.metrics.store import MetricPoint, MetricsStore, Snapshot
 from gpuscale.model import POD, ObjectRef
 from gpuscale.settings import AdapterSettings
@@ -67,8 +66,8 @@ async def _adapter(aiohttp_client, aiohttp_server, *, answer: str):
             t, values={RATE: {ObjectRef(POD, p, "serving"): MetricPoint(v, t - 1, 60.0) for p, v in pods.items()}}
         )
         store.update(snapshot)
-        publish = await asyncio.to_thread(forecasts.prepare, snapshot)  # the worker thread, as the pipeline does
-        publish()
+        await forecasts.gather(t)  # the history's I/O before the build, as the pipeline does
+        finish(forecasts.prepare(snapshot))()
         clock["now"] += 5.0
 
     return client, refresh, asked

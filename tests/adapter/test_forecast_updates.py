@@ -20,6 +20,7 @@ from gpuscale.adapter.provider import MetricsProvider
 from gpuscale.adapter.selfmetrics import AdapterMetrics
 from gpuscale.metrics.catalogue import load_catalogue
 from gpuscale.metrics.demand import DemandBook, DemandSettings
+from gpuscale.metrics.steps import finish
 from gpuscale.metrics.store import MetricPoint, MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import WorkloadDemand
 from gpuscale.model import POD, ObjectRef
@@ -94,7 +95,7 @@ async def served(aiohttp_client):
 
     while clock["now"] < T0 + 720:
         taken = _snapshot(clock["now"])
-        swap(taken, forecasts.prepare(taken))
+        swap(taken, finish(forecasts.prepare(taken)))
         clock["now"] += 5.0
     catalogue = load_catalogue()
     selfmetrics = AdapterMetrics(lambda: [])
@@ -118,11 +119,11 @@ async def test_a_request_during_a_stalled_update_is_answered_from_the_last_forec
     now = served.clock["now"]  # a step boundary
     for dt in (0.0, 5.0, 10.0):  # a step of 40 req/s, not finished yet
         taken = _snapshot(now + dt, 40.0)
-        served.swap(taken, served.forecasts.prepare(taken))
+        served.swap(taken, finish(served.forecasts.prepare(taken)))
     before = served.forecasts.view
     served.cluster.stall = True
     stalled_snapshot = _snapshot(now + 15, 40.0)
-    update = asyncio.create_task(asyncio.to_thread(served.forecasts.prepare, stalled_snapshot))
+    update = asyncio.create_task(asyncio.to_thread(finish, served.forecasts.prepare(stalled_snapshot)))
     try:
         assert await asyncio.to_thread(served.cluster.entered.wait, STALL_LIMIT), "the update never started"
         answered = await asyncio.wait_for(_now_rps(served), STALL_LIMIT / 2)
@@ -142,10 +143,10 @@ async def test_updates_never_overlap_and_never_go_back(served):
     forecasts, cluster = served.forecasts, served.cluster
     t = served.clock["now"]
     cluster.stall = True
-    first = asyncio.create_task(asyncio.to_thread(forecasts.prepare, _snapshot(t)))
+    first = asyncio.create_task(asyncio.to_thread(finish, forecasts.prepare(_snapshot(t))))
     assert await asyncio.to_thread(cluster.entered.wait, STALL_LIMIT)
     cluster.stall = False
-    second = asyncio.create_task(asyncio.to_thread(forecasts.prepare, _snapshot(t + 5)))
+    second = asyncio.create_task(asyncio.to_thread(finish, forecasts.prepare(_snapshot(t + 5))))
     await asyncio.sleep(0.05)
     assert not second.done()  # waits for the first
     cluster.release.set()
@@ -154,7 +155,7 @@ async def test_updates_never_overlap_and_never_go_back(served):
     publish_second()
     publish_first()  # published late: an older update never replaces a newer one
     assert forecasts.view.taken_at == t + 5
-    forecasts.prepare(_snapshot(t - 5))()  # an older snapshot is not fed to the book at all
+    finish(forecasts.prepare(_snapshot(t - 5)))()  # an older snapshot is not fed to the book at all
     assert forecasts.view.taken_at == t + 5
     assert forecasts.book.status(LLM).history_s == pytest.approx(forecasts.view.states[LLM].status.history_s)
 
@@ -162,7 +163,7 @@ async def test_updates_never_overlap_and_never_go_back(served):
 async def test_a_failed_update_keeps_the_last_forecasts_and_is_counted(served, caplog):
     before = served.forecasts.view
     served.cluster.fail = RuntimeError("watch cache index changed")
-    served.forecasts.prepare(_snapshot(served.clock["now"]))()
+    finish(served.forecasts.prepare(_snapshot(served.clock["now"])))()
     assert served.forecasts.view is before
     assert await _now_rps(served) == 10_000
     assert "forecast update failed, serving the last forecasts: watch cache index changed" in caplog.text
@@ -170,5 +171,5 @@ async def test_a_failed_update_keeps_the_last_forecasts_and_is_counted(served, c
     assert "gpuscale_forecast_update_failures_total 1.0" in text
     served.cluster.fail = None
     taken = _snapshot(served.clock["now"])
-    served.swap(taken, served.forecasts.prepare(taken))
+    served.swap(taken, finish(served.forecasts.prepare(taken)))
     assert served.forecasts.view.taken_at == served.clock["now"]
