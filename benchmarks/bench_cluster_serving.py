@@ -280,8 +280,9 @@ def _time_callbacks(log) -> None:
 
 
 def _time_steps(log) -> None:
-    """Every step of the refresh's build (metrics/steps.py, run by pipeline.run_sliced) that took over 0.5 ms, by
-    where it started and where it paused: what keeps a request waiting between two of the loop's turns."""
+    """Every step of the refresh's build and of the decoder's replies (metrics/steps.py, run by run_sliced) that used
+    over 0.5 ms of its thread's CPU, by where it started and where it paused: what keeps a request waiting between two
+    of the loop's turns."""
     import gpuscale.pipeline as pipeline
 
     def where(steps) -> str:
@@ -293,17 +294,19 @@ def _time_steps(log) -> None:
 
     def timed(steps):
         while True:
-            began, cpu = where(steps), time.perf_counter()
+            began, cpu = where(steps), time.thread_time()  # NB: the thread's CPU: a wait for a core does not count
             try:
                 next(steps)
             except StopIteration as done:
                 return done.value
-            if (took := time.perf_counter() - cpu) > 0.0005:
+            if (took := time.thread_time() - cpu) > 0.0005:
                 log.write(f"busy {time.time() - took:.6f} {took * 1e3:.2f} step:{began}>{where(steps)}\n")
             yield
 
+    import gpuscale.sources.decoder_process as decoder
+
     sliced = pipeline.run_sliced
-    pipeline.run_sliced = lambda steps, **kwargs: sliced(timed(steps), **kwargs)
+    pipeline.run_sliced = decoder.run_sliced = lambda steps, **kwargs: sliced(timed(steps), **kwargs)
 
 
 def _bare(size: int, queue: mp.Queue) -> None:

@@ -14,47 +14,16 @@ import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
 
 from gpuscale.metrics.aggregation import snapshot_steps
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue
 from gpuscale.metrics.series import MetricsSource
-from gpuscale.metrics.steps import Steps
+from gpuscale.metrics.steps import Steps, run_sliced
 from gpuscale.metrics.store import MetricsStore, Snapshot
 from gpuscale.piecemeal import free_piecemeal
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-# NB: how long the build runs on the event loop before the loop serves what arrived meanwhile. A request waits at
-# most about this long for the build; each pause costs one turn of the loop (~20–40 µs).
-SLICE_SECONDS = 0.0003
-
-
-async def run_sliced(steps: Steps[T], *, budget: float = SLICE_SECONDS) -> T:
-    """Run ``steps`` (metrics/steps.py) on the event loop, ``budget`` seconds at a time: between two slices the loop
-    serves whatever is ready. Its result; cancelling the caller closes it.
-
-    NB: not in a worker thread. The build is ~0.5 s of pure Python at 10,000 GPUs, and a thread beside the loop takes
-    the interpreter lock from it at every system call it makes (``select``, ``send``, ``recv``): the loop then waits
-    a switch interval or the thread's current C call to get it back, several times per request. Measured with 4,000
-    distinct HPA queries at 267 requests/s, p99 during a refresh was 1.8–2.4× p99 at rest with the build in a thread
-    whose every C call was cut under 1 ms (benchmarks/bench_cluster_serving.py, docs/benchmarks.md).
-    """
-    clock = time.perf_counter
-    try:
-        while True:
-            end = clock() + budget
-            next(steps)
-            while clock() < end:
-                next(steps)
-            await asyncio.sleep(0)
-    except StopIteration as done:
-        return done.value
-    finally:
-        steps.close()
 
 
 @contextlib.contextmanager

@@ -582,6 +582,8 @@ def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> Prome
         max_label_sets_flag="--prometheus-max-label-sets",
         fresh_within_seconds=max(catalogue.max_age(m) for m in catalogue.metrics),
         decode_in="process" if settings.prometheus_decode_process else "thread",
+        # NB: tried on the serving loop too (2026-12-07): p99 during a refresh / at rest 1.9–3.6 against 1.3–1.4 here,
+        # the refresh's bookkeeping between the queries (freeing the replaced answers, planning) holding it 2–12 ms
         off_loop=True,
     )
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from gpuscale.errors import SourceUnavailable
+from gpuscale.metrics.steps import STEP, Steps, run_sliced
 from gpuscale.sources.base import SeriesValue, series_value
 from gpuscale.sources.prom_answer import DEFAULT_MAX_LABEL_SETS, Answer, LabelSets, PlannedQuery, decode_answer
 
@@ -236,9 +237,11 @@ class DecoderProcess:
         except BaseException:
             self._kill()  # NB: cancelled mid-exchange: the pipe is out of step
             raise
-        return await asyncio.to_thread(self._answer, data, planned)
+        # NB: in slices on the caller's loop (the adapter's serving loop): in a worker thread this loop over 10,000
+        # series took the interpreter lock from the loop at each of its system calls (metrics/steps.py)
+        return await run_sliced(self._answer(data, planned))
 
-    def _answer(self, data: bytes, planned: PlannedQuery) -> Answer:
+    def _answer(self, data: bytes, planned: PlannedQuery) -> Steps[Answer]:
         reply = pickle.loads(data)
         if reply[0] == "error":
             _, reason, kind, forget = reply
@@ -250,6 +253,7 @@ class DecoderProcess:
         for chunk in chunks:
             for n, labels, target in pickle.loads(chunk):
                 sets[n] = (labels, target)
+            yield
         numbers, values, stamps = array("q"), array("d"), array("d")
         numbers.frombytes(numbers_b)
         values.frombytes(values_b)
@@ -258,14 +262,17 @@ class DecoderProcess:
         name = planned.name
         out: list[SeriesValue] = []
         append = out.append
-        if names is None:
-            for n, value, ts in zip(numbers, values, stamps, strict=True):
-                labels, target = sets[n]
-                append(series_value((name, labels, value, ts, target, window)))
-        else:
-            for n, value, ts, named in zip(numbers, values, stamps, names, strict=True):
-                labels, target = sets[n]
-                append(series_value((named, labels, value, ts, target, window)))
+        for start in range(0, len(numbers), STEP):  # NB: not chunked.spans: the child must not import numpy
+            piece = slice(start, start + STEP)
+            if names is None:
+                for n, value, ts in zip(numbers[piece], values[piece], stamps[piece], strict=True):
+                    labels, target = sets[n]
+                    append(series_value((name, labels, value, ts, target, window)))
+            else:
+                for n, value, ts, named in zip(numbers[piece], values[piece], stamps[piece], names[piece], strict=True):
+                    labels, target = sets[n]
+                    append(series_value((named, labels, value, ts, target, window)))
+            yield
         return Answer(out, warnings, partial, over_cap)
 
     def _forget(self, numbers: list[int]) -> None:
