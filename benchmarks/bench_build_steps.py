@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_refresh import fake_prometheus
 
 
-def _where(steps) -> str:
+def where(steps) -> str:
+    """Where ``steps`` is paused now: the innermost generator's file and line."""
     inner = steps
     while getattr(getattr(inner, "gi_yieldfrom", None), "gi_frame", None) is not None:
         inner = inner.gi_yieldfrom
@@ -50,12 +51,12 @@ async def _run(port: int, cycles: int, top: int) -> None:
 
     def timed(steps):
         while True:
-            began, cpu = _where(steps), time.thread_time()
+            began, cpu = where(steps), time.thread_time()
             try:
                 next(steps)
             except StopIteration as done:
                 return done.value
-            steps_cpu[f"{began} > {_where(steps)}"].append(time.thread_time() - cpu)
+            steps_cpu[f"{began} > {where(steps)}"].append(time.thread_time() - cpu)
             yield
 
     sliced = pipeline.run_sliced

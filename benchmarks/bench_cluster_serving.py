@@ -283,14 +283,10 @@ def _time_steps(log) -> None:
     """Every step of the refresh's build and of the decoder's replies (metrics/steps.py, run by run_sliced) that used
     over 0.5 ms of its thread's CPU, by where it started and where it paused: what keeps a request waiting between two
     of the loop's turns."""
-    import gpuscale.pipeline as pipeline
+    from bench_build_steps import where
 
-    def where(steps) -> str:
-        inner = steps
-        while getattr(getattr(inner, "gi_yieldfrom", None), "gi_frame", None) is not None:
-            inner = inner.gi_yieldfrom
-        frame = inner.gi_frame
-        return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}" if frame is not None else "start"
+    import gpuscale.pipeline as pipeline
+    import gpuscale.sources.decoder_process as decoder
 
     def timed(steps):
         while True:
@@ -302,8 +298,6 @@ def _time_steps(log) -> None:
             if (took := time.thread_time() - cpu) > 0.0005:
                 log.write(f"busy {time.time() - took:.6f} {took * 1e3:.2f} step:{began}>{where(steps)}\n")
             yield
-
-    import gpuscale.sources.decoder_process as decoder
 
     sliced = pipeline.run_sliced
     pipeline.run_sliced = decoder.run_sliced = lambda steps, **kwargs: sliced(timed(steps), **kwargs)

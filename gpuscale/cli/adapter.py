@@ -63,8 +63,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # NB: the event loop waits for the interpreter lock each time it comes back from the kernel (select, recv, send)
-# while another thread (the Prometheus source's I/O loop, the decoder's replies) runs Python, up to this long per
-# hand-over; the build itself runs on the loop in slices (pipeline.run_sliced). At the default 5 ms, the loop's lag
+# while another thread (the Prometheus source's I/O loop) runs Python, up to this long per hand-over; the build
+# runs on the loop itself, in slices (metrics/steps.py). At the default 5 ms, the loop's lag
 # during a 10,000-GPU refresh with the build in a thread had p50 5.2 ms; at 1 ms 0.7 ms; at 0.2 ms 0.40–0.42 ms
 # against 1.32–2.41 ms at 1 ms in the same spell (benchmarks/bench_refresh_lag.py, answers decoded in a thread,
 # 2026-12-07), the refresh no slower: the lock changes hands only when the loop asks for it. `gpuscale adapter` sets it.
@@ -582,9 +582,7 @@ def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> Prome
         max_label_sets_flag="--prometheus-max-label-sets",
         fresh_within_seconds=max(catalogue.max_age(m) for m in catalogue.metrics),
         decode_in="process" if settings.prometheus_decode_process else "thread",
-        # NB: tried on the serving loop too (2026-12-07): p99 during a refresh / at rest 1.9–3.6 against 1.3–1.4 here,
-        # the refresh's bookkeeping between the queries (freeing the replaced answers, planning) holding it 2–12 ms
-        off_loop=True,
+        off_loop=True,  # NB: on the serving loop its bookkeeping between queries held it 2–12 ms (docs/benchmarks.md)
     )
 
 
