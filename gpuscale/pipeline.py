@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from gpuscale.metrics.aggregation import snapshot_steps
 from gpuscale.metrics.attribution import Attributor
 from gpuscale.metrics.catalogue import Catalogue
-from gpuscale.metrics.series import MetricsSource
-from gpuscale.metrics.steps import Steps, run_sliced
+from gpuscale.metrics.series import MetricsSource, SeriesValue, TermQuery
+from gpuscale.metrics.steps import Steps, already, run_sliced
 from gpuscale.metrics.store import MetricsStore, Snapshot
 from gpuscale.piecemeal import free_piecemeal
 
@@ -147,9 +147,15 @@ class Pipeline:
     def _build(self, *, now: float) -> Steps[tuple[Snapshot, Callable[[], None] | None]]:
         # NB: in steps too: dropping the last refresh's ~10⁴ device memos took ~3 ms of the event loop in one go
         yield from self.attributor.begin_refresh_steps()
-        snapshot = yield from snapshot_steps(self.catalogue, self.source.read, self.attributor, now=now)
+        snapshot = yield from snapshot_steps(self.catalogue, self._read_steps, self.attributor, now=now)
         install = (yield from self.prepare(snapshot)) if self.prepare is not None else None
         return snapshot, install
+
+    def _read_steps(self, query: TermQuery) -> Steps[list[SeriesValue]]:
+        """A term's values in steps where the source computes them at length (ScrapeSource.read_steps: rates target by
+        target), else at once (a Prometheus answer is a list already)."""
+        read_steps = getattr(self.source, "read_steps", None)
+        return read_steps(query) if read_steps is not None else already(self.source.read(query))
 
     async def run(self) -> None:
         """Refresh forever, on a fixed cadence (a slow cycle delays the next, never stacks them); a

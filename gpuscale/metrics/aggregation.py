@@ -43,7 +43,7 @@ from gpuscale.metrics.chunked import (
     spans,
 )
 from gpuscale.metrics.series import SeriesValue, TermQuery
-from gpuscale.metrics.steps import STEP, Steps, finish
+from gpuscale.metrics.steps import STEP, Steps, already, finish
 from gpuscale.metrics.store import (
     BAD_TIMESTAMP,
     FUTURE_TIMESTAMP,
@@ -292,11 +292,14 @@ def _membership(
 
 def build_snapshot(catalogue: Catalogue, read: Reader, attribute: Attribute, *, now: float) -> Snapshot:
     """Run every catalogue metric over the source's current values, in one go (``snapshot_steps``)."""
-    return finish(snapshot_steps(catalogue, read, attribute, now=now))
+    return finish(snapshot_steps(catalogue, lambda query: already(read(query)), attribute, now=now))
 
 
-def snapshot_steps(catalogue: Catalogue, read: Reader, attribute: Attribute, *, now: float) -> Steps[Snapshot]:
-    """Run every catalogue metric over the source's current values. Pure given ``read``/``attribute``.
+def snapshot_steps(
+    catalogue: Catalogue, read: Callable[[TermQuery], Steps[list[SeriesValue]]], attribute: Attribute, *, now: float
+) -> Steps[Snapshot]:
+    """Run every catalogue metric over the source's current values, in steps (``read`` gives a term's values in
+    steps too: the scrape source computes rates target by target). Pure given ``read``/``attribute``.
 
     Each distinct term is read and attributed once into arrays (column-wise, see _columns); per
     metric, numpy folds them into per-device sums, and every object's total is a ``reduceat`` over a
@@ -317,7 +320,7 @@ def snapshot_steps(catalogue: Catalogue, read: Reader, attribute: Attribute, *, 
                 continue
             query = term_query(term, window_seconds=catalogue.window(metric))
             if query not in columns:
-                values = read(query)
+                values = yield from read(query)
                 snapshot.series_count += len(values)
                 nan_is_empty = query.input == "histogram_quantile"
                 columns[query] = yield from _columns(

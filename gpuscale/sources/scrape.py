@@ -26,6 +26,7 @@ import aiohttp
 from gpuscale.errors import ExpositionError, SourceUnavailable, one_line
 from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.histograms import BUCKET_SUFFIX, quantiles
+from gpuscale.metrics.steps import Steps, finish
 from gpuscale.settings import ExporterScrape
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery, series_value
 from gpuscale.sources.bounded import read_bounded, size_text
@@ -55,6 +56,10 @@ def _series_key(labels: Mapping[str, str]) -> str:
 
 
 _KEY_SEPARATOR = "\udfff"
+# NB: targets read between two pauses of read_steps: a gauge's rows are ~1.6 µs a target, a rate's or increase's
+# ~25 µs a target that has the series (Triton's counters at 10,000 GPUs)
+TARGETS_PER_STEP = 128
+TARGETS_PER_WINDOWED_STEP = 8
 
 
 @dataclass(slots=True)
@@ -345,9 +350,21 @@ class ScrapeSource:
         target.history = history
 
     def read(self, query: TermQuery) -> list[SeriesValue]:
+        return finish(self.read_steps(query))
+
+    def read_steps(self, query: TermQuery) -> Steps[list[SeriesValue]]:
+        """``read`` in steps (metrics/steps.py), a few targets each: a rate over 1,000 Triton pods' histories is
+        ~25 ms of Python at 10,000 GPUs, and the adapter builds on its serving loop."""
         out: list[SeriesValue] = []
         match = query.match
-        for target in self._targets.values():
+        windowed = query.input != "gauge"
+        # NB: made once, not per target (a dataclass replace per target was 25 ms of a 10,000-GPU refresh)
+        buckets = dataclasses.replace(
+            query, input="increase", series=tuple(f"{s}{BUCKET_SUFFIX}" for s in query.series)
+        )
+        for done, target in enumerate(list(self._targets.values()), 1):
+            if not done % (TARGETS_PER_WINDOWED_STEP if windowed else TARGETS_PER_STEP):
+                yield
             if target.latest_at is None:
                 continue
             if query.input == "gauge":
@@ -361,8 +378,7 @@ class ScrapeSource:
                 continue
             elif query.input == "histogram_quantile":
                 increases: list[SeriesValue] = []
-                buckets = tuple(f"{s}{BUCKET_SUFFIX}" for s in query.series)
-                self._windowed_read(target, dataclasses.replace(query, input="increase", series=buckets), increases)
+                self._windowed_read(target, buckets, increases)
                 out += quantiles(increases, q=query.quantile if query.quantile is not None else math.nan)
             else:
                 self._windowed_read(target, query, out)
