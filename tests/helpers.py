@@ -59,3 +59,14 @@ def fixture_store(
     last = max(ts for _, _, ts in scrapes)
     store.update(build_snapshot(catalogue, source.read, attributor, now=now if now is not None else last))
     return store
+
+
+def run_counting_pauses(steps):
+    """What steps (gpuscale/metrics/steps.py) return, and how many times they paused on the way."""
+    paused = 0
+    try:
+        while True:
+            next(steps)
+            paused += 1
+    except StopIteration as done:
+        return done.value, paused

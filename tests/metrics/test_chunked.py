@@ -24,20 +24,10 @@ from gpuscale.metrics.chunked import (
     mapped,
     spans,
 )
+from tests.helpers import run_counting_pauses
 from tests.metrics.test_refresh_snapshot import NOW, catalogue, cluster  # noqa: F401 (catalogue: a fixture)
 
 CHUNK = 3
-
-
-def _run(steps):
-    """What ``steps`` returns, and how many times it paused on the way."""
-    paused = 0
-    try:
-        while True:
-            next(steps)
-            paused += 1
-    except StopIteration as done:
-        return done.value, paused
 
 
 def _chunks(n: int) -> int:
@@ -58,7 +48,7 @@ def test_spans_cover_every_index_once_in_order(n):
 @pytest.mark.parametrize("n", SIZES)
 def test_float_array_is_np_array_of_floats_with_none_as_nan(n):
     values = [None if i % 4 == 1 else (math.inf if i % 5 == 2 else i * 0.5 - 1) for i in range(n)]
-    (got, paused), want = _run(float_array(values, CHUNK)), np.array(values, dtype=float)
+    (got, paused), want = run_counting_pauses(float_array(values, CHUNK)), np.array(values, dtype=float)
     assert paused == _chunks(n)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert np.array_equal(got, want, equal_nan=True)
@@ -68,7 +58,7 @@ def test_float_array_is_np_array_of_floats_with_none_as_nan(n):
 def test_index_array_is_fromiter_of_the_lookups(n):
     keys = [f"k{(i * 7) % (n or 1)}" for i in range(n)]
     index = {k: i * 10 for i, k in enumerate(sorted(set(keys)))}
-    got, paused = _run(index_array(index, keys, CHUNK))
+    got, paused = run_counting_pauses(index_array(index, keys, CHUNK))
     assert paused == _chunks(n)
     want = np.fromiter(map(index.__getitem__, keys), dtype=np.intp, count=len(keys))
     assert got.dtype == want.dtype and got.tolist() == want.tolist()
@@ -76,30 +66,30 @@ def test_index_array_is_fromiter_of_the_lookups(n):
 
 def test_index_array_raises_for_a_missing_key_as_the_lookup_does():
     with pytest.raises(KeyError):
-        _run(index_array({"a": 0}, ["a"] * CHUNK + ["b"], CHUNK))
+        run_counting_pauses(index_array({"a": 0}, ["a"] * CHUNK + ["b"], CHUNK))
 
 
 @pytest.mark.parametrize("n", SIZES)
 def test_mapped_and_columns_are_map_and_zip(n):
     rows = [(f"name{i}", {"i": str(i)}, float(i), NOW - i, f"url{i % 2}", None) for i in range(n)]
-    assert _run(mapped(id, rows, CHUNK)) == (list(map(id, rows)), _chunks(n))
+    assert run_counting_pauses(mapped(id, rows, CHUNK)) == (list(map(id, rows)), _chunks(n))
     want = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(6)]
-    assert _run(columns(rows, 6, CHUNK)) == (want, _chunks(n))
+    assert run_counting_pauses(columns(rows, 6, CHUNK)) == (want, _chunks(n))
 
 
 @pytest.mark.parametrize("n", SIZES)
 def test_int_array_and_listed_are_np_array_and_tolist(n):
     values = [(i * 7919) % 1000 - 500 for i in range(n)]
-    (got, paused), want = _run(int_array(values, CHUNK)), np.array(values, dtype=np.int64)
+    (got, paused), want = run_counting_pauses(int_array(values, CHUNK)), np.array(values, dtype=np.int64)
     assert paused == _chunks(n) and got.dtype == want.dtype and got.tolist() == want.tolist()
-    assert _run(listed(want, CHUNK)) == (want.tolist(), _chunks(n))
+    assert run_counting_pauses(listed(want, CHUNK)) == (want.tolist(), _chunks(n))
 
 
 @pytest.mark.parametrize("sizes", [(), (0,), (1,), (CHUNK,), (3 * CHUNK + 1,), (1, 0, 2, CHUNK + 2, 1), (2,) * 7])
 def test_flattened_maps_every_item_of_every_group_and_pauses_every_chunk_items(sizes):
     groups = [[f"g{g}i{i}" for i in range(size)] for g, size in enumerate(sizes)]
     steps = flattened(str.upper, groups, CHUNK)
-    got, paused = _run(steps)
+    got, paused = run_counting_pauses(steps)
     assert got == [x.upper() for group in groups for x in group]
     # NB: a pause after every CHUNK items whatever the groups' sizes, and one after a partial last piece
     assert paused == _chunks(sum(sizes))
@@ -107,7 +97,7 @@ def test_flattened_maps_every_item_of_every_group_and_pauses_every_chunk_items(s
 
 def test_columns_refuses_rows_of_differing_length_as_zip_strict_does():
     with pytest.raises(ValueError, match="zip"):
-        _run(columns([(1, 2), (3, 4), (5,)], 2, CHUNK))
+        run_counting_pauses(columns([(1, 2), (3, 4), (5,)], 2, CHUNK))
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -118,7 +108,7 @@ def test_free_in_chunks_empties_the_list_and_frees_what_only_it_held(n):
     items = [Item() for _ in range(n)]
     kept = items[:1]  # NB: one item held elsewhere too survives
     held = [weakref.ref(i) for i in items]
-    assert _run(free_in_chunks(items, CHUNK)) == (None, _chunks(n))
+    assert run_counting_pauses(free_in_chunks(items, CHUNK)) == (None, _chunks(n))
     assert items == []
     assert [r() is not None for r in held] == [i == 0 for i in range(n)]
     assert kept == [r() for r in held[:1]]

@@ -13,6 +13,7 @@ from gpuscale.metrics.exposition import parse_samples
 from gpuscale.metrics.steps import finish
 from gpuscale.sources import scrape
 from gpuscale.sources.scrape import ScrapeSource
+from tests.helpers import run_counting_pauses
 
 TARGETS = 40
 
@@ -33,23 +34,13 @@ def _source() -> ScrapeSource:
     return source
 
 
-def _run(steps):
-    paused = 0
-    try:
-        while True:
-            next(steps)
-            paused += 1
-    except StopIteration as done:
-        return done.value, paused
-
-
 def test_read_steps_gives_what_read_gives_pausing_every_few_targets(monkeypatch):
     monkeypatch.setattr(scrape, "TARGETS_PER_STEP", 4)
     monkeypatch.setattr(scrape, "TARGETS_PER_WINDOWED_STEP", 2)
     source = _source()
     read_any = False
     for query in queries(load_catalogue()):
-        (values, paused), whole = _run(source.read_steps(query)), source.read(query)
+        (values, paused), whole = run_counting_pauses(source.read_steps(query)), source.read(query)
         assert values == whole
         read_any |= bool(values)
         per_step = 4 if query.input == "gauge" else 2
