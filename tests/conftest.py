@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import pytest
 
@@ -95,6 +96,15 @@ SLOW_FIRST = (
     "tests/cluster/test_karpenter_box.py",
     "tests/e2e/test_report_thanos.py",
 )
+
+
+def pytest_configure(config):
+    """Bytecode caches (``__pycache__``, gitignored) are written even where PYTHONDONTWRITEBYTECODE is set: without
+    them each of the suite's ~700 Python processes compiles every gpuscale module it imports from source, and each
+    worker every test module it collects (docs/testing.md, "Suite time"). Before the workers start, so that they and
+    every process the tests start inherit it."""
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+        sys.dont_write_bytecode = False
 
 
 @pytest.hookimpl(tryfirst=True)

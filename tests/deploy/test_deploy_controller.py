@@ -34,6 +34,7 @@ from gpuscale.sim.crds import BATCH_SCHEDULING_CRDS
 from gpuscale.sim.exporters import ManualClock
 from gpuscale.sim.kubeapi import AccessRule
 from tests.controller.harness import NAMESPACE, start_harness
+from tests.deploy.kube_schemas import validate
 from tests.deploy.test_deploy import KUBECTL, KUBERNETES_VERSIONS
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "controller"
@@ -84,7 +85,7 @@ def test_rendered_objects_are_valid_kubernetes(root, variant):
     for obj in render(variant, root):
         for version in KUBERNETES_VERSIONS:
             try:
-                kubernetes_validate.validate(obj, version, strict=True)
+                validate(obj, version, strict=True)
             except kubernetes_validate.ValidationError as e:
                 problems.append(f"{obj['kind']} {obj['metadata']['name']} ({version}): {e.message}")
     assert not problems, "\n".join(problems)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import pytest_asyncio
 import yaml
 
 from gpuscale.sim.cluster import SimCluster
@@ -24,7 +25,9 @@ from tests.adapter import hpa
 from tests.helpers import reaped
 from tests.ports import free_port
 
-pytestmark = pytest.mark.e2e
+# NB: one event loop for the module: the shared stack's simulated cluster is served in it, so it keeps answering the
+# adapter's scrapes while any test of the module runs.
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 KUBECTL = shutil.which("kubectl")
 if KUBECTL is None:  # NB: .ci/setup installs it; a missing kubectl is a broken setup, not a skip
@@ -101,9 +104,10 @@ async def start_stack(tmp_path: Path, *, max_age: str | None = None) -> Stack:
     return Stack(cluster, proc, server)
 
 
-@pytest.fixture
-async def stack(tmp_path):
-    s = await start_stack(tmp_path)
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(tmp_path_factory):
+    """One adapter for the module's tests that only read from it (each start was ~2.5 s of CPU: imports, refreshes)."""
+    s = await start_stack(tmp_path_factory.mktemp("stack"))
     yield s
     s.proc.terminate()
     await asyncio.wait_for(s.proc.wait(), 10)

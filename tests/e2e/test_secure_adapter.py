@@ -5,6 +5,7 @@ ConfigMap), read by the real kubectl with a token and by a front proxy with a cl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import sys
@@ -12,20 +13,22 @@ import time
 
 import aiohttp
 import pytest
+import pytest_asyncio
 import trustme
 
 from gpuscale.sim.cluster import SimCluster
 from tests.adapter import hpa
 from tests.e2e.test_kubectl import KUBECTL, free_port, run
 
-pytestmark = pytest.mark.e2e
+# NB: one event loop for the module: the shared adapter's simulated cluster is served in it during every test.
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 HPA_USER = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
 PATH = "/apis/custom.metrics.k8s.io/v1beta2/namespaces/nim/pods/*/gpu_utilization"
 
 
-@pytest.fixture
-async def secure(tmp_path):
+@contextlib.asynccontextmanager
+async def secure_adapter(tmp_path):
     front_proxy_ca = trustme.CA()
     proxy_cert = front_proxy_ca.issue_cert("front-proxy-client", common_name="front-proxy-client")
     cluster = await SimCluster().start()
@@ -94,10 +97,26 @@ async def secure(tmp_path):
         await asyncio.sleep(0.3)
     proxy_ctx = ssl.create_default_context(cafile=str(ca_file))
     proxy_cert.configure_cert(proxy_ctx)
-    yield {"server": server, "ca": str(ca_file), "cluster": cluster, "proxy_ctx": proxy_ctx, "cert_dir": cert_dir}
-    proc.terminate()
-    await asyncio.wait_for(proc.wait(), 10)
-    await cluster.stop()
+    try:
+        yield {"server": server, "ca": str(ca_file), "cluster": cluster, "proxy_ctx": proxy_ctx, "cert_dir": cert_dir}
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 10)
+        await cluster.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def secure(tmp_path_factory):
+    """One adapter for the tests that leave it as they found it (each start was ~1.7 s of CPU)."""
+    async with secure_adapter(tmp_path_factory.mktemp("secure")) as s:
+        yield s
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def secure_alone(tmp_path):
+    """An adapter of the test's own: its serving certificate is replaced."""
+    async with secure_adapter(tmp_path) as s:
+        yield s
 
 
 async def kubectl_raw(s, token, path=PATH):
@@ -151,7 +170,8 @@ async def test_authorization_outage_fails_closed(secure):
         secure["cluster"].api.fail_reviews(None)
 
 
-async def test_a_renewed_serving_certificate_is_picked_up_without_a_restart(secure, tmp_path):
+async def test_a_renewed_serving_certificate_is_picked_up_without_a_restart(secure_alone, tmp_path):
+    secure = secure_alone
     # As cert-manager renews a mounted Secret: new files in place, here from a new CA, the key written first.
     new_ca = trustme.CA()
     renewed = new_ca.issue_cert("127.0.0.1", "localhost")

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 
 import pytest
+import pytest_asyncio
 from aiohttp import web
 
 from gpuscale.sources.base import TermQuery
@@ -231,26 +232,47 @@ async def test_every_hostile_answer_fails_its_query_alone(decode_in, caplog):
     print(f"\n{len(HOSTILE)} hostile answers beside {len(GOOD)} good queries, decoded in a {decode_in}")
 
 
-@pytest.mark.parametrize("hostile", HOSTILE, ids=[h.name for h in HOSTILE])
-async def test_each_hostile_answer_says_why(hostile: Hostile, decode_in: str):
-    """A hostile answer to the only query of a source: its reason names what is wrong, its kind is counted."""
+@dataclass
+class OneQuery:
+    """A source with one query, against a fake Prometheus whose every answer a test chooses."""
+
+    prom: FakePrometheus
+    source: PrometheusSource
+    term: TermQuery
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["thread", "process"])
+async def one_query(request):
+    """One per decode mode for all of test_each_hostile_answer_says_why, as an adapter's source lives across
+    refreshes: a new source per answer started a decoder process each time (~0.2 s of CPU, most of this module's)."""
     prom = await FakePrometheus().start()
-    prom.faults["*"] = hostile.handler
     term = TermQuery(series=("hostile",))
     source = PrometheusSource(
-        prom.url, queries=[term], clock=lambda: T0, timeout_seconds=60, decode_in=decode_in, off_loop=True
+        prom.url, queries=[term], clock=lambda: T0, timeout_seconds=60, decode_in=request.param, off_loop=True
     )
     try:
-        await source.refresh(now=T0)
-        (health,) = source.health()
-        if hostile.kind is None:
-            assert health.healthy, health.error
-            assert len(source.read(term)) == 1
-        else:
-            assert not health.healthy and health.error_kind == hostile.kind, (health.error_kind, health.error)
-            assert hostile.says in health.error, health.error
-            assert health.failed_reads == {hostile.kind: 1}
-            assert len(health.error) < 400  # NB: a 50 MB error text is quoted short
+        yield OneQuery(prom, source, term)
     finally:
         await source.close()
         await prom.stop()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("hostile", HOSTILE, ids=[h.name for h in HOSTILE])
+async def test_each_hostile_answer_says_why(hostile: Hostile, one_query: OneQuery):
+    """A hostile answer to the only query of a source: its reason names what is wrong, its kind is counted once."""
+    prom, source, term = one_query.prom, one_query.source, one_query.term
+    prom.faults["*"] = hostile.handler
+    (before,) = source.health()
+    await source.refresh(now=T0)
+    (health,) = source.health()
+    if hostile.kind is None:
+        assert health.healthy, health.error
+        assert len(source.read(term)) == 1
+        assert health.failed_reads == before.failed_reads
+    else:
+        assert not health.healthy and health.error_kind == hostile.kind, (health.error_kind, health.error)
+        assert hostile.says in health.error, health.error
+        counted = before.failed_reads | {hostile.kind: before.failed_reads.get(hostile.kind, 0) + 1}
+        assert health.failed_reads == counted, (before.failed_reads, health.failed_reads)
+        assert len(health.error) < 400  # NB: a 50 MB error text is quoted short

@@ -4,8 +4,9 @@ an earlier report on a real trace (about 140 inference pods over a day).
 Over ``hours`` at 1-minute samples, every pod holding one H100 and requesting it (kube-state-metrics), owned
 by a Deployment through a ReplicaSet:
 
-* ``gen`` — a pooled Deployment of 100 pods, each busy in rare bursts (10 % of minutes at 60–100 % SM activity,
-  else 2 %); pods 80–99 come and go (each alive 2–4 h somewhere in the window).
+* ``gen`` — a pooled Deployment of ``pooled`` pods (100 unless asked), each busy in rare bursts (10 % of minutes at
+  60–100 % SM activity, else 2 %); the last fifth (pods 80–99 of 100) come and go (each alive 2–4 h somewhere in the
+  window).
 * ``svc-00`` … ``svc-34`` — one pod each, in eight shapes: idle, moderate, the production case (30 % most of the
   time, p95 ≈ 65 %, p99 ≈ 93 %), constant high, rare spikes (5 % baseline, 1.5 % of minutes at 90 %: p95 says
   idle, p99 says busy), idle with three one-minute wake-ups, idle with one, and near the busy line but under it. Every third one has a scrape
@@ -65,7 +66,7 @@ def _activity(shape: str, steps: int, rng: np.random.Generator) -> np.ndarray:
     return np.round(a, 4)
 
 
-def production_fleet(*, end: float, hours: int, seed: int = 7) -> ProductionFleet:
+def production_fleet(*, end: float, hours: int, seed: int = 7, pooled: int = 100) -> ProductionFleet:
     rng = np.random.default_rng(seed)
     steps = hours * 60
     start = end - hours * 3600
@@ -100,10 +101,10 @@ def production_fleet(*, end: float, hours: int, seed: int = 7) -> ProductionFlee
         out.series.append(("kube_replicaset_owner", rs, [(t, 1.0) for t in times]))
 
     everywhere = np.ones(steps, dtype=bool)
-    for i in range(100):
+    for i in range(pooled):
         activity = np.round(np.where(rng.random(steps) < 0.1, rng.uniform(0.6, 1.0, steps), 0.02), 4)
         alive = everywhere
-        if i >= 80:
+        if i >= pooled * 4 // 5:
             span = int(rng.integers(120, 241))
             begin = int(rng.integers(0, steps - span + 1))
             alive = (np.arange(steps) >= begin) & (np.arange(steps) < begin + span)
