@@ -95,6 +95,7 @@ def _serve(mode: str, pods: int, per_hpa: int, interval: float | None, queue: mp
     from gpuscale.metrics.attribution import Attributor, Target
     from gpuscale.metrics.catalogue import load_catalogue
     from gpuscale.metrics.exposition import parse_samples
+    from gpuscale.metrics.steps import run_sliced
     from gpuscale.metrics.store import MetricsStore
     from gpuscale.sources.cluster_index import PodInfo, StaticClusterObjects
     from gpuscale.sources.scrape import ScrapeSource
@@ -141,7 +142,7 @@ def _serve(mode: str, pods: int, per_hpa: int, interval: float | None, queue: mp
                 await asyncio.sleep(interval)
             turn += 1
             snapshot = snapshots[turn % 2]
-            install = await asyncio.to_thread(answers.prepare, provider, snapshot) if mode == "prepared" else None
+            install = await run_sliced(answers.prepare(provider, snapshot)) if mode == "prepared" else None
             store.update(snapshot)
             if install is not None:
                 install()

@@ -8,9 +8,10 @@ finishes a step and runs the models), for the served model (holt) beside the nai
 Prints CPU ms per refresh (mean over 12 refreshes, so the step-finishing refresh is weighted as it occurs)
 and µs per workload.
 
-Then the event loop's side at 5,000 workloads: the adapter runs the update in the refresh's worker thread
-(``WorkloadForecasts.prepare``) and only publishes the result on the loop; the peer, in the same run, runs the
-whole update on the loop (as before). Per refresh: time in forecast code on the loop, and the lag of a 1 ms
+Then the event loop's side at 5,000 workloads: the adapter runs the update in steps on the loop between requests
+(``WorkloadForecasts.prepare`` by run_sliced, metrics/steps.py) and publishes the result at the swap; the peers, in
+the same run: the update in a worker thread (as before 2026-12-07) and the whole update on the loop in one go (as
+before issue 26). Per refresh: time in forecast code on the loop, and the lag of a 1 ms
 timer on the loop (bench_refresh_lag.py's probe: what an HPA request arriving then waits) at rest and meanwhile.
 
 Usage: .venv/bin/python benchmarks/bench_forecast.py [--workloads 100,1000,5000]
@@ -30,6 +31,7 @@ from bench_refresh_lag import lag_at_rest, pct, probe
 
 from gpuscale.adapter.forecasts import WorkloadForecasts
 from gpuscale.metrics.demand import DemandBook, DemandSettings
+from gpuscale.metrics.steps import finish, run_sliced
 from gpuscale.metrics.store import MetricPoint, MetricsStore, Snapshot
 from gpuscale.metrics.workload_demand import WorkloadDemand
 from gpuscale.model import POD, ObjectRef
@@ -108,33 +110,52 @@ def run(model: str, workloads: int) -> tuple[float, float]:
     return ms, ms * 1000 / workloads
 
 
-async def loop_cost(workloads: int, *, in_thread: bool, refreshes: int = 12) -> dict[str, float]:
+async def loop_cost(workloads: int, *, how: str, refreshes: int = 12) -> dict[str, float]:
     """The event loop's side of ``refreshes`` forecast updates: time spent in forecast code on the loop per
-    refresh, and the lag of a 1 ms timer (what an HPA request arriving then waits) at rest and meanwhile."""
+    refresh (all of it; in slices, how long the loop was held at most at a time), and the lag of a 1 ms timer (what
+    an HPA request arriving then waits) at rest and meanwhile. ``how``: "slices" (the adapter now: run_sliced on the
+    loop), "thread" (a worker thread, as before 2026-12-07's sixth session), "loop" (in one go, as before issue 26)."""
     forecasts, snapshot = fleet("holt", workloads)
     rest = await lag_at_rest()
     during: list[float] = []
     on_loop = []
+    held = [0.0]
+
+    def timed(steps):
+        while True:
+            began = time.perf_counter()
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            held[0] = max(held[0], time.perf_counter() - began)
+            yield
+
     for _ in range(refreshes):
         taken = snapshot()
         stop = asyncio.Event()
         task = asyncio.create_task(probe(during, stop))
         await asyncio.sleep(0.01)
         with cyclic_gc_paused():  # NB: as Pipeline.refresh_once, which the update runs in
-            if in_thread:  # as the adapter does now: the pipeline's prepare hook, then the publish at the swap
-                publish = await asyncio.to_thread(forecasts.prepare, taken)
+            started = time.perf_counter()
+            if how == "slices":  # the pipeline's prepare hook, in slices, then the publish at the swap
+                publish = await run_sliced(timed(forecasts.prepare(taken)))
+                publish()
+                on_loop.append(time.perf_counter() - started)
+            elif how == "thread":
+                publish = await asyncio.to_thread(finish, forecasts.prepare(taken))
                 started = time.perf_counter()
                 publish()
-            else:  # the peer: the whole update on the loop, as on_refresh did before
-                started = time.perf_counter()
+                on_loop.append(time.perf_counter() - started)
+            else:
                 forecasts.observe(taken)
-            on_loop.append(time.perf_counter() - started)
+                on_loop.append(time.perf_counter() - started)
         await asyncio.sleep(0.01)
         stop.set()
         await task
     return {
         "loop_ms": 1e3 * sum(on_loop) / len(on_loop),
-        "loop_max_ms": 1e3 * max(on_loop),
+        "loop_max_ms": 1e3 * (held[0] if how == "slices" else max(on_loop)),
         "rest_p99_ms": 1e3 * pct(rest, 99),
         "p99_ms": 1e3 * pct(during, 99),
         "max_ms": 1e3 * max(during),
@@ -160,11 +181,16 @@ def main() -> None:
     print()
     print(f"event loop, {args.loop_workloads:,} workloads, 12 refreshes (holt)")
     print(
-        "| update runs | loop ms/refresh in forecasts (mean, max) | 1 ms timer lag p99 at rest | p99, max meanwhile |"
+        "| update runs | loop ms/refresh in forecasts (mean; max held at once) | 1 ms timer lag p99 at rest "
+        "| p99, max meanwhile |"
     )
     print("|---|---|---|---|")
-    for label, in_thread in (("worker thread (now)", True), ("event loop (peer: before)", False)):
-        r = asyncio.run(loop_cost(args.loop_workloads, in_thread=in_thread))
+    for label, how in (
+        ("in slices on the loop (now)", "slices"),
+        ("worker thread (peer: before 2026-12-07)", "thread"),
+        ("event loop in one go (peer: before issue 26)", "loop"),
+    ):
+        r = asyncio.run(loop_cost(args.loop_workloads, how=how))
         print(
             f"| {label} | {r['loop_ms']:.3f}, {r['loop_max_ms']:.3f} | {r['rest_p99_ms']:.2f} | "
             f"{r['p99_ms']:.2f}, {r['max_ms']:.2f} |"
