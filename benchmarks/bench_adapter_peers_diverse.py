@@ -190,12 +190,12 @@ def spread(values: list[float], fmt: str) -> str:
 
 
 def report(measured: dict[str, list[dict]], args, infra: list[str]) -> None:
-    header = f"{'server':40} {'round':>5} {'load':>5} {'req/s':>6} {'p50 ms':>9} {'p99 ms':>9} {'err':>5}"
+    header = f"{'server':44} {'round':>5} {'load':>5} {'req/s':>6} {'p50 ms':>9} {'p99 ms':>9} {'err':>5}"
     header += f" {'server CPU s':>12}" + "".join(f" {k + ' CPU s':>{max(12, len(k) + 6)}}" for k in infra)
     print(header)
     for name, results in measured.items():
         for i, r in enumerate(results, 1):
-            line = f"{name:40} {i:5d} {r['load']:5.2f} {r['rps']:6.1f} {r['p50_ms']:9.2f} {r['p99_ms']:9.2f}"
+            line = f"{name:44} {i:5d} {r['load']:5.2f} {r['rps']:6.1f} {r['p50_ms']:9.2f} {r['p99_ms']:9.2f}"
             line += f" {r['failed']:5d} {r['cpu']['server']:12.2f}"
             line += "".join(f" {r['cpu'][k]:>{max(12, len(k) + 6)}.2f}" for k in infra)
             print(line)
@@ -203,7 +203,7 @@ def report(measured: dict[str, list[dict]], args, infra: list[str]) -> None:
     for name, results in measured.items():
         infra_cpu = [sum(r["cpu"][k] for k in infra) for r in results]
         print(
-            f"  {name:40} req/s {spread([r['rps'] for r in results], '{:.1f}')}, "
+            f"  {name:44} req/s {spread([r['rps'] for r in results], '{:.1f}')}, "
             f"p50 {spread([r['p50_ms'] for r in results], '{:.2f}')} ms, "
             f"p99 {spread([r['p99_ms'] for r in results], '{:.2f}')} ms, "
             f"errors {spread([r['failed'] for r in results], '{:.0f}')}, "
