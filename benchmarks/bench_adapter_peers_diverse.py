@@ -238,6 +238,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gpuscale-peers-diverse-"))
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, ignore_errors=True)  # NB: last out, after every process stopped
         prometheus, plane, _ = start_fleet(stack, args.nodes, args.scrape_interval, work)
         create_fleet(plane, args.nodes, args.queries)
         proxy = FrontProxy(plane)
@@ -309,7 +310,6 @@ def main() -> None:
         report(measured, args, list(infra))
         if args.json:
             args.json.write_text(json.dumps({"measured": measured, "checks": checks, "started": started}, indent=1))
-    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
