@@ -134,6 +134,40 @@ def create_pods(plane: ControlPlane, names: list[str]) -> None:
         rest.post(f"/api/v1/namespaces/{NS}/pods", pod).expect(201)
 
 
+def start_fleet(
+    stack: contextlib.ExitStack, nodes: int, scrape_interval: str, work: Path
+) -> tuple[Backend, ControlPlane, int]:
+    """The exporter stand-in, Prometheus once it holds the fleet's series (and their count), the control plane;
+    ``stack`` stops them."""
+    ctx = mp.get_context("spawn")
+    exporter_port, ready = free_port(), ctx.Event()
+    exporter = ctx.Process(target=_serve_exporter, args=(nodes, exporter_port, ready), daemon=True)
+    exporter.start()
+    stack.callback(exporter.terminate)
+    ready.wait(120)
+    job = static_job("dcgm", [f"127.0.0.1:{exporter_port}"], scrape_interval=scrape_interval)
+    prometheus = start_backend("prometheus", [job], workdir=work / "prometheus", scrape_interval=scrape_interval)
+    stack.callback(prometheus.stop)
+    plane = start_control_plane(cached_binaries(), work / "kube")
+    stack.callback(plane.stop)
+
+    async def prometheus_ready() -> int:
+        await prometheus.wait_ready(targets=1, series="DCGM_FI_DEV_GPU_UTIL", timeout=120)
+        count = len(await prometheus.query("DCGM_FI_DEV_GPU_UTIL"))
+        await prometheus.close_session()
+        return count
+
+    return prometheus, plane, asyncio.run(prometheus_ready())
+
+
+def infra_pids(prometheus: Backend, plane: ControlPlane) -> dict[str, int]:
+    """What an adapter makes work for: Prometheus, kube-apiserver, etcd (the controller manager does not serve it)."""
+    return {
+        "prometheus": prometheus.pid,
+        **{p.name: p.popen.pid for p in plane._processes if p.name != "kube-controller-manager"},
+    }
+
+
 # --- processes ---------------------------------------------------------------------------------------------
 
 
@@ -400,39 +434,15 @@ def main() -> None:
 
     adapter = build(["bash", str(REPO / "benchmarks" / "build-prometheus-adapter")])
     loadgen = loadgen_binary()
-    kube = cached_binaries()
     work = Path(tempfile.mkdtemp(prefix="gpuscale-peers-"))
     load = os.getloadavg()[0]
     ctx = mp.get_context("spawn")
     with contextlib.ExitStack() as stack:
-        # The exporter and Prometheus
-        exporter_port, ready = free_port(), ctx.Event()
-        exporter = ctx.Process(target=_serve_exporter, args=(args.nodes, exporter_port, ready), daemon=True)
-        exporter.start()
-        stack.callback(exporter.terminate)
-        ready.wait(120)
-        job = static_job("dcgm", [f"127.0.0.1:{exporter_port}"], scrape_interval=args.scrape_interval)
-        prometheus: Backend = start_backend(
-            "prometheus", [job], workdir=work / "prometheus", scrape_interval=args.scrape_interval
-        )
-        stack.callback(prometheus.stop)
-        plane = start_control_plane(kube, work / "kube")
-        stack.callback(plane.stop)
-
-        async def prometheus_ready() -> int:
-            await prometheus.wait_ready(targets=1, series="DCGM_FI_DEV_GPU_UTIL", timeout=120)
-            count = len(await prometheus.query("DCGM_FI_DEV_GPU_UTIL"))
-            await prometheus.close_session()
-            return count
-
-        series = asyncio.run(prometheus_ready())
+        prometheus, plane, series = start_fleet(stack, args.nodes, args.scrape_interval, work)
         pods = selected_pods(args.nodes)
         create_pods(plane, pods)
         proxy = FrontProxy(plane)
-        infra = {
-            "prometheus": prometheus.pid,
-            **{p.name: p.popen.pid for p in plane._processes if p.name != "kube-controller-manager"},
-        }
+        infra = infra_pids(prometheus, plane)
         rows: list[dict] = []
 
         def serve_and_measure(name: str, command: list[str], log: Path, port: int) -> bytes:
