@@ -582,7 +582,7 @@ def _prometheus_source(settings: AdapterSettings, catalogue: Catalogue) -> Prome
         max_label_sets_flag="--prometheus-max-label-sets",
         fresh_within_seconds=max(catalogue.max_age(m) for m in catalogue.metrics),
         decode_in="process" if settings.prometheus_decode_process else "thread",
-        off_loop=True,  # NB: on the serving loop its bookkeeping between queries held it 2–12 ms (docs/benchmarks.md)
+        off_loop=True,  # NB: on the serving loop, no better for requests (docs/benchmarks.md, issue 36)
     )
 
 

@@ -124,7 +124,7 @@ from gpuscale.errors import ConfigError, SourceUnavailable, one_line
 from gpuscale.metrics.attribution import POD_LABELS
 from gpuscale.metrics.chunked import free_in_chunks
 from gpuscale.metrics.histograms import BUCKET_SUFFIX
-from gpuscale.metrics.steps import finish
+from gpuscale.metrics.steps import run_sliced
 from gpuscale.sources.base import SeriesValue, TargetHealth, TermQuery
 from gpuscale.sources.decoder_process import DecoderProcess
 from gpuscale.sources.loop_thread import IoLoop
@@ -398,7 +398,7 @@ class PrometheusSource:
                 replaced, self._kept[p] = self._kept[p], answer.values
                 if sys.getrefcount(replaced) == 2:  # NB: this name and the argument: no other query carries it
                     # NB: its 10,000 series (and their 20,000 floats) at 10,000 GPUs, freed in one C call otherwise
-                    finish(free_in_chunks(replaced))
+                    await run_sliced(free_in_chunks(replaced))
         self._count_over_cap(over_cap)
         self._record(started, failed, partial, kind=kinds.pop() if len(kinds) == 1 else "failed")
 
